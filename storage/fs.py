@@ -1,0 +1,106 @@
+"""Filesystem access for stores: local paths or any pyarrow filesystem URI (s3://, gs://, hdfs://).
+
+Shards must never be seen half-written, so every write goes to a temporary name, is flushed and
+fsynced (on local disks), then renamed into place. Object stores have no rename but their PUT is
+atomic, so there we write the final name directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class Location:
+    """A store root on a filesystem."""
+
+    fs: pafs.FileSystem
+    root: str
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def local_path(self, *parts: str) -> str:
+        """The OS path of a file in a local store (for tools that need one, e.g. tokenizers)."""
+        if not self.is_local:
+            raise NotImplementedError("this operation needs a local store")
+        return self.path(*parts)
+
+
+def resolve(uri: str | os.PathLike) -> Location:
+    """Map a path or URI to a pyarrow filesystem and a root inside it."""
+    text = os.fspath(uri)
+    if "://" in text and not text.startswith("file://"):
+        fs, root = pafs.FileSystem.from_uri(text)
+        return Location(fs, root)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return Location(pafs.LocalFileSystem(), os.path.abspath(text))
+
+
+def exists(loc: Location, *parts: str) -> bool:
+    return loc.fs.get_file_info(loc.path(*parts)).type != pafs.FileType.NotFound
+
+
+def makedirs(loc: Location, *parts: str) -> None:
+    loc.fs.create_dir(loc.path(*parts), recursive=True)
+
+
+def read_bytes(loc: Location, *parts: str) -> bytes:
+    with loc.fs.open_input_stream(loc.path(*parts)) as f:
+        return f.read()
+
+
+def list_files(loc: Location, *parts: str) -> list[str]:
+    """Names (not paths) of the files directly inside a folder; [] when it does not exist."""
+    sel = pafs.FileSelector(loc.path(*parts), allow_not_found=True)
+    return sorted(i.base_name for i in loc.fs.get_file_info(sel) if i.type == pafs.FileType.File)
+
+
+def atomic_write_bytes(loc: Location, data: bytes, *parts: str) -> None:
+    """Write bytes so that readers see either the old file or the whole new one."""
+    final = loc.path(*parts)
+    loc.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+    if not loc.is_local:
+        with loc.fs.open_output_stream(final) as f:
+            f.write(data)
+        return
+    tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(os.path.dirname(final))
+
+
+def _fsync_dir(path: str) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """Serialise a table to Parquet in memory (zstd; vectors compress poorly but ids/text do well)."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", row_group_size=4096)
+    return sink.getvalue()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,137 @@
+"""The manifest: the commit record of a store.
+
+- `manifest.json` holds the store's header (format version, inputs' fingerprint, row plan) and
+  every table with its committed shards (file, rows, bytes, sha256) and metadata (a teacher's
+  source, weights checksum, dims, pooling, dtype...).
+- Writers that run at the same time (ranks of `torchrun`, `--shard-index`) never share a file:
+  each commits to its own fragment `manifests/<writer>.json`. The store's state is the merge of
+  `manifest.json` and all fragments; merging is a pure, idempotent union, so there is no
+  coordinator and any process may write the merged `manifest.json` at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from storage.errors import StoreError
+
+FORMAT_NAME = "kd-store"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class ShardRecord:
+    file: str  # relative to the store root
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class TableRecord:
+    """One aligned table: `texts`, `teachers/<name>`, `students/<name>` or `clusters/<name>`."""
+
+    kind: str  # texts | teacher | student | derived
+    columns: dict[str, str] = field(default_factory=dict)  # name -> Arrow type string
+    meta: dict[str, Any] = field(default_factory=dict)
+    shards: dict[int, ShardRecord] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shards"] = {str(k): asdict(v) for k, v in sorted(self.shards.items())}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TableRecord:
+        shards = {int(k): ShardRecord(**v) for k, v in d.get("shards", {}).items()}
+        return cls(kind=d["kind"], columns=d.get("columns", {}), meta=d.get("meta", {}), shards=shards)
+
+
+@dataclass
+class Manifest:
+    inputs: dict[str, Any]  # fingerprint, files, options, pairs, num_rows, rows_per_shard, num_shards, counts
+    tables: dict[str, TableRecord] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)  # indexes and other pointers
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def fingerprint(self) -> str:
+        return self.inputs["fingerprint"]
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.inputs["num_shards"])
+
+    @property
+    def pairs(self) -> bool:
+        return bool(self.inputs.get("pairs", False))
+
+    def is_complete(self, table: str) -> bool:
+        rec = self.tables.get(table)
+        return rec is not None and len(rec.shards) == self.num_shards
+
+    def teachers(self) -> list[str]:
+        return [t.split("/", 1)[1] for t, r in self.tables.items() if r.kind == "teacher"]
+
+    def to_json(self) -> str:
+        d = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "inputs": self.inputs,
+            "tables": {k: v.to_json() for k, v in sorted(self.tables.items())},
+            "versions": self.versions,
+            "extras": self.extras,
+        }
+        return json.dumps(d, indent=1, sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Manifest:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise StoreError("the manifest is not valid JSON", where, "restore it or re-run the command") from e
+        if d.get("format") != FORMAT_NAME:
+            raise StoreError("this is not a kd store manifest", where, "point at a folder written by kd precompute")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise StoreError(
+                f"store format version {version} is not supported (this kd reads version {FORMAT_VERSION})",
+                where,
+                "re-run kd precompute with this kd version, or use the kd version that wrote the store",
+            )
+        tables = {k: TableRecord.from_json(v) for k, v in d.get("tables", {}).items()}
+        return cls(d["inputs"], tables, d.get("versions", {}), d.get("extras", {}), version)
+
+
+def merge(manifests: list[Manifest], where: str) -> Manifest:
+    """Union of manifests that describe the same inputs (a pure function; order does not matter)."""
+    if not manifests:
+        raise StoreError("no manifest found", where, "run kd precompute to create the store")
+    base = manifests[0]
+    out = Manifest(dict(base.inputs), {}, dict(base.versions), dict(base.extras))
+    for m in manifests:
+        if m.fingerprint != base.fingerprint or m.num_shards != base.num_shards:
+            raise StoreError(
+                "manifest fragments describe different inputs",
+                where,
+                "a writer was started with other inputs or --shard-rows; remove the store and re-run",
+            )
+        out.extras.update(m.extras)
+        for name, rec in m.tables.items():
+            have = out.tables.setdefault(name, TableRecord(rec.kind, dict(rec.columns), dict(rec.meta)))
+            if rec.meta and have.meta and rec.meta != have.meta:
+                raise StoreError(
+                    f"table {name!r} was written with different settings by two writers",
+                    where,
+                    "re-run the writers with the same options, or --overwrite",
+                )
+            have.meta = have.meta or dict(rec.meta)
+            have.columns = have.columns or dict(rec.columns)
+            for k, shard in rec.shards.items():
+                if k in have.shards and have.shards[k].sha256 != shard.sha256:
+                    raise StoreError(f"shard {k} of {name!r} was committed twice with different contents", where)
+                have.shards[k] = shard
+    return out

@@ -1,0 +1,90 @@
+"""Arrow schemas of the store's tables and conversions between numpy arrays and vector columns.
+
+- Vectors are fixed-size lists (`fixed_size_list<float>[dim]`), per-layer states a fixed-size list
+  of those, so every row of a column has the same shape and readers get a dense numpy array back
+  with no copy per row.
+- Parquet keeps the fixed size only in pyarrow's schema metadata: DuckDB reads such a column as
+  FLOAT[] (a list). `storage.query` casts it back to FLOAT[dim] in its views so that
+  `array_cosine_similarity` works; on raw files use `list_cosine_similarity`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+import pyarrow as pa
+
+
+class VectorDType(str, Enum):
+    """On-disk precision of vector columns (DuckDB 1.1+ reads both back as FLOAT)."""
+
+    float32 = "float32"
+    float16 = "float16"
+
+    @property
+    def arrow(self) -> pa.DataType:
+        return pa.float32() if self is VectorDType.float32 else pa.float16()
+
+
+# Columns of the texts table in order. text_a/text_b replace text in pair stores.
+TEXT_COLUMNS = ("id", "text", "doc_id", "position", "source", "label")
+PAIR_COLUMNS = ("id", "text_a", "text_b", "doc_id", "position", "source", "label")
+
+
+def texts_schema(pairs: bool, label_type: pa.DataType | None) -> pa.Schema:
+    fields = [pa.field("id", pa.int64(), nullable=False)]
+    if pairs:
+        fields += [pa.field("text_a", pa.string(), nullable=False), pa.field("text_b", pa.string(), nullable=False)]
+    else:
+        fields.append(pa.field("text", pa.string(), nullable=False))
+    fields += [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+    ]
+    if label_type is not None:
+        fields.append(pa.field("label", label_type))
+    return pa.schema(fields)
+
+
+def vector_type(shape: tuple[int, ...], dtype: VectorDType) -> pa.DataType:
+    """fixed_size_list nested once per dimension of `shape` (row dimension excluded)."""
+    t: pa.DataType = dtype.arrow
+    for n in reversed(shape):
+        t = pa.list_(t, n)
+    return t
+
+
+def vectors_to_arrow(x: np.ndarray, dtype: VectorDType) -> pa.Array:
+    """(rows, *shape) numpy array -> nested fixed-size-list Arrow array, zero copy where possible."""
+    flat = pa.array(np.ascontiguousarray(x, dtype=dtype.value).reshape(-1))
+    arr: pa.Array = flat
+    for n in reversed(x.shape[1:]):
+        arr = pa.FixedSizeListArray.from_arrays(arr, n)
+    return arr
+
+
+def arrow_to_vectors(col: pa.Array | pa.ChunkedArray, dtype: np.dtype = np.float32) -> np.ndarray:
+    """Nested fixed-size-list column -> (rows, *shape) numpy array."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    shape: list[int] = []
+    t = col.type
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    if not shape:
+        raise TypeError(f"expected a fixed-size-list vector column, got {col.type}")
+    values = col
+    for _ in shape:
+        values = values.flatten()
+    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(col), *shape)
+
+
+def vector_shape(t: pa.DataType) -> tuple[int, ...]:
+    shape = []
+    while pa.types.is_fixed_size_list(t):
+        shape.append(t.list_size)
+        t = t.value_type
+    return tuple(shape)

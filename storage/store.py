@@ -1,0 +1,269 @@
+"""A store on disk: open it, read its shards, and commit new ones.
+
+Layout (see docs/store-format.md):
+    manifest.json                      merged commit record
+    manifests/<writer>.json            per-writer commit records (merged on read)
+    texts/part-00000.parquet           the inputs, one row per text (or pair)
+    teachers/<name>/part-00000.parquet one aligned table per teacher
+    students/<name>/part-00000.parquet one aligned table per embedded student
+    tokenizers/<name>/                 the teacher's tokenizer files (no weights)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from storage import fs
+from storage.errors import StoreError
+from storage.manifest import Manifest, ShardRecord, TableRecord, merge
+
+MANIFEST = "manifest.json"
+FRAGMENTS = "manifests"
+LOCKS = "locks"
+
+
+def shard_file(table: str, k: int) -> str:
+    return f"{table}/part-{k:05d}.parquet"
+
+
+def load_manifest(loc: fs.Location) -> Manifest | None:
+    """Merged manifest of a store, or None when the location holds no store."""
+    found = []
+    if fs.exists(loc, MANIFEST):
+        found.append(Manifest.from_json(fs.read_bytes(loc, MANIFEST).decode(), loc.path(MANIFEST)))
+    for name in fs.list_files(loc, FRAGMENTS):
+        if name.endswith(".json"):
+            found.append(Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, name).decode(), loc.path(FRAGMENTS, name)))
+    return merge(found, loc.root) if found else None
+
+
+@dataclass
+class Store:
+    """Read access to a store (the merged view of all committed shards)."""
+
+    loc: fs.Location
+    manifest: Manifest
+
+    @classmethod
+    def open(cls, uri: str | os.PathLike) -> Store:
+        loc = fs.resolve(uri)
+        m = load_manifest(loc)
+        if m is None:
+            raise StoreError(
+                "no kd store here (no manifest.json)", loc.root, "create one with: kd precompute INPUT --out STORE"
+            )
+        return cls(loc, m)
+
+    @property
+    def root(self) -> str:
+        return self.loc.root
+
+    def table(self, name: str) -> TableRecord:
+        rec = self.manifest.tables.get(name)
+        if rec is None:
+            have = ", ".join(sorted(self.manifest.tables)) or "none"
+            raise StoreError(f"the store has no table {name!r} (tables: {have})", self.root)
+        return rec
+
+    def require_complete(self, name: str) -> TableRecord:
+        rec = self.table(name)
+        missing = sorted(set(range(self.manifest.num_shards)) - set(rec.shards))
+        if missing:
+            raise StoreError(
+                f"table {name!r} is incomplete: {len(missing)} of {self.manifest.num_shards} shards missing "
+                f"(first: {missing[0]})",
+                self.root,
+                "re-run the kd precompute command that writes it; it resumes where it stopped",
+            )
+        return rec
+
+    def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = False) -> pa.Table:
+        """One shard of a table; with verify, its bytes are checked against the manifest's sha256."""
+        rec = self.table(name).shards.get(k)
+        if rec is None:
+            raise StoreError(f"shard {k} of table {name!r} is not committed", self.root)
+        path = self.loc.path(rec.file)
+        try:
+            if verify:
+                data = fs.read_bytes(self.loc, rec.file)
+                if fs.sha256(data) != rec.sha256:
+                    raise StoreError(
+                        "shard checksum does not match the manifest (corrupt or modified file)",
+                        path,
+                        "delete the file and re-run the command that wrote it (it will be recomputed)",
+                    )
+                return pq.read_table(pa.BufferReader(data), columns=columns)
+            return pq.read_table(path, columns=columns, filesystem=self.loc.fs)
+        except StoreError:
+            raise
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(
+                f"cannot read shard ({e})", path, "delete the file and re-run the command that wrote it"
+            ) from e
+
+    def read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        rec = self.require_complete(name)
+        return pa.concat_tables([self.read_shard(name, k, columns) for k in sorted(rec.shards)])
+
+    def dataset(self, name: str) -> ds.Dataset:
+        rec = self.require_complete(name)
+        files = [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+        return ds.dataset(files, format="parquet", filesystem=self.loc.fs)
+
+    def local_dir(self, *parts: str) -> str:
+        return self.loc.local_path(*parts)
+
+    def tokenizer_dir(self, teacher: str) -> str:
+        return self.local_dir("tokenizers", teacher)
+
+
+@dataclass
+class StoreWriter:
+    """Commits shards for one writer (one rank): parquet first, then its manifest fragment.
+
+    A shard that is on disk but not in a fragment is invisible and is rewritten on resume, so a
+    crash between the two steps loses nothing.
+    """
+
+    loc: fs.Location
+    writer_id: str
+    manifest: Manifest
+    _lock: object | None = field(default=None, repr=False)
+
+    def declare(self, name: str, kind: str, columns: dict[str, str], meta: dict) -> None:
+        rec = self.manifest.tables.get(name)
+        if rec is None:
+            self.manifest.tables[name] = TableRecord(kind, dict(columns), dict(meta))
+        else:
+            rec.columns, rec.meta = dict(columns), dict(meta)
+        self._save_fragment()
+
+    def commit(self, name: str, k: int, table: pa.Table) -> ShardRecord:
+        data = fs.parquet_bytes(table)
+        rel = shard_file(name, k)
+        fs.atomic_write_bytes(self.loc, data, rel)
+        rec = ShardRecord(rel, table.num_rows, len(data), fs.sha256(data))
+        self.manifest.tables[name].shards[k] = rec
+        self._save_fragment()
+        return rec
+
+    def set_extra(self, key: str, value: object) -> None:
+        self.manifest.extras[key] = value
+        self._save_fragment()
+
+    def _save_fragment(self) -> None:
+        fs.atomic_write_bytes(self.loc, self.manifest.to_json().encode(), FRAGMENTS, f"{self.writer_id}.json")
+
+    def publish(self) -> Manifest:
+        """Write the merged manifest.json (idempotent; safe while other writers run)."""
+        merged = load_manifest(self.loc)
+        assert merged is not None
+        fs.atomic_write_bytes(self.loc, merged.to_json().encode(), MANIFEST)
+        return merged
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # type: ignore[attr-defined]
+            self._lock = None
+
+
+def _acquire_lock(loc: fs.Location, writer_id: str):
+    """An exclusive flock per writer id: two processes writing the same shards would clobber each other.
+
+    flock is released by the kernel when the holder dies (even by SIGKILL), so a killed run never
+    leaves a stale lock behind. Remote filesystems have no flock; there we trust the user.
+    """
+    if not loc.is_local:
+        return None
+    import fcntl
+
+    os.makedirs(loc.path(LOCKS), exist_ok=True)
+    f = open(loc.path(LOCKS, f"{writer_id}.lock"), "w")  # noqa: SIM115 - held for the writer's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StoreError(
+            f"another kd process is writing this store (lock {writer_id} is held)",
+            loc.path(LOCKS, f"{writer_id}.lock"),
+            "wait for it to finish, or use a different --out",
+        ) from None
+    return f
+
+
+def _is_empty_dir(loc: fs.Location) -> bool:
+    info = loc.fs.get_file_info(loc.root)
+    if info.type == fs.pafs.FileType.NotFound:
+        return True
+    return not loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))
+
+
+def _wipe(loc: fs.Location) -> None:
+    for sub in ("texts", "teachers", "students", "derived", FRAGMENTS, "tokenizers", "indexes"):
+        with contextlib.suppress(FileNotFoundError, OSError):
+            loc.fs.delete_dir(loc.path(sub))
+    with contextlib.suppress(FileNotFoundError, OSError):
+        loc.fs.delete_file(loc.path(MANIFEST))
+
+
+def open_writer(uri: str | os.PathLike, header: Manifest, writer_id: str, overwrite: bool = False) -> StoreWriter:
+    """Open (or create) a store for writing shards described by `header` (inputs + versions).
+
+    - A new or empty location becomes a store.
+    - A store made from the same inputs and row plan is resumed/extended.
+    - Anything else is refused unless `overwrite`, so no data is lost by a typo in --out.
+    """
+    loc = fs.resolve(uri)
+    fs.makedirs(loc)
+    lock = _acquire_lock(loc, writer_id)
+    try:
+        existing = load_manifest(loc)
+        if existing is None and not _is_empty_dir(loc) and not overwrite:
+            names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
+            if set(names) - {LOCKS}:
+                raise StoreError(
+                    "the output folder is not empty and holds no kd store",
+                    loc.root,
+                    "choose an empty or new --out, or pass --overwrite to replace its store files",
+                )
+        if existing is not None and (
+            existing.fingerprint != header.fingerprint or existing.num_shards != header.num_shards
+        ):
+            if not overwrite:
+                raise StoreError(
+                    "the output folder holds a store made from other inputs or settings",
+                    loc.root,
+                    "use a new --out, or pass --overwrite to replace it",
+                )
+            _wipe(loc)
+            existing = None
+        own = None
+        if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):
+            own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json").decode(), writer_id)
+        manifest = own or Manifest(dict(header.inputs), {}, dict(header.versions))
+        manifest.inputs = dict(header.inputs)
+        manifest.versions = dict(header.versions)
+        w = StoreWriter(loc, writer_id, manifest, lock)
+        w._save_fragment()
+        return w
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+
+
+def iter_shards(store: Store, name: str) -> Iterator[tuple[int, pa.Table]]:
+    for k in sorted(store.require_complete(name).shards):
+        yield k, store.read_shard(name, k)
+
+
+def dump_json(obj: object) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)

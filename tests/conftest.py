@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random BERT teachers built in-process (fast) and paths to the real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared"))
+DATA = SHARED / "data"
+
+WORDS = (
+    "the a an of to and in is was for on that with as by at it from this be are were have has not "
+    "cat dog bird fish man woman child house car tree river city country music film game news world "
+    "good bad big small new old red blue green fast slow happy sad runs eats sees likes plays reads "
+    "market stock price rose fell said year day week people government police report study water"
+).split()
+
+
+def build_tiny_bert(path: Path, *, num_labels: int = 0, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+    """Save a random BERT (optionally with a classification head) plus a WordPiece tokenizer to `path`."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
+             *"abcdefghijklmnopqrstuvwxyz.,!?'"]
+    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tok.model_max_length = 64
+    tok.save_pretrained(path)
+    cfg = BertConfig(
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=hidden * 2, max_position_embeddings=64,
+    )
+    torch.manual_seed(seed)
+    if num_labels:
+        cfg.num_labels = num_labels
+        cfg.id2label = {i: f"label_{i}" for i in range(num_labels)}
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
+        model = BertForSequenceClassification(cfg)
+    else:
+        model = BertModel(cfg)
+    model.eval()
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory) -> Path:
+    """A random 2-layer, 32-d BERT encoder saved as a Hugging Face checkpoint directory."""
+    return build_tiny_bert(tmp_path_factory.mktemp("teachers") / "tiny-bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    """A random BERT with a 3-way sequence-classification head (a stand-in cross-encoder)."""
+    return build_tiny_bert(tmp_path_factory.mktemp("teachers") / "tiny-ce", num_labels=3, seed=1)
+
+
+@pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    """Real sentences from the shared Leipzig news corpus."""
+    lines = (DATA / "corpus" / "eng_news_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
+    return [line.split("\t", 1)[1] for line in lines[:300]]
