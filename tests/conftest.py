@@ -27,8 +27,7 @@ def build_tiny_bert(path: Path, *, num_labels: int = 0, hidden: int = 32, layers
     path.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
              *"abcdefghijklmnopqrstuvwxyz.,!?'"]
-    (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))}, do_lower_case=True)
     tok.model_max_length = 64
     tok.save_pretrained(path)
     cfg = BertConfig(
