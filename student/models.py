@@ -1,0 +1,337 @@
+"""Student encoders: token ids -> one sentence embedding (plus per-layer summaries for CoDIR).
+
+Every student is the same pipeline, read top to bottom in `Student.forward`:
+
+    ids -> embeddings -> encoder (bilstm | bigru | cnn | ffn | transformer) -> pooling -> head
+
+- embeddings: a plain lookup table; `init_embeddings` copies a teacher's input embeddings into it
+  (reduced to `embed_dim` by `pca_embeddings` first), as SRA initialises from GloVe.
+- encoder: returns the token states of every layer. The recurrent ones run on packed sequences so
+  that padding never enters the recurrence (news paper, sec. 5.1).
+- pooling: mean / max / attentive / cls over the real tokens only (`student.pooling`).
+- head: SRA's bias-free linear map to the teacher's width followed by tanh (SRA sec. 3.1), or else a
+  linear map only when the encoder's width differs from `out_dim` (news paper's "mapping layer").
+
+Alongside the embedding, `layers` holds the masked mean of every layer's token states, embeddings
+layer first, which is what CoDIR's contrastive objective compares with the teacher's `layers` column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from storage.errors import KdError
+from student.pooling import Pool, Pooling, masked_mean
+
+__all__ = [
+    "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "pca_embeddings",
+]
+
+
+class Arch(str, Enum):
+    bilstm = "bilstm"
+    bigru = "bigru"
+    cnn = "cnn"
+    ffn = "ffn"
+    transformer = "transformer"
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class StudentConfig:
+    """Everything needed to rebuild a student; stored as JSON next to its weights.
+
+    Widths: `hidden_dim` is per direction for bilstm/bigru (so their token states are 2*hidden_dim
+    wide, SRA's 512 units -> 1024), the conv channels summed over all widths for cnn, the model width for
+    ffn and transformer.
+    """
+
+    arch: Arch = Arch.bilstm
+    vocab_size: int = 30522
+    pad_id: int = 0
+    embed_dim: int = 300
+    hidden_dim: int = 512
+    num_layers: int = 1
+    pooling: Pooling = Pooling.mean
+    out_dim: int = 384
+    dropout: float = 0.1
+    max_length: int = 128
+    sra_head: bool | None = None  # None: True for bilstm (SRA), False otherwise
+    num_heads: int = 4  # transformer
+    ffn_dim: int = 1024  # transformer feed-forward width (news paper: 1024)
+    kernel_sizes: tuple[int, ...] = (3, 4, 5)  # cnn: one convolution per width in every layer
+    attention_dim: int = 128  # attentive pooling's scorer width
+
+    def __post_init__(self) -> None:
+        try:
+            self.arch = Arch(self.arch)
+            self.pooling = Pooling(self.pooling)
+        except ValueError as e:
+            raise KdError(
+                str(e), "student config",
+                f"arch is one of {[a.value for a in Arch]}, pooling one of {[p.value for p in Pooling]}",
+            ) from None
+        if self.sra_head is None:
+            self.sra_head = self.arch is Arch.bilstm
+        self.kernel_sizes = tuple(int(k) for k in self.kernel_sizes)
+        sizes = ("vocab_size", "embed_dim", "hidden_dim", "num_layers", "out_dim", "max_length", "num_heads",
+                 "ffn_dim", "attention_dim")
+        bad = [f"{n}={getattr(self, n)}" for n in sizes if int(getattr(self, n)) < 1]
+        if bad or not 0.0 <= self.dropout < 1.0 or not 0 <= self.pad_id < self.vocab_size:
+            raise KdError(f"invalid student config: {bad or [f'dropout={self.dropout}', f'pad_id={self.pad_id}']}",
+                          "student config", "sizes are >= 1, 0 <= dropout < 1, 0 <= pad_id < vocab_size")
+        if self.arch is Arch.transformer and self.hidden_dim % self.num_heads:
+            raise KdError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}",
+                          "student config", "pick a hidden_dim that is a multiple of num_heads")
+        if self.arch is Arch.cnn and (not self.kernel_sizes or min(self.kernel_sizes) < 1
+                                      or self.hidden_dim < len(self.kernel_sizes)):
+            raise KdError(f"cnn needs kernel sizes >= 1 and hidden_dim >= their count, got {self.kernel_sizes}",
+                          "student config", "e.g. kernel_sizes=(3, 4, 5) and hidden_dim >= 3")
+
+    @property
+    def width(self) -> int:
+        """Width of the encoder's token states (what pooling sees)."""
+        return 2 * self.hidden_dim if self.arch in (Arch.bilstm, Arch.bigru) else self.hidden_dim
+
+    @property
+    def layers_shape(self) -> tuple[int, int]:
+        """Shape of `StudentOutput.layers` per row: (num_layers + 1, max(embed_dim, width)).
+
+        The embeddings layer and the encoder layers can differ in width; narrower ones are zero-padded on
+        the right so the stack is one dense tensor (a linear map of the flattened stack, which is what
+        CoDIR applies, is unaffected: padded inputs are constant zeros).
+        """
+        return self.num_layers + 1, max(self.embed_dim, self.width)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["arch"], d["pooling"], d["kernel_sizes"] = self.arch.value, self.pooling.value, list(self.kernel_sizes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StudentConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise KdError(f"unknown student config keys {unknown}", "student config",
+                          "the student was saved by a newer kd; upgrade kd to load it")
+        return cls(**d)
+
+
+@dataclass
+class StudentOutput:
+    """embedding [B, out_dim]; layers [B, num_layers + 1, H], masked-mean state of each layer."""
+
+    embedding: Tensor
+    layers: Tensor
+
+
+# --------------------------------------------------------------------------------------------------
+# Encoders: (embedded tokens [B, T, E], mask [B, T] bool) -> token states of every layer, last = output
+
+
+class RecurrentEncoder(nn.Module):
+    """Stacked bidirectional LSTM/GRU, one module per layer so each layer's states can be summarised."""
+
+    def __init__(self, cfg: StudentConfig) -> None:
+        super().__init__()
+        cell = nn.LSTM if cfg.arch is Arch.bilstm else nn.GRU
+        widths = [cfg.embed_dim] + [2 * cfg.hidden_dim] * (cfg.num_layers - 1)
+        self.rnns = nn.ModuleList(cell(w, cfg.hidden_dim, batch_first=True, bidirectional=True) for w in widths)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        # Packing by length keeps padding out of both directions: the backward pass starts at each row's
+        # last real token, so extra padding changes nothing. Assumes right padding (what tokenizers do).
+        # Rows without any token get length 1 (packing rejects 0); pooling masks them out anyway.
+        lengths = mask.sum(1).clamp(min=1).cpu()
+        states = []
+        for i, rnn in enumerate(self.rnns):
+            inp = self.drop(x) if i else x  # between layers only: the embeddings were dropped already
+            packed = pack_padded_sequence(inp, lengths, batch_first=True, enforce_sorted=False)
+            out, _ = rnn(packed)
+            x, _ = pad_packed_sequence(out, batch_first=True, total_length=mask.shape[1])
+            states.append(x)
+        return states
+
+
+class ConvEncoder(nn.Module):
+    """Layers of parallel 1-D convolutions of several widths (Kim 2014), concatenated, ReLU.
+
+    Each width gets an equal share of `hidden_dim` channels. Padding is zeroed before every convolution
+    and each width is "same"-padded with zeros, so a window that runs past the last real token sees
+    zeros whether the batch has extra padding or not.
+    """
+
+    def __init__(self, cfg: StudentConfig) -> None:
+        super().__init__()
+        n = len(cfg.kernel_sizes)
+        channels = [cfg.hidden_dim // n + (i < cfg.hidden_dim % n) for i in range(n)]
+        self.kernel_sizes = cfg.kernel_sizes
+        self.layers = nn.ModuleList(
+            nn.ModuleList(nn.Conv1d(cfg.embed_dim if layer == 0 else cfg.hidden_dim, c, k)
+                          for k, c in zip(cfg.kernel_sizes, channels))
+            for layer in range(cfg.num_layers)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        keep = mask.unsqueeze(1)  # [B, 1, T], conv layout is channels first
+        h = x.transpose(1, 2)
+        states = []
+        for i, convs in enumerate(self.layers):
+            h = (self.drop(h) if i else h).masked_fill(~keep, 0.0)
+            # (k-1)//2 zeros on the left, k//2 on the right: output length T for odd and even widths
+            h = torch.cat([conv(F.pad(h, ((k - 1) // 2, k // 2))) for k, conv in zip(self.kernel_sizes, convs)], 1)
+            h = F.relu(h)
+            states.append(h.transpose(1, 2))
+        return states
+
+
+class FeedForwardEncoder(nn.Module):
+    """A per-token MLP (Linear + ReLU per layer); with pooling on top this is a bag of embeddings.
+
+    The news paper's FFN student: linear layers with ReLU, a mapping layer, average aggregation. Tokens
+    never see each other, so it is the fastest student and order-blind. (The paper doubles the width per
+    layer; here all layers have `hidden_dim` so that the per-layer summaries stack.)
+    """
+
+    def __init__(self, cfg: StudentConfig) -> None:
+        super().__init__()
+        widths = [cfg.embed_dim] + [cfg.hidden_dim] * cfg.num_layers
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        states = []
+        for i, layer in enumerate(self.layers):
+            x = F.relu(layer(self.drop(x) if i else x))
+            states.append(x)
+        return states
+
+
+class TransformerEncoder(nn.Module):
+    """Small post-LN transformer (BERT-style): learned positions, padding masked out of attention."""
+
+    def __init__(self, cfg: StudentConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_dim
+        # the news paper's mapping from token embeddings to the model width, when they differ
+        self.inp = nn.Linear(cfg.embed_dim, d) if cfg.embed_dim != d else nn.Identity()
+        self.pos = nn.Embedding(cfg.max_length, d)
+        self.norm = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, cfg.num_heads, cfg.ffn_dim, cfg.dropout, activation="gelu",
+                                       batch_first=True)
+            for _ in range(cfg.num_layers)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        positions = torch.arange(x.shape[1], device=x.device)
+        h = self.drop(self.norm(self.inp(x) + self.pos(positions)))
+        # True = ignore this key. An all-padding row keeps key 0 so softmax never sees only -inf (NaN);
+        # its states are masked out by pooling anyway.
+        ignore = ~mask
+        ignore[:, 0] &= mask.any(1)
+        states = []
+        for layer in self.layers:
+            h = layer(h, src_key_padding_mask=ignore)
+            states.append(h)
+        return states
+
+
+_ENCODERS: dict[Arch, type[nn.Module]] = {
+    Arch.bilstm: RecurrentEncoder,
+    Arch.bigru: RecurrentEncoder,
+    Arch.cnn: ConvEncoder,
+    Arch.ffn: FeedForwardEncoder,
+    Arch.transformer: TransformerEncoder,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The student
+
+
+class Student(nn.Module):
+    def __init__(self, cfg: StudentConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, padding_idx=cfg.pad_id)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = _ENCODERS[cfg.arch](cfg)
+        self.pool = Pool(cfg.pooling, cfg.width, cfg.attention_dim)
+        if cfg.sra_head:
+            # SRA: bias-free linear to the teacher's width, then tanh, because >98% of BERT [CLS] values
+            # lie in (-1, 1); the cosine loss tolerates the few that do not.
+            self.head: nn.Module = nn.Sequential(nn.Linear(cfg.width, cfg.out_dim, bias=False), nn.Tanh())
+        elif cfg.width != cfg.out_dim:
+            self.head = nn.Linear(cfg.width, cfg.out_dim)
+        else:
+            self.head = nn.Identity()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> StudentOutput:
+        cfg = self.config
+        # cut to max_length so learned positions stay in range (tokenizers should already have)
+        ids = input_ids[:, : cfg.max_length]
+        mask = attention_mask[:, : cfg.max_length].bool()
+        tokens = self.embed(ids)
+        states = self.encoder(self.drop(tokens), mask)
+        embedding = self.head(self.pool(states[-1], mask))
+        return StudentOutput(embedding, self._summarise([tokens, *states], mask))
+
+    def _summarise(self, states: list[Tensor], mask: Tensor) -> Tensor:
+        """Masked mean of every layer, zero-padded to a common width -> [B, L + 1, H]."""
+        width = self.config.layers_shape[1]
+        return torch.stack([F.pad(masked_mean(s, mask), (0, width - s.shape[-1])) for s in states], 1)
+
+    @torch.no_grad()
+    def init_embeddings(self, matrix: np.ndarray) -> None:
+        """Copy a [vocab_size, embed_dim] matrix (e.g. a teacher's input embeddings after PCA) in."""
+        want = (self.config.vocab_size, self.config.embed_dim)
+        if tuple(matrix.shape) != want:
+            raise KdError(
+                f"embedding matrix has shape {tuple(matrix.shape)}, the student needs {want}",
+                "Student.init_embeddings",
+                "use the teacher's tokenizer vocabulary and reduce the width with pca_embeddings(matrix, embed_dim)",
+            )
+        self.embed.weight.copy_(torch.as_tensor(np.asarray(matrix, dtype=np.float32)))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_student(cfg: StudentConfig) -> Student:
+    return Student(cfg)
+
+
+def pca_embeddings(matrix: np.ndarray, dim: int) -> np.ndarray:
+    """Reduce a [vocab, width] embedding matrix to [vocab, dim] float32 with PCA (sklearn).
+
+    - dim == width: returned as float32 unchanged.
+    - Otherwise project onto the top `dim` principal directions (centred, seeded, so deterministic);
+      the kept directions carry most of the variance that distinguishes tokens.
+    """
+    matrix = np.asarray(matrix, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise KdError(f"expected a 2-D embedding matrix, got shape {matrix.shape}", "pca_embeddings")
+    if dim == matrix.shape[1]:
+        return matrix
+    if not 1 <= dim <= min(matrix.shape):
+        raise KdError(f"cannot reduce a {matrix.shape} matrix to {dim} dims", "pca_embeddings",
+                      f"pick 1 <= embed_dim <= {min(matrix.shape)}")
+    from sklearn.decomposition import PCA
+
+    return PCA(n_components=dim, random_state=0).fit_transform(matrix).astype(np.float32)
