@@ -17,7 +17,7 @@ from storage.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Offline knowledge distillation of sentence encoders.")
 console = Console(stderr=True)
-out = Console()
+term = Console()  # results go to stdout; errors and progress to stderr
 
 
 def _fail(e: KdError) -> None:
@@ -35,6 +35,79 @@ def main() -> None:  # pragma: no cover - console entry for `python -m cli`
 
 # --- stage one: precompute, info, validate --------------------------------------------------------
 # (precompute commands)
+@app.command()
+def precompute(
+    inputs: Annotated[list[str], typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
+    teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501
+    outputs: Annotated[Optional[str], typer.Option(help="Comma list of cls,mean,layers,sentence,logits (default: all available)")] = None,  # noqa: E501
+    segment: Annotated[str, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
+    spacy_model: Annotated[Optional[str], typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
+    pair_columns: Annotated[Optional[str], typer.Option(help="Two columns a,b holding sentence pairs")] = None,
+    label_column: Annotated[Optional[str], typer.Option(help="Optional label column")] = None,
+    delimiter: Annotated[Optional[str], typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
+    dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
+    batch_tokens: Annotated[int, typer.Option(help="Token budget per batch (padded length x rows)")] = 16384,
+    max_length: Annotated[Optional[int], typer.Option(help="Truncate texts to this many tokens")] = None,
+    shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)")] = 20000,
+    num_shards: Annotated[Optional[int], typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501
+    shard_index: Annotated[Optional[int], typer.Option(help="This writer's index (default: torchrun RANK or 0)")] = None,
+    dtype: Annotated[str, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
+    precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision")] = "auto",
+    device: Annotated[Optional[str], typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Run teachers over a corpus once and write their outputs to a Parquet store."""
+    from pipeline.precompute import precompute as run
+
+    try:
+        s = run(inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
+                spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns,
+                label_column=label_column, delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens,
+                max_length=max_length, shard_rows=shard_rows, num_shards=num_shards, shard_index=shard_index,
+                dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress)
+    except KdError as e:
+        _fail(e)
+    except ValueError as e:  # bad enum values (dtype, precision, shard index)
+        _fail(KdError(str(e)))
+    if s.nothing_to_do:
+        term.print(f"store {s.store} is already complete for {', '.join(s.teachers)}: nothing to do")
+        return
+    term.print(
+        f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
+        f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
+        f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, {s.rate:,.0f} rows/s, "
+        f"{s.bytes_written / 1e6:.1f} MB"
+    )
+
+
+@app.command()
+def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
+    """Print a store's manifest summary: inputs, tables, shards, teachers."""
+    from storage.info import summary_table
+
+    try:
+        term.print(summary_table(store))
+    except KdError as e:
+        _fail(e)
+
+
+@app.command()
+def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
+    """Re-check checksums, schemas and id alignment of every shard; exit 1 on any problem."""
+    from storage.validate import check
+
+    try:
+        _, problems = check(store)
+    except KdError as e:
+        _fail(e)
+    for p in problems:
+        term.print(f"[red]problem[/] {p}")
+    if problems:
+        raise typer.Exit(1)
+    term.print(f"[green]ok[/] {store}: every shard matches the manifest")
 
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)

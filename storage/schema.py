@@ -88,3 +88,10 @@ def vector_shape(t: pa.DataType) -> tuple[int, ...]:
         shape.append(t.list_size)
         t = t.value_type
     return tuple(shape)
+
+
+def type_name(t: pa.DataType) -> str:
+    """Canonical type string for manifests: list field names ('item' vs 'element') vary by writer."""
+    if pa.types.is_fixed_size_list(t):
+        return f"{type_name(t.value_type)}[{t.list_size}]"
+    return str(t)

@@ -1,0 +1,70 @@
+"""Run a teacher over a list of texts: tokenize, length-sorted token-budget batches, restore order.
+
+- Texts are tokenized twice: once untruncated to count tokens (the `n_tokens` / `truncated`
+  columns), once truncated to max_length for the forward pass. Fast tokenizers make this cheap next
+  to the model.
+- Batches come from `plan.plan_batches`; results are scattered back to input order, so the output
+  is independent of batching (up to float rounding).
+- Pairs go through the tokenizer jointly (cross-encoders); bi-encoders on pair inputs encode each
+  side separately and get `_a` / `_b` column suffixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from pipeline.plan import plan_batches
+from pipeline.teacher import Output, Teacher
+
+
+def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, list], np.ndarray]:
+    tok = teacher.tokenizer
+    args = ([t[0] for t in texts], [t[1] for t in texts]) if pairs else (texts,)
+    full = tok(*args, truncation=False, return_attention_mask=False, return_token_type_ids=False, verbose=False)
+    n_tokens = np.fromiter((len(x) for x in full["input_ids"]), dtype=np.int32, count=len(texts))
+    enc = tok(*args, truncation=True, max_length=teacher.max_length)
+    return dict(enc), n_tokens
+
+
+def _run(teacher: Teacher, texts: list, pairs: bool, outputs: list[Output], batch_tokens: int,
+         on_batch: Callable[[int], None] | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    enc, n_tokens = _tokenize(teacher, texts, pairs)
+    lengths = np.fromiter((len(x) for x in enc["input_ids"]), dtype=np.int64, count=len(texts))
+    result: dict[str, np.ndarray] = {}
+    pin = teacher.device.type == "cuda"
+    for idx in plan_batches(lengths, batch_tokens):
+        feats = [{k: enc[k][i] for k in enc} for i in idx]
+        batch = teacher.tokenizer.pad(feats, return_tensors="pt")
+        if pin:
+            batch = {k: v.pin_memory() for k, v in batch.items()}
+        out = teacher.forward(dict(batch), outputs)
+        for k, v in out.items():
+            if k not in result:
+                result[k] = np.empty((len(texts), *v.shape[1:]), dtype=np.float32)
+            result[k][idx] = v
+        if on_batch:
+            on_batch(len(idx))
+    return result, n_tokens
+
+
+def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_tokens: int,
+               on_batch: Callable[[int], None] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Outputs in input order plus untruncated token counts (max over both sides for pairs)."""
+    pairs = bool(texts) and not isinstance(texts[0], str)
+    if not pairs or teacher.has_head:
+        return _run(teacher, texts, pairs, outputs, batch_tokens, on_batch)
+    # A bi-encoder on pairs: each side on its own; progress counts a pair once both sides are done.
+    half = (lambda n: on_batch(n / 2)) if on_batch else None  # noqa: E731
+    a, na = _run(teacher, [t[0] for t in texts], False, outputs, batch_tokens, half)
+    b, nb = _run(teacher, [t[1] for t in texts], False, outputs, batch_tokens, half)
+    out = {f"{k}_a": v for k, v in a.items()} | {f"{k}_b": v for k, v in b.items()}
+    return out, np.maximum(na, nb)
+
+
+@torch.inference_mode()
+def input_embeddings(teacher: Teacher) -> torch.Tensor:
+    """The word-embedding matrix [vocab, dim]: students can start from its PCA."""
+    return teacher.model.get_input_embeddings().weight.detach().float().cpu().contiguous()

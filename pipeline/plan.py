@@ -1,0 +1,56 @@
+"""Pure planning: which shards a writer owns and how a shard is cut into batches. No I/O here.
+
+- Rows are cut into contiguous shards of `shard_rows`; shard k belongs to writer k % num_writers,
+  so ranks of torchrun (or --shard-index) write disjoint shards of one store.
+- Inside a shard, rows are sorted by token length (longest first, so an out-of-memory shows up on
+  the first batch) and grouped greedily while batch_size * longest_length <= batch_tokens:
+  padding waste stays small and every batch costs about the same.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    num_rows: int
+    shard_rows: int
+
+    @property
+    def num_shards(self) -> int:
+        return max(1, math.ceil(self.num_rows / self.shard_rows))
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        return k * self.shard_rows, min(self.num_rows, (k + 1) * self.shard_rows)
+
+    def owned(self, shard_index: int, num_writers: int) -> list[int]:
+        return [k for k in range(self.num_shards) if k % num_writers == shard_index]
+
+
+def writer_rank(num_shards: int | None, shard_index: int | None) -> tuple[int, int]:
+    """(index, count) from explicit options, else from torchrun's RANK/WORLD_SIZE, else (0, 1)."""
+    if num_shards is not None or shard_index is not None:
+        n, i = num_shards or 1, shard_index or 0
+    else:
+        n, i = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if not 0 <= i < n:
+        raise ValueError(f"--shard-index {i} must be in [0, {n})")
+    return i, n
+
+
+def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) -> list[np.ndarray]:
+    """Index arrays of batches: longest rows first, padded cost per batch <= batch_tokens."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        longest = int(lengths[order[start]])
+        size = max(1, min(max_batch, batch_tokens // max(longest, 1)))
+        batches.append(order[start : start + size])
+        start += size
+    return batches

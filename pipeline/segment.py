@@ -1,0 +1,51 @@
+"""Split documents into sentences with spaCy.
+
+- Default: `spacy.blank("en")` + the rule-based `sentencizer` (fast, no model download).
+- `--spacy-model NAME` uses an installed trained pipeline (e.g. en_core_web_sm); its parser gives
+  better boundaries. Only the components needed for sentence boundaries are kept.
+"""
+
+from __future__ import annotations
+
+from pipeline.inputs import Records
+from storage.errors import InputError
+
+
+def load_segmenter(model: str | None):
+    import spacy
+
+    if not model or model == "sentencizer":
+        nlp = spacy.blank("en")
+        nlp.add_pipe("sentencizer")
+        return nlp
+    try:
+        nlp = spacy.load(model, exclude=["ner", "lemmatizer", "textcat"])
+    except OSError as e:
+        raise InputError(f"spaCy pipeline {model!r} is not installed", None,
+                         f"pip install the package that provides {model}, or drop --spacy-model") from e
+    if not nlp.has_pipe("parser") and not nlp.has_pipe("senter") and not nlp.has_pipe("sentencizer"):
+        nlp.add_pipe("sentencizer")
+    nlp.max_length = max(nlp.max_length, 5_000_000)
+    return nlp
+
+
+def segment(records: Records, model: str | None = None, batch_size: int = 256) -> Records:
+    """Replace each document by its sentences; doc_id is kept and `positions` counts sentences."""
+    nlp = load_segmenter(model)
+    out = Records()
+    positions: list[int] = []
+    docs = nlp.pipe((t if isinstance(t, str) else str(t) for t in records.texts), batch_size=batch_size)
+    for doc, label, doc_id, source in zip(docs, records.labels, records.doc_ids, records.sources):
+        pos = 0
+        for sent in doc.sents:
+            text = sent.text.strip()
+            if not text:
+                continue
+            out.texts.append(text)
+            out.labels.append(label)
+            out.doc_ids.append(doc_id)
+            out.sources.append(source)
+            positions.append(pos)
+            pos += 1
+    out.positions = positions  # type: ignore[attr-defined]
+    return out

@@ -1,0 +1,222 @@
+"""A teacher: a Hugging Face encoder (optionally with a classification head) and its pooled outputs.
+
+Outputs, each per text (or per pair for cross-encoders):
+- `cls`      last hidden state of the first token;
+- `mean`     masked mean of the last hidden state;
+- `layers`   masked mean of every hidden state, embeddings layer first: [L+1, dim] (CoDIR);
+- `sentence` the sentence-transformers pooling of a sentence-transformers directory, with its
+             normalisation (what `SentenceTransformer.encode` returns);
+- `logits`   the sequence-classification / cross-encoder head; label names go to the manifest.
+Pooling runs in fp32 whatever the forward precision, so autocast only touches the matmuls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+import torch
+
+from pipeline.resolve import TeacherRef, resolve_teacher
+from storage.errors import KdError
+
+
+class Output(str, Enum):
+    cls = "cls"
+    mean = "mean"
+    layers = "layers"
+    sentence = "sentence"
+    logits = "logits"
+
+
+class Precision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+ST_MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
+              "sentence_transformers.models.Normalize"}
+
+
+@dataclass
+class STPooling:
+    """The pooling a sentence-transformers directory declares (modules.json + Pooling config)."""
+
+    mode: str  # mean | cls | max
+    normalize: bool
+    max_seq_length: int | None
+
+
+def read_st_pooling(path: str) -> STPooling | None:
+    mpath = os.path.join(path, "modules.json")
+    if not os.path.isfile(mpath):
+        return None
+    modules = json.load(open(mpath))
+    if any(m["type"] not in ST_MODULES for m in modules):
+        return None  # e.g. a Dense layer: we do not reimplement it, so no `sentence` output
+    pool = next((m for m in modules if m["type"].endswith("Pooling")), None)
+    mode = "mean"
+    if pool is not None:
+        cfg = json.load(open(os.path.join(path, pool["path"], "config.json")))
+        mode = "cls" if cfg.get("pooling_mode_cls_token") else "max" if cfg.get("pooling_mode_max_tokens") else "mean"
+    max_len = None
+    sbc = os.path.join(path, "sentence_bert_config.json")
+    if os.path.isfile(sbc):
+        max_len = json.load(open(sbc)).get("max_seq_length")
+    return STPooling(mode, any(m["type"].endswith("Normalize") for m in modules), max_len)
+
+
+def weights_sha256(path: str) -> str:
+    files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".bin")))
+    h = hashlib.sha256()
+    for f in files:
+        with open(os.path.join(path, f), "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype, or None for plain fp32. `auto`: fp16 on CUDA; fp32 on CPU (see docs/results.md)."""
+    if p is Precision.auto:
+        return torch.float16 if device.type == "cuda" else None
+    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[p]
+
+
+@dataclass
+class Teacher:
+    ref: TeacherRef
+    model: torch.nn.Module
+    tokenizer: object
+    has_head: bool
+    st: STPooling | None
+    max_length: int
+    device: torch.device
+    autocast: torch.dtype | None
+    label_names: list[str] | None = None
+    num_layers: int = 0
+    dim: int = 0
+    _sha: str | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    def available(self) -> list[Output]:
+        outs = [Output.cls, Output.mean, Output.layers]
+        if self.st is not None:
+            outs.append(Output.sentence)
+        if self.has_head:
+            outs.append(Output.logits)
+        return outs
+
+    def default_outputs(self) -> list[Output]:
+        return self.available()
+
+    def meta(self, outputs: list[Output], dtype: str) -> dict:
+        """Everything that determines the stored values; two writers must agree on it exactly."""
+        if self._sha is None:
+            self._sha = weights_sha256(self.ref.path)
+        cfg = self.model.config
+        return {
+            "source": self.ref.source,
+            "weights_sha256": self._sha,
+            "architecture": (cfg.architectures or [type(self.model).__name__])[0],
+            "model_type": cfg.model_type,
+            "num_layers": self.num_layers,
+            "dim": self.dim,
+            "max_length": self.max_length,
+            "outputs": [o.value for o in outputs],
+            "pooling": {
+                "cls": "last_hidden_state[:, 0]",
+                "mean": "masked mean of last_hidden_state",
+                "layers": "masked mean of each hidden state, embeddings first",
+                "sentence": None if self.st is None else {"mode": self.st.mode, "normalize": self.st.normalize},
+            },
+            "precision": str(self.autocast).replace("torch.", "") if self.autocast else "float32",
+            "dtype": dtype,
+            "label_names": self.label_names,
+            "default_target": "sentence" if self.st is not None else "mean",
+            "tokenizer": f"tokenizers/{self.name}",
+            "input_embeddings": f"teachers/{self.name}/input_embeddings.safetensors",
+        }
+
+    def forward(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> dict[str, np.ndarray]:
+        """One padded batch -> pooled outputs as float32 numpy arrays."""
+        enc = {k: v.to(self.device, non_blocking=True) for k, v in enc.items()}
+        mask = enc["attention_mask"].unsqueeze(-1).float()
+        need_states = Output.layers in outputs or self.has_head
+        ctx = torch.autocast(self.device.type, dtype=self.autocast) if self.autocast else nullcontext()
+        with torch.inference_mode(), ctx:
+            out = self.model(**enc, output_hidden_states=need_states, return_dict=True)
+        states = out.hidden_states if need_states else None
+        last = (states[-1] if states is not None else out.last_hidden_state).float()
+        res: dict[str, torch.Tensor] = {}
+        if Output.cls in outputs:
+            res["cls"] = last[:, 0]
+        if Output.mean in outputs or (Output.sentence in outputs and self.st.mode == "mean"):
+            res["mean"] = (last * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        if Output.layers in outputs:
+            res["layers"] = torch.stack([(h.float() * mask).sum(1) / mask.sum(1).clamp(min=1e-9) for h in states], 1)
+        if Output.sentence in outputs:
+            res["sentence"] = self._st_pool(last, mask, res)
+        if Output.logits in outputs:
+            res["logits"] = out.logits.float()
+        return {k: v.cpu().numpy() for k, v in res.items() if k in {o.value for o in outputs}}
+
+    def _st_pool(self, last: torch.Tensor, mask: torch.Tensor, res: dict) -> torch.Tensor:
+        if self.st.mode == "cls":
+            v = last[:, 0]
+        elif self.st.mode == "max":
+            v = last.masked_fill(mask == 0, -1e9).max(1).values
+        else:
+            v = res["mean"]
+        return torch.nn.functional.normalize(v, dim=-1) if self.st.normalize else v
+
+    def encode(
+        self, texts: list, outputs: list[Output] | None = None, batch_tokens: int = 16384
+    ) -> dict[str, np.ndarray]:
+        """Convenience for evaluation and search: encode texts (or (a, b) pairs) in input order."""
+        from pipeline.batches import encode_all
+
+        return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
+
+
+def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: Precision = Precision.auto,
+                 max_length: int | None = None) -> Teacher:
+    """Load a teacher from an alias, a directory, or a NAME=PATH spec."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # load reports and weight-loading bars would drown our own progress
+    hf_logging.disable_progress_bar()
+
+    ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
+    dev = pick_device(device)
+    cfg = AutoConfig.from_pretrained(ref.path)
+    has_head = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+    cls = AutoModelForSequenceClassification if has_head else AutoModel
+    try:
+        model = cls.from_pretrained(ref.path).to(dev).eval()
+        tok = AutoTokenizer.from_pretrained(ref.path)
+    except (OSError, ValueError) as e:
+        raise KdError(f"cannot load the teacher checkpoint ({e})", ref.path,
+                      "the directory must hold a Hugging Face model and its tokenizer files") from e
+    st = read_st_pooling(ref.path)
+    limit = min(x for x in (tok.model_max_length, getattr(cfg, "max_position_embeddings", 512), 8192) if x)
+    if st and st.max_seq_length:
+        limit = min(limit, st.max_seq_length)
+    labels = [cfg.id2label[i] for i in range(cfg.num_labels)] if has_head else None
+    return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev,
+                   resolve_precision(Precision(precision), dev), labels, cfg.num_hidden_layers, cfg.hidden_size)

@@ -1,0 +1,35 @@
+"""A human summary of a store's manifest (what `kd info` prints)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from storage.store import Store
+
+
+def summary_table(store_path: str) -> Group:
+    store = Store.open(store_path)
+    m = store.manifest
+    inputs = m.inputs
+    head = Table.grid(padding=(0, 2))
+    head.add_row("store", store.root)
+    head.add_row("format version", str(m.format_version))
+    head.add_row("fingerprint", m.fingerprint[:16])
+    head.add_row("inputs", ", ".join(f["path"] for f in inputs.get("files", [])))
+    head.add_row("rows", f"{inputs['num_rows']:,} in {m.num_shards} shard(s) of {inputs['rows_per_shard']:,}")
+    head.add_row("dropped", ", ".join(f"{k}={v}" for k, v in inputs.get("counts", {}).items()))
+    head.add_row("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items()))
+    tables = Table(title="tables")
+    for col in ("table", "kind", "shards", "rows", "MB", "columns", "details"):
+        tables.add_column(col)
+    for name, rec in sorted(m.tables.items()):
+        rows = sum(s.rows for s in rec.shards.values())
+        mb = sum(s.bytes for s in rec.shards.values()) / 1e6
+        details = ""
+        if rec.kind == "teacher":
+            details = (f"{rec.meta.get('architecture')} L={rec.meta.get('num_layers')} d={rec.meta.get('dim')} "
+                       f"max_len={rec.meta.get('max_length')} {rec.meta.get('dtype')}")
+        cols = ", ".join(c for c in rec.columns if c not in ("id",))
+        tables.add_row(name, rec.kind, f"{len(rec.shards)}/{m.num_shards}", f"{rows:,}", f"{mb:.1f}", cols, details)
+    return Group(head, tables)

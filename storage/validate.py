@@ -1,0 +1,81 @@
+"""Re-check a store: every committed shard exists, matches its checksum, has the declared schema,
+and holds the same ids in the same order as the `texts` shard it is aligned with.
+
+Returns a list of problems (empty when the store is sound); each names the file it is about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage import fs
+from storage.errors import StoreError
+from storage.schema import type_name
+from storage.store import Store
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.what}"
+
+
+def validate(store: Store) -> list[Problem]:
+    problems: list[Problem] = []
+    m = store.manifest
+    text_ids: dict[int, pa.Array] = {}
+    names = ["texts", *sorted(n for n in m.tables if n != "texts")]
+    for name in names:
+        rec = m.tables.get(name)
+        if rec is None:
+            problems.append(Problem(store.loc.path("manifest.json"), "no texts table"))
+            continue
+        missing = sorted(set(range(m.num_shards)) - set(rec.shards))
+        if missing:
+            problems.append(Problem(store.loc.path(name), f"{len(missing)} shard(s) missing: {missing[:5]}"))
+        for k, shard in sorted(rec.shards.items()):
+            problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
+    return problems
+
+
+def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str], text_ids) -> list[Problem]:
+    path = store.loc.path(shard.file)
+    if not fs.exists(store.loc, shard.file):
+        return [Problem(path, "file is missing")]
+    data = fs.read_bytes(store.loc, shard.file)
+    if len(data) != shard.bytes or fs.sha256(data) != shard.sha256:
+        return [Problem(path, f"checksum mismatch ({len(data)} bytes, manifest says {shard.bytes})")]
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as e:
+        return [Problem(path, f"unreadable parquet: {e}")]
+    out = []
+    if table.num_rows != shard.rows:
+        out.append(Problem(path, f"{table.num_rows} rows, manifest says {shard.rows}"))
+    have = {f.name: type_name(f.type) for f in table.schema}
+    for col, typ in columns.items():
+        if col not in have:
+            out.append(Problem(path, f"column {col!r} missing"))
+        elif have[col] != typ:
+            out.append(Problem(path, f"column {col!r} is {have[col]}, manifest says {typ}"))
+    if "id" in have:
+        ids = table["id"].combine_chunks()
+        if name == "texts":
+            text_ids[k] = ids
+        elif k in text_ids and not ids.equals(text_ids[k]):
+            out.append(Problem(path, f"ids are not aligned with texts shard {k}"))
+    return out
+
+
+def check(store_path: str) -> tuple[Store, list[Problem]]:
+    try:
+        store = Store.open(store_path)
+    except StoreError:
+        raise
+    return store, validate(store)
