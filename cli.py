@@ -117,6 +117,99 @@ def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) 
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------
 # (dataset commands)
+_data_out = Console()  # results of the dataset commands go to stdout
+
+
+@app.command("query")
+def query_cmd(
+    store: Annotated[str, typer.Argument(help="Store folder")],
+    sql: Annotated[str | None, typer.Argument(help="SQL; without it an interactive prompt reads stdin")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
+    out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
+) -> None:
+    """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
+    from apps.query_shell import query, repl
+
+    try:
+        if sql is not None:
+            query(store, sql, format, out_file, _data_out)
+        elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
+            raise typer.Exit(1)
+    except KdError as e:
+        _fail(e)
+    except ValueError as e:  # unknown --format
+        _fail(KdError(str(e), "--format", "use table, csv, json or parquet"))
+
+
+@app.command("index")
+def index_cmd(
+    store: Annotated[str, typer.Argument(help="Store folder")],
+    table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
+    column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
+    kind: Annotated[str, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
+) -> None:
+    """Build a faiss cosine index of a vector column, saved in the store."""
+    from storage.index import build_index
+
+    try:
+        info = build_index(store, table, column, kind)
+    except KdError as e:
+        _fail(e)
+    _data_out.print(f"indexed {info.rows:,} rows of {info.table}.{info.column} ({info.kind}, {info.device})")
+    _data_out.print(f"saved {info.file}")
+
+
+@app.command("search")
+def search_cmd(
+    store: Annotated[str, typer.Argument(help="Store folder")],
+    query: Annotated[str, typer.Argument(help="Query text")],
+    student: Annotated[str | None, typer.Option(help="Student directory to embed the query")] = None,
+    teacher: Annotated[str | None, typer.Option(help="Teacher of the store to embed the query")] = None,
+    k: Annotated[int, typer.Option("-k", help="How many results")] = 10,
+    table: Annotated[str | None, typer.Option(help="Indexed table (default: the teacher's, or by dim)")] = None,
+    column: Annotated[str | None, typer.Option(help="Indexed column (default: teacher's default target)")] = None,
+    kind: Annotated[str | None, typer.Option(help="Index kind when several exist")] = None,
+) -> None:
+    """Top-k texts of the store nearest to a query (build the index first with kd index)."""
+    from rich.table import Table
+
+    from apps.search import search_text
+
+    try:
+        res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
+    except KdError as e:
+        _fail(e)
+    t = Table("rank", "score", "id", "text", caption=f"index {res.index.name}")
+    for rank, (i, s, text) in enumerate(zip(res.ids[0], res.scores[0], res.texts[0]), 1):
+        if i >= 0:
+            t.add_row(str(rank), f"{s:.4f}", str(i), text)
+    _data_out.print(t)
+
+
+@app.command("cluster")
+def cluster_cmd(
+    store: Annotated[str, typer.Argument(help="Store folder")],
+    table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
+    column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
+    threshold: Annotated[float, typer.Option(help="Cosine distance (1 - cos) under which clusters merge")],
+    method: Annotated[str, typer.Option(help="auto | exact | knn (faiss kNN graph, for big stores)")] = "auto",
+    exact_max: Annotated[int, typer.Option(help="Largest row count clustered exactly")] = 20000,
+    k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph")] = 30,
+) -> None:
+    """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
+    from storage.cluster import cluster_store
+
+    try:
+        s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
+    except KdError as e:
+        _fail(e)
+    except ValueError as e:  # unknown --method
+        _fail(KdError(str(e), "--method", "use auto, exact or knn"))
+    _data_out.print(
+        f"{s.rows:,} rows -> {s.clusters:,} clusters ({s.method}; largest {s.largest:,}, {s.singletons:,} singletons) "
+        f"in {s.table}"
+    )
+
 
 # --- task teachers and fine-tuning ---------------------------------------------------------------
 # (finetune commands)

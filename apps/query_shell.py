@@ -1,0 +1,100 @@
+"""`kd query`: one SQL statement to the terminal or a file, or an interactive prompt.
+
+- Results print as a rich table (at most `max_rows` rows; long cells such as vectors shortened),
+  or go through DuckDB COPY to csv/json/parquet (`storage.query.export`); csv/json without
+  --out print to stdout.
+- The prompt reads lines until one ends with ';' (so it works piped: `kd query S < file.sql`),
+  runs them, prints the result, and keeps going after an error. `.tables` lists the views,
+  `.quit` (or end of input) leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from storage.errors import KdError
+from storage.query import Format, connect, export, run_query
+from storage.store import Store
+
+MAX_CELL = 60
+
+
+def _cell(v: object) -> str:
+    s = "NULL" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
+    return s if len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
+
+
+def render(result: pa.Table, max_rows: int = 50) -> Table:
+    """A rich table of the first `max_rows` rows (the caption says how many were left out)."""
+    t = Table(show_lines=False)
+    for f in result.schema:
+        t.add_column(f"{f.name}\n[dim]{f.type}[/]", overflow="fold")
+    for row in result.slice(0, max_rows).to_pylist():
+        t.add_row(*(_cell(v) for v in row.values()))
+    shown = min(max_rows, result.num_rows)
+    more = f" ({shown} shown; use --out FILE for all)" if shown < result.num_rows else ""
+    t.caption = f"{result.num_rows} rows{more}"
+    return t
+
+
+def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console) -> None:
+    """Run `sql` on the store and print or write its result (the `kd query STORE SQL` command)."""
+    fmt = Format(fmt)
+    if out is not None:
+        rows = export(store_path, sql, out, fmt)
+        console.print(f"wrote {rows} rows to {out}", style="dim", highlight=False)
+        return
+    if fmt is Format.table:
+        console.print(render(run_query(store_path, sql)))
+        return
+    if fmt is Format.parquet:
+        raise KdError("parquet output needs a file", None, "add --out FILE.parquet")
+    # COPY writes files only; go through a temporary one so the output is DuckDB's own csv/json.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"out.{fmt.value}")
+        export(store_path, sql, path, fmt)
+        with open(path, encoding="utf-8") as f:
+            console.file.write(f.read())
+
+
+def repl(store_path: str, lines: Iterable[str], console: Console, interactive: bool = False) -> int:
+    """Run ';'-terminated statements read from `lines`; returns how many statements failed."""
+    store = Store.open(store_path)
+    con = connect(store)
+    failures, buf = 0, []
+    if interactive:
+        views = ", ".join(_views(con))
+        console.print(f"kd store {store.root}: views {views}. End statements with ';', .quit to leave.")
+        console.print("kd> ", end="")
+    for line in lines:
+        stripped = line.strip()
+        if not buf and stripped in (".quit", ".exit", "\\q"):
+            break
+        if not buf and stripped == ".tables":
+            console.print(" ".join(_views(con)))
+        elif stripped:
+            buf.append(line.rstrip("\n"))
+            if stripped.endswith(";"):
+                sql, buf = "\n".join(buf), []
+                try:
+                    result = run_query(store, sql, con=con)
+                    if result.num_columns:
+                        console.print(render(result))
+                except KdError as e:
+                    failures += 1
+                    console.print(f"[bold red]error:[/] {e}")
+        if interactive:
+            console.print("...> " if buf else "kd> ", end="")
+    if buf:
+        console.print("[yellow]ignored an unterminated statement (no ';' at the end)[/]")
+    return failures
+
+
+def _views(con) -> list[str]:
+    return [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables ORDER BY 1").fetchall()]

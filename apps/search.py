@@ -1,0 +1,75 @@
+"""`kd search`: embed a query with a student or a teacher and search a store's faiss index.
+
+- `--teacher NAME` (a teacher of the store): loads the checkpoint its table meta names, refuses
+  one whose weights checksum differs from the one that wrote the store, encodes the query with
+  the same max_length and searches that teacher's index (column: --column or the teacher's
+  default target). A teacher spec that is not in the store (a path, NAME=PATH) searches any
+  index of the right dimension.
+- `--student DIR`: `student.load(DIR).encode`; a student distilled into a teacher's space
+  searches that teacher's index (DSE-style: cheap query encoder, precomputed corpus vectors).
+  Which index: --table/--column/--kind, else the only one with the query's dimension.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from storage.errors import InputError, KdError
+from storage.index import SearchResult, search
+from storage.store import Store
+
+PAIR_SUFFIXES = ("_a", "_b")
+
+
+def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
+    from pipeline.teacher import Output, load_teacher, weights_sha256
+
+    table = f"teachers/{teacher}"
+    rec = store.manifest.tables.get(table)
+    meta = rec.meta if rec is not None and rec.kind == "teacher" else {}
+    if not meta:
+        table = None
+    column = column or meta.get("default_target", "mean")
+    output = column[:-2] if column.endswith(PAIR_SUFFIXES) else column
+    if output not in {o.value for o in Output}:
+        raise InputError(f"a teacher cannot encode a query into column {column!r}", "--column",
+                         "use cls, mean or sentence (or their _a/_b forms in pair stores)")
+    model = load_teacher(meta.get("source", teacher), max_length=meta.get("max_length"))
+    if meta.get("weights_sha256") and weights_sha256(model.ref.path) != meta["weights_sha256"]:
+        raise KdError(
+            f"the checkpoint at {meta.get('source')!r} is not the teacher that wrote table {table!r}",
+            model.ref.path,
+            "restore that checkpoint, or search with the teacher spec that was used (see kd info STORE)",
+        )
+    return model.encode([text], outputs=[Output(output)])[output][0], table, column
+
+
+def _student_vector(student_dir: str, text: str) -> np.ndarray:
+    import student
+
+    return np.asarray(student.load(student_dir).encode([text]))[0]
+
+
+def search_text(
+    store_path: str | os.PathLike,
+    query: str,
+    *,
+    student: str | None = None,
+    teacher: str | None = None,
+    table: str | None = None,
+    column: str | None = None,
+    kind: str | None = None,
+    k: int = 10,
+) -> SearchResult:
+    """Embed `query` with exactly one of student/teacher and return the top-k rows of the store."""
+    if (student is None) == (teacher is None):
+        raise InputError("give exactly one query encoder", "kd search", "pass --student DIR or --teacher NAME")
+    store = Store.open(store_path)
+    if teacher is not None:
+        vec, teacher_table, column = _teacher_vector(store, teacher, query, column)
+        table = table or teacher_table
+    else:
+        vec = _student_vector(student, query)
+    return search(store, vec[None, :], k, table=table, column=column, kind=kind)

@@ -1,0 +1,188 @@
+"""Agglomerative clustering of a store's vectors (cosine distance, average linkage), as a derived table.
+
+Distance is cosine distance d = 1 - cos; clusters merge while their average pairwise distance is
+below `threshold` (scikit-learn `AgglomerativeClustering(metric="cosine", linkage="average",
+distance_threshold=threshold)`), as in the news-clustering setting.
+
+- n <= exact_max: exact, one AgglomerativeClustering call (O(n^2) memory: 20k rows ~ 1.6 GB).
+- larger: faiss-assisted, using that average linkage never merges across components of the
+  graph "d(i, j) < threshold" (a merge needs average, hence minimum, distance below it), and
+  that merges inside one component do not depend on other components:
+    1. kNN graph with faiss (k neighbours per row, flat or ivf index on normalised vectors);
+    2. keep edges with d < threshold; connected components (scipy.sparse.csgraph);
+    3. exact average linkage inside each component of <= exact_max rows; a bigger component is
+       clustered by AgglomerativeClustering with the kNN graph as connectivity, where the
+       distance between clusters is averaged over kNN edges only.
+  Approximation: a row with more than k neighbours under the threshold may lose edges, so two
+  groups linked only through such edges stay apart (clusters can split, never wrongly merge,
+  in step 2); step 3's fallback for huge components averages over graph edges, not all pairs.
+  With k >= the largest cluster's size, components of <= exact_max rows give the exact result.
+- Output table `derived/clusters-<view>-<column>`: id, cluster (int64, numbered by first row),
+  shards aligned with texts; meta records the method and parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pyarrow as pa
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+from sklearn.cluster import AgglomerativeClustering
+
+from storage import fs
+from storage.errors import InputError
+from storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
+from storage.manifest import Manifest
+from storage.query import resolve_table, view_names
+from storage.store import MANIFEST, Store, open_writer
+
+
+class Method(str, Enum):
+    auto = "auto"  # exact when n <= exact_max, else knn
+    exact = "exact"
+    knn = "knn"
+
+
+@dataclass
+class ClusterSummary:
+    table: str  # the derived table written
+    rows: int
+    clusters: int
+    largest: int
+    singletons: int
+    method: str
+
+
+def _average_linkage(x: np.ndarray, threshold: float, connectivity: csr_matrix | None = None) -> np.ndarray:
+    if len(x) == 1:
+        return np.zeros(1, dtype=np.int64)
+    model = AgglomerativeClustering(
+        n_clusters=None, metric="cosine", linkage="average", distance_threshold=threshold, connectivity=connectivity
+    )
+    return model.fit_predict(x).astype(np.int64)
+
+
+def knn_graph(x: np.ndarray, k: int, kind: IndexKind = IndexKind.flat) -> tuple[np.ndarray, np.ndarray]:
+    """k nearest neighbours of every normalised row (itself excluded): (positions, cosine distances)."""
+    k = min(k + 1, len(x))
+    sims, pos = make_index(x, kind).search(x, k)
+    return pos, 1.0 - sims
+
+
+def _relabel(labels: np.ndarray) -> np.ndarray:
+    """Number clusters 0, 1, ... in order of their first row (deterministic across methods)."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]
+
+
+def _resolve_method(method: Method, n: int, exact_max: int) -> Method:
+    method = Method(method)
+    if method is Method.auto:
+        return Method.exact if n <= exact_max else Method.knn
+    return method
+
+
+def agglomerative(
+    x: np.ndarray, threshold: float, *, method: Method = Method.auto, exact_max: int = 20000, k: int = 30,
+    knn_kind: IndexKind | None = None,
+) -> np.ndarray:
+    """Cluster ids (0..c-1, by first occurrence) of the rows of `x`; see the module docstring."""
+    if not 0.0 < threshold <= 2.0:
+        raise InputError(f"threshold {threshold} is not a cosine distance in (0, 2]", "--threshold",
+                         "typical values are 0.2-0.6 (1 - cosine similarity)")
+    x = normalize(x)
+    n = len(x)
+    if _resolve_method(method, n, exact_max) is Method.exact:
+        return _relabel(_average_linkage(x, threshold))
+    kind = knn_kind or (IndexKind.flat if n <= 200_000 else IndexKind.ivf)
+    pos, dist = knn_graph(x, k, kind)
+    rows = np.repeat(np.arange(n), pos.shape[1])
+    keep = (pos.reshape(-1) >= 0) & (dist.reshape(-1) < threshold)
+    graph = csr_matrix((np.ones(keep.sum()), (rows[keep], pos.reshape(-1)[keep])), shape=(n, n))
+    ncomp, comp = connected_components(graph, directed=False)
+    labels = np.empty(n, dtype=np.int64)
+    order = np.argsort(comp, kind="stable")
+    bounds = np.flatnonzero(np.diff(comp[order])) + 1
+    offset = 0
+    for members in np.split(order, bounds):
+        if len(members) <= exact_max:
+            sub = _average_linkage(x[members], threshold)
+        else:
+            sub = _average_linkage(x[members], threshold, _component_graph(pos, members, n))
+        labels[members] = sub + offset
+        offset += int(sub.max()) + 1
+    return _relabel(labels)
+
+
+def _component_graph(pos: np.ndarray, members: np.ndarray, n: int) -> csr_matrix:
+    """The kNN graph restricted to one component, re-indexed to its rows (symmetric)."""
+    local = np.full(n, -1, dtype=np.int64)
+    local[members] = np.arange(len(members))
+    src = np.repeat(local[members], pos.shape[1])
+    dst = local[np.clip(pos[members].reshape(-1), 0, None)]
+    ok = (pos[members].reshape(-1) >= 0) & (dst >= 0)
+    g = csr_matrix((np.ones(ok.sum()), (src[ok], dst[ok])), shape=(len(members), len(members)))
+    return g + g.T
+
+
+def cluster_table_name(store: Store, table: str, column: str) -> str:
+    return f"derived/clusters-{view_names(store.manifest)[table]}-{column}"
+
+
+def cluster_store(
+    store_path: str | os.PathLike, table: str, column: str, threshold: float, *, method: Method = Method.auto,
+    exact_max: int = 20000, k: int = 30,
+) -> ClusterSummary:
+    """Cluster a vector column and write `derived/clusters-<view>-<column>` (the `kd cluster` command).
+
+    - Reads the column in shard order, clusters, writes one shard per source shard (same ids, order).
+    - Re-running replaces the table: its manifest entry is dropped first, because the manifest
+      refuses a table whose settings or shard contents change under the same name.
+    """
+    store = Store.open(store_path)
+    table = resolve_table(store, table)
+    vector_column(store, table, column)
+    ids, x, sizes = read_vectors(store, table, column)
+    labels = agglomerative(x, threshold, method=method, exact_max=exact_max, k=k)
+    used = _resolve_method(method, len(x), exact_max)
+    name = cluster_table_name(store, table, column)
+    meta = {
+        "source_table": table, "column": column, "threshold": threshold, "metric": "cosine", "linkage": "average",
+        "method": used.value, "exact_max": exact_max, "k": k if used is Method.knn else None,
+        "clusters": int(labels.max()) + 1 if len(labels) else 0,
+    }
+    writer_id = "cluster-" + name.split("/", 1)[1]
+    _drop_table(store, name)
+    w = open_writer(store_path, store.manifest, writer_id)
+    try:
+        w.manifest.tables.pop(name, None)
+        w.declare(name, "derived", {"id": "int64", "cluster": "int64"}, meta)
+        start = 0
+        for k_shard, rows in enumerate(sizes):
+            part = pa.table({"id": pa.array(ids[start:start + rows]), "cluster": pa.array(labels[start:start + rows])})
+            w.commit(name, k_shard, part)
+            start += rows
+        w.publish()
+    finally:
+        w.close()
+    counts = np.bincount(labels)
+    return ClusterSummary(name, len(labels), len(counts), int(counts.max()), int((counts == 1).sum()), used.value)
+
+
+def _drop_table(store: Store, name: str) -> None:
+    """Remove a derived table from the published manifest.json so it can be rewritten.
+
+    Only this command's own fragment holds the table besides manifest.json (the writer pops it
+    from there), so after this the merged manifest no longer knows the old shards.
+    """
+    if not fs.exists(store.loc, MANIFEST):
+        return
+    m = Manifest.from_json(fs.read_bytes(store.loc, MANIFEST).decode(), store.loc.path(MANIFEST))
+    if m.tables.pop(name, None) is not None:
+        fs.atomic_write_bytes(store.loc, m.to_json().encode(), MANIFEST)

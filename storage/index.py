@@ -1,0 +1,264 @@
+"""Vector indexes over a store's columns (faiss), for nearest-neighbour search and clustering.
+
+- Cosine similarity = inner product of L2-normalised vectors, so every index uses
+  METRIC_INNER_PRODUCT on normalised rows and scores are cosines (for flat, exact ones).
+- Kinds: `flat` (exact), `ivf` (IVF-Flat, nlist ~ 4 sqrt(n), trained on a sample),
+  `hnsw` (HNSW-Flat, M=32). faiss GPU builds flat/ivf when `faiss.get_num_gpus() > 0`;
+  the saved index is always the CPU form.
+- Files: `indexes/<view>-<column>-<kind>.faiss` plus `<...>.ids.npy` (faiss position -> store id),
+  both written atomically; the manifest extras key `index:<view>-<column>-<kind>` points at them
+  with the shard checksums of the source table, so a search on a rewritten table is refused
+  instead of returning wrong rows. (The id mapping is a side file, not inline JSON, because
+  every reader parses the manifest and a 1M-row list would slow them all.)
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+import faiss
+import numpy as np
+import pyarrow.compute as pc
+
+from storage import fs
+from storage.errors import InputError, StoreError
+from storage.query import resolve_table, view_names
+from storage.schema import arrow_to_vectors, vector_shape
+from storage.store import Store, iter_shards, open_writer
+
+WRITER_ID = "index"
+EXTRA_PREFIX = "index:"
+
+
+class IndexKind(str, Enum):
+    flat = "flat"
+    ivf = "ivf"
+    hnsw = "hnsw"
+
+
+@dataclass
+class IndexInfo:
+    """What the manifest extras record for one index."""
+
+    name: str
+    table: str
+    column: str
+    kind: str
+    file: str
+    ids_file: str
+    rows: int
+    dim: int
+    sha256: str
+    source: str  # hash of the source table's shard checksums (staleness check)
+    metric: str = "cosine"
+    device: str = "cpu"
+
+    @classmethod
+    def from_extra(cls, d: dict) -> IndexInfo:
+        return cls(**d)
+
+
+@dataclass
+class SearchResult:
+    """Top-k per query: ids/scores are (queries, k); id -1 (score -inf) where fewer than k were found."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    texts: list[list[str]]
+    index: IndexInfo
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm as contiguous float32 (zero rows stay zero)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def use_gpu() -> bool:
+    return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+
+
+def vector_column(store: Store, table: str, column: str) -> int:
+    """Check that `column` of `table` is a 1-D vector column; return its dimension."""
+    schema = store.dataset(table).schema
+    if column not in schema.names:
+        vecs = [f.name for f in schema if vector_shape(f.type)]
+        raise InputError(f"table {table!r} has no column {column!r}", store.root, f"vector columns: {', '.join(vecs)}")
+    shape = vector_shape(schema.field(column).type)
+    if len(shape) != 1:
+        raise InputError(
+            f"column {column!r} of {table!r} has shape {shape or 'scalar'}, not a vector",
+            store.root,
+            "index a 1-D vector column (cls, mean, sentence, logits or a student embedding)",
+        )
+    return shape[0]
+
+
+def read_vectors(store: Store, table: str, column: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """All rows of a vector column in shard order: (ids, vectors, rows per shard)."""
+    ids, vecs, sizes = [], [], []
+    for _, t in iter_shards(store, table):
+        ids.append(t.column("id").to_numpy())
+        vecs.append(arrow_to_vectors(t.column(column)))
+        sizes.append(t.num_rows)
+    return np.concatenate(ids), np.concatenate(vecs), sizes
+
+
+def _source_hash(store: Store, table: str) -> str:
+    rec = store.table(table)
+    return fs.sha256("".join(rec.shards[k].sha256 for k in sorted(rec.shards)).encode())
+
+
+def make_index(x: np.ndarray, kind: IndexKind, *, gpu: bool | None = None, seed: int = 0) -> faiss.Index:
+    """Build a faiss inner-product index of normalised rows `x` (returned on the CPU).
+
+    - ivf: nlist = clip(4 sqrt(n), 1, n/39) (faiss wants >= 39 training points per list),
+      trained on up to 256 points per list; nprobe = max(8, nlist/8) is saved with it.
+    - hnsw: M=32, efConstruction=80, efSearch=64 (CPU only: faiss GPU has no HNSW).
+    """
+    n, d = x.shape
+    gpu = use_gpu() if gpu is None else gpu
+    kind = IndexKind(kind)
+    if kind is IndexKind.hnsw:
+        index = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = 80
+        index.hnsw.efSearch = 64
+        index.add(x)
+        return index
+    nlist = int(max(1, min(4 * np.sqrt(n), n // 39)))
+    if kind is IndexKind.flat:
+        index = faiss.IndexFlatIP(d)
+    else:
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    if gpu:
+        res = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(res, 0, index)
+    if not index.is_trained:
+        rng = np.random.default_rng(seed)
+        sample = x if n <= 256 * nlist else x[rng.choice(n, 256 * nlist, replace=False)]
+        index.train(sample)
+    index.add(x)
+    if gpu:
+        index = faiss.index_gpu_to_cpu(index)
+    if kind is IndexKind.ivf:
+        index.nprobe = max(8, nlist // 8)
+    return index
+
+
+def index_name(store: Store, table: str, column: str, kind: IndexKind) -> str:
+    return f"{view_names(store.manifest)[table]}-{column}-{IndexKind(kind).value}"
+
+
+def build_index(store_path: str | os.PathLike, table: str, column: str, kind: IndexKind = IndexKind.flat) -> IndexInfo:
+    """Index a vector column of a store and record it in the manifest (the `kd index` command).
+
+    - Reads the column in shard order, L2-normalises it, builds the faiss index (GPU if any).
+    - Writes index and ids atomically, then the extras entry through a StoreWriter ("index"),
+      and publishes the merged manifest.
+    """
+    store = Store.open(store_path)
+    table = resolve_table(store, table)
+    dim = vector_column(store, table, column)
+    ids, x, _ = read_vectors(store, table, column)
+    gpu = use_gpu() and IndexKind(kind) is not IndexKind.hnsw
+    index = make_index(normalize(x), kind, gpu=gpu)
+    name = index_name(store, table, column, kind)
+    data = faiss.serialize_index(index).tobytes()
+    buf = io.BytesIO()
+    np.save(buf, ids.astype(np.int64))
+    info = IndexInfo(
+        name=name, table=table, column=column, kind=IndexKind(kind).value, file=f"indexes/{name}.faiss",
+        ids_file=f"indexes/{name}.ids.npy", rows=len(ids), dim=dim, sha256=fs.sha256(data),
+        source=_source_hash(store, table), device="gpu" if gpu else "cpu",
+    )
+    fs.atomic_write_bytes(store.loc, data, info.file)
+    fs.atomic_write_bytes(store.loc, buf.getvalue(), info.ids_file)
+    w = open_writer(store_path, store.manifest, WRITER_ID)
+    try:
+        w.set_extra(EXTRA_PREFIX + name, info.__dict__)
+        w.publish()
+    finally:
+        w.close()
+    return info
+
+
+def list_indexes(store: Store) -> list[IndexInfo]:
+    return [IndexInfo.from_extra(v) for k, v in sorted(store.manifest.extras.items()) if k.startswith(EXTRA_PREFIX)]
+
+
+def find_index(store: Store, table: str | None = None, column: str | None = None, kind: str | None = None,
+               dim: int | None = None) -> IndexInfo:
+    """The one index matching the filters (table as path or view name; dim of the query vectors)."""
+    table = resolve_table(store, table) if table else None
+    found = [
+        i for i in list_indexes(store)
+        if (table is None or i.table == table) and (column is None or i.column == column)
+        and (kind is None or i.kind == IndexKind(kind).value) and (dim is None or i.dim == dim)
+    ]
+    if len(found) == 1:
+        return found[0]
+    have = ", ".join(i.name for i in list_indexes(store)) or "none"
+    if not found:
+        want = "/".join(str(v) for v in (table, column, kind) if v) or "any"
+        dims = f" with dim {dim}" if dim else ""
+        raise StoreError(
+            f"no index for {want}{dims} in this store (indexes: {have})",
+            store.root,
+            f"build one: kd index {store.root} --table TABLE --column COLUMN",
+        )
+    raise InputError(f"{len(found)} indexes match ({', '.join(i.name for i in found)})", store.root,
+                     "choose one with --table, --column and --kind")
+
+
+def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
+    """The faiss index and its position -> id array, refusing stale or modified files."""
+    if info.table not in store.manifest.tables or _source_hash(store, info.table) != info.source:
+        raise StoreError(
+            f"index {info.name} is stale: table {info.table!r} was rewritten after it was built",
+            store.root,
+            f"rebuild it: kd index {store.root} --table {info.table} --column {info.column} --kind {info.kind}",
+        )
+    data = fs.read_bytes(store.loc, info.file)
+    if fs.sha256(data) != info.sha256:
+        raise StoreError("index file does not match its manifest checksum", store.loc.path(info.file),
+                         "rebuild it with kd index")
+    index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+    ids = np.load(io.BytesIO(fs.read_bytes(store.loc, info.ids_file)))
+    return index, ids
+
+
+def text_of(store: Store, ids: np.ndarray, column: str | None = None) -> dict[int, str]:
+    """id -> text for the given ids (pair stores: the side a `_a`/`_b` column embeds, else 'a ||| b')."""
+    wanted = np.unique(ids[ids >= 0])
+    dataset = store.dataset("texts")
+    names = dataset.schema.names
+    if "text" in names:
+        cols = ["text"]
+    elif column and column.endswith(("_a", "_b")):
+        cols = ["text_" + column[-1]]
+    else:
+        cols = ["text_a", "text_b"]
+    t = dataset.to_table(columns=["id", *cols], filter=pc.field("id").isin(wanted))
+    parts = [t.column(c).to_pylist() for c in cols]
+    return {i: " ||| ".join(p) for i, *p in zip(t.column("id").to_pylist(), *parts)}
+
+
+def search(store_path: str | os.PathLike | Store, query_vectors: np.ndarray, k: int = 10, *,
+           table: str | None = None, column: str | None = None, kind: str | None = None) -> SearchResult:
+    """Top-k rows by cosine similarity to each query vector, with their texts.
+
+    - Picks the index by table/column/kind (and the queries' dim) among those in the manifest.
+    - Normalises the queries, searches, maps positions to store ids, looks up the texts.
+    """
+    store = store_path if isinstance(store_path, Store) else Store.open(store_path)
+    q = np.atleast_2d(np.asarray(query_vectors, dtype=np.float32))
+    info = find_index(store, table, column, kind, dim=q.shape[1])
+    index, ids = load_index(store, info)
+    scores, pos = index.search(normalize(q), min(k, info.rows))
+    found = np.where(pos >= 0, ids[np.clip(pos, 0, None)], -1)
+    scores = np.where(pos >= 0, scores, -np.inf).astype(np.float32)
+    texts = text_of(store, found, info.column)
+    return SearchResult(found, scores, [[texts.get(int(i), "") for i in row] for row in found], info)

@@ -1,0 +1,220 @@
+"""The store as a SQL dataset: DuckDB views over the committed shards.
+
+- One view per table, reading only the shard files the manifest commits (`read_parquet([...])`),
+  so a half-written or uncommitted file is never seen.
+- Vector columns are cast back to fixed-size arrays (`FLOAT[dim]`, `FLOAT[dim][L]` for per-layer
+  states; DuckDB writes the inner size first), because Parquet keeps the fixed size only in
+  pyarrow's schema metadata and DuckDB would read FLOAT[] lists that `array_*` functions refuse.
+- `outputs` joins every aligned table to `texts` on id (LEFT JOIN: rows of an incomplete table
+  read NULL), each column prefixed with its table's view name.
+
+View names (`view_names`):
+    texts                    -> texts
+    teachers/<name>          -> <name>            e.g. minilm
+    students/<name>          -> student_<name>    e.g. student_bilstm
+    derived/<name>           -> <name>            e.g. clusters_minilm_sentence
+Characters other than letters, digits and `_` become `_`; a name that would clash with another
+view (or with `texts`/`outputs`) gets its kind as prefix (`teacher_`, `derived_`). Every table is
+also reachable by its quoted path, e.g. `SELECT * FROM "teachers/minilm"`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from enum import Enum
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from storage.errors import InputError, KdError
+from storage.manifest import Manifest
+from storage.schema import vector_shape
+from storage.store import Store
+
+RESERVED = ("texts", "outputs")
+_KIND_PREFIX = {"teacher": "teacher_", "student": "student_", "derived": "derived_"}
+
+
+class Format(str, Enum):
+    """Output formats of `kd query`."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _sanitize(name: str) -> str:
+    s = re.sub(r"\W", "_", name, flags=re.ASCII)
+    return f"t_{s}" if s[:1].isdigit() else s
+
+
+def view_names(manifest: Manifest) -> dict[str, str]:
+    """Table path -> view name, by the rule in the module docstring (stable for a given manifest)."""
+    names: dict[str, str] = {}
+    taken = set(RESERVED)
+    # Teachers first so they keep their bare names when a derived table would clash with them.
+    order = {"texts": 0, "teacher": 1, "student": 2, "derived": 3}
+    for table, rec in sorted(manifest.tables.items(), key=lambda kv: (order.get(kv[1].kind, 4), kv[0])):
+        if table == "texts":
+            names[table] = "texts"
+            continue
+        short = table.split("/", 1)[-1]
+        view = _sanitize(("student_" + short) if rec.kind == "student" else short)
+        if view in taken:
+            view = _sanitize(_KIND_PREFIX.get(rec.kind, "table_") + short)
+        while view in taken:
+            view += "_"
+        taken.add(view)
+        names[table] = view
+    return names
+
+
+def resolve_table(store: Store, name: str) -> str:
+    """Accept a table path ("teachers/minilm") or its view name ("minilm"); return the path."""
+    if name in store.manifest.tables:
+        return name
+    for table, view in view_names(store.manifest).items():
+        if view == name:
+            return table
+    have = ", ".join(f"{v} ({t})" for t, v in view_names(store.manifest).items())
+    raise InputError(f"the store has no table {name!r}", store.root, f"use one of: {have}")
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _ident(s: str) -> str:
+    return '"' + s.replace('"', '""') + '"'
+
+
+def duckdb_type(t: pa.DataType) -> str | None:
+    """DuckDB array type for a fixed-size vector column (None for scalar columns)."""
+    shape = vector_shape(t)
+    if not shape:
+        return None
+    return "FLOAT" + "".join(f"[{n}]" for n in reversed(shape))
+
+
+def _committed_files(store: Store, table: str) -> list[str]:
+    rec = store.manifest.tables[table]
+    return [store.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+
+
+def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[str]:
+    for f in schema:
+        cast = duckdb_type(f.type)
+        expr = f"{alias}.{_ident(f.name)}"
+        if cast:
+            expr = f"CAST({expr} AS {cast})"
+        yield f"{expr} AS {_ident(f.name if prefix is None else f'{prefix}_{f.name}')}"
+
+
+def connect(store_path: str | os.PathLike | Store, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with a view per table plus `outputs` (see module docstring).
+
+    - Tables with no committed shard get no view.
+    - Local stores are read by path; remote ones (s3://...) through their pyarrow datasets.
+    """
+    store = store_path if isinstance(store_path, Store) else Store.open(store_path)
+    con = duckdb.connect(database)
+    names = view_names(store.manifest)
+    schemas: dict[str, pa.Schema] = {}
+    for table, view in names.items():
+        files = _committed_files(store, table)
+        if not files:
+            continue
+        if store.loc.is_local:
+            source = "read_parquet([" + ", ".join(_sql_str(f) for f in files) + "])"
+        else:
+            raw = f"__raw_{view}"
+            con.register(raw, ds.dataset(files, format="parquet", filesystem=store.loc.fs))
+            source = _ident(raw)
+        schema = pq.read_schema(files[0], filesystem=store.loc.fs)
+        schemas[table] = schema
+        body = f"SELECT {', '.join(_select_list(schema, None, 's'))} FROM {source} AS s"
+        con.execute(f"CREATE VIEW {_ident(view)} AS {body}")
+        if view != table:
+            con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(view)}")
+    if "texts" in schemas:
+        con.execute(f"CREATE VIEW outputs AS {_outputs_sql(names, schemas)}")
+    return con
+
+
+def _outputs_sql(names: dict[str, str], schemas: dict[str, pa.Schema]) -> str:
+    cols = ["t.*"]
+    joins = []
+    used = {f.name for f in schemas["texts"]}
+    for i, (table, view) in enumerate(names.items()):
+        if table == "texts" or table not in schemas:
+            continue
+        alias = f"j{i}"
+        for f in schemas[table]:
+            if f.name == "id":
+                continue
+            out = f"{view}_{f.name}"
+            if out in used:  # e.g. teacher "a" column "b_c" vs teacher "a_b" column "c"
+                out = f"{view}__{f.name}"
+            used.add(out)
+            cols.append(f"{alias}.{_ident(f.name)} AS {_ident(out)}")
+        joins.append(f"LEFT JOIN {_ident(view)} AS {alias} USING (id)")
+    return f"SELECT {', '.join(cols)} FROM texts AS t {' '.join(joins)}"
+
+
+def split_statements(sql: str) -> list[str]:
+    """SQL text -> its statements (DuckDB's own parser, so ';' inside strings is fine)."""
+    try:
+        return [str(s.query).strip() for s in duckdb.extract_statements(sql) if str(s.query).strip()]
+    except duckdb.Error as e:
+        raise InputError(f"cannot parse the SQL: {e}", None, "check the statement's syntax") from e
+
+
+def _run_all_but_last(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    statements = split_statements(sql)
+    if not statements:
+        raise InputError("no SQL statement given", None, 'pass a query, e.g. "SELECT count(*) FROM texts"')
+    for s in statements[:-1]:
+        con.execute(s)
+    return statements[-1]
+
+
+def run_query(
+    store_path: str | os.PathLike | Store, sql: str, con: duckdb.DuckDBPyConnection | None = None
+) -> pa.Table:
+    """Run SQL (one or more ';'-separated statements) on the store; the last statement's result."""
+    con = connect(store_path) if con is None else con
+    try:
+        last = _run_all_but_last(con, sql)
+        rel = con.sql(last)  # None for statements without a result (SET, CREATE ...)
+        if rel is None:
+            return pa.table({})
+        return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+    except duckdb.Error as e:
+        raise KdError(f"query failed: {e}", None, "list the views with: SHOW TABLES") from e
+
+
+def export(
+    store_path: str | os.PathLike | Store,
+    sql: str,
+    out: str | os.PathLike,
+    fmt: Format,
+    con: duckdb.DuckDBPyConnection | None = None,
+) -> int:
+    """Write the last statement's result to `out` with DuckDB COPY; returns the number of rows."""
+    fmt = Format(fmt)
+    if fmt is Format.table:
+        raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")
+    con = connect(store_path) if con is None else con
+    try:
+        last = _run_all_but_last(con, sql)
+        os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+        opts = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}[fmt.value]
+        res = con.execute(f"COPY ({last}) TO {_sql_str(os.fspath(out))} ({opts})").fetchone()
+        return int(res[0]) if res else 0
+    except duckdb.Error as e:
+        raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e
