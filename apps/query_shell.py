@@ -20,21 +20,41 @@ from rich.table import Table
 
 from storage.errors import KdError
 from storage.query import Format, connect, export, run_query
+from storage.schema import vector_shape
 from storage.store import Store
 
 MAX_CELL = 60
 
 
+def _fmt(v: object) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
 def _cell(v: object) -> str:
-    s = "NULL" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
+    s = _fmt(v)
     return s if len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
+
+
+def _type(t: pa.DataType) -> str:
+    shape = vector_shape(t)
+    if not shape:
+        return str(t)
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return f"{t}[{']['.join(map(str, shape))}]"
 
 
 def render(result: pa.Table, max_rows: int = 50) -> Table:
     """A rich table of the first `max_rows` rows (the caption says how many were left out)."""
     t = Table(show_lines=False)
     for f in result.schema:
-        t.add_column(f"{f.name}\n[dim]{f.type}[/]", overflow="fold")
+        t.add_column(f"{f.name}\n[dim]{_type(f.type)}[/]", overflow="fold")
     for row in result.slice(0, max_rows).to_pylist():
         t.add_row(*(_cell(v) for v in row.values()))
     shown = min(max_rows, result.num_rows)

@@ -179,7 +179,7 @@ def _run_all_but_last(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     if not statements:
         raise InputError("no SQL statement given", None, 'pass a query, e.g. "SELECT count(*) FROM texts"')
     for s in statements[:-1]:
-        con.execute(s)
+        con.execute(s).fetchall()  # drain: DuckDB refuses new work while a result is pending
     return statements[-1]
 
 

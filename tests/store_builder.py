@@ -33,6 +33,7 @@ def build_store(
     *,
     rows_per_shard: int = 50,
     doc_ids: list[str] | None = None,
+    positions: list[int] | None = None,
     labels: list | None = None,
     ids: np.ndarray | None = None,
     writer_id: str = "test",
@@ -55,7 +56,7 @@ def build_store(
     else:
         cols["text"] = list(texts)
     cols["doc_id"] = doc_ids or [f"doc{i}" for i in range(n)]
-    cols["position"] = np.zeros(n, dtype=np.int32)
+    cols["position"] = np.zeros(n, dtype=np.int32) if positions is None else np.asarray(positions, dtype=np.int32)
     cols["source"] = ["test.txt"] * n
     if labels is not None:
         cols["label"] = labels
