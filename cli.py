@@ -16,7 +16,7 @@ from rich.console import Console
 from storage.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Offline knowledge distillation of sentence encoders.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 term = Console()  # results go to stdout; errors and progress to stderr
 
 

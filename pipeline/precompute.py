@@ -171,6 +171,7 @@ def precompute(
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
+    touts = {t.name: _teacher_outputs(t, outputs) for t in loaded}  # fail on bad --outputs before reading
 
     loc = fs.resolve(out)
     existing = load_manifest(loc) if fs.exists(loc) else None
@@ -190,7 +191,7 @@ def precompute(
                        "num_shards": plan.num_shards, "counts": counts.__dict__}, versions=package_versions())
     writer = open_writer(out, header, f"writer-{index:05d}-of-{count:05d}", overwrite)
     try:
-        return _write(writer, loaded, outputs, rows, plan, index, count, pairs, vdtype, batch_tokens,
+        return _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
                       counts, progress, t0)
     finally:
         writer.close()
@@ -201,14 +202,12 @@ def _span(plan: ShardPlan, k: int) -> tuple[int, int]:
     return lo, hi - lo
 
 
-def _write(writer, loaded, outputs, rows, plan, index, count, pairs, vdtype, batch_tokens, counts, progress, t0):
+def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens, counts, progress, t0):
     existing = load_manifest(writer.loc)
     summary = PrecomputeSummary(writer.loc.root, plan.num_rows, empty_dropped=counts.empty_dropped,
                                 duplicates_dropped=counts.duplicates_dropped, teachers=[t.name for t in loaded])
     writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
-    touts = {}
     for t in loaded:
-        touts[t.name] = _teacher_outputs(t, outputs)
         name, meta = f"teachers/{t.name}", t.meta(touts[t.name], vdtype.value)
         old = existing.tables.get(name) if existing else None
         if old is not None and old.meta and old.meta != meta:
