@@ -6,6 +6,7 @@ Heavy imports (torch, transformers) happen inside commands so `kd --help` stays 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional  # noqa: F401  (Optional: typer needs it on py3.10 annotations)
@@ -111,6 +112,87 @@ def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) 
 
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)
+@app.command("train-student")
+def train_student(
+    shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
+    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer")] = "bilstm",
+    objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher")] = None,  # noqa: E501
+    target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
+    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width))")] = None,  # noqa: E501
+    hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)")] = None,
+    layers: Annotated[int, typer.Option(help="Encoder layers")] = 1,
+    pooling: Annotated[str, typer.Option(help="mean | max | attentive | cls")] = "mean",
+    dropout: Annotated[float, typer.Option()] = 0.1,
+    max_length: Annotated[int, typer.Option(help="Student tokens per text")] = 128,
+    epochs: Annotated[int, typer.Option()] = 3,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
+    batch_size: Annotated[int, typer.Option()] = 64,
+    lr: Annotated[float, typer.Option()] = 1e-3,
+    weight_decay: Annotated[float, typer.Option()] = 0.01,
+    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1)")] = 0.05,
+    schedule: Annotated[str, typer.Option(help="cosine | plateau | constant")] = "cosine",
+    clip: Annotated[float, typer.Option(help="Max gradient norm (0: off)")] = 1.0,
+    patience: Annotated[int, typer.Option(help="Evaluations without improvement before stopping (0: never)")] = 3,
+    eval_every: Annotated[int | None, typer.Option(help="Validate every N steps (default: each epoch)")] = None,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps")] = 500,
+    log_every: Annotated[int, typer.Option(help="Metrics record every N steps")] = 20,
+    seed: Annotated[int, typer.Option()] = 0,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes (read + tokenize)")] = 0,
+    shuffle_buffer: Annotated[int, typer.Option(help="Rows in the shuffle buffer")] = 10000,
+    val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash)")] = 2.0,
+    init_embeddings: Annotated[str, typer.Option(help="auto | teacher | random")] = "auto",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    amp: Annotated[bool, typer.Option(help="Mixed precision on CUDA")] = True,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
+    overwrite: Annotated[bool, typer.Option(help="Discard a previous run in --out")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
+    from student.trainer import TrainConfig, train
+
+    try:
+        cfg = TrainConfig(
+            shards, out, arch=arch, objectives=objective or ["cosine"], target=target, embed_dim=embed_dim,
+            hidden_dim=hidden_dim, num_layers=layers, pooling=pooling, dropout=dropout, max_length=max_length,
+            epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup,
+            schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
+            val_percent=val_percent, init_embeddings=init_embeddings, device=device, amp=amp, resume=resume,
+            overwrite=overwrite, progress=progress,
+        )
+        path = train(cfg)
+    except KdError as e:
+        _fail(e)
+    except ValueError as e:  # bad enum values (schedule, init-embeddings)
+        _fail(KdError(str(e)))
+    if int(os.environ.get("RANK", "0")) == 0:
+        term.print(f"student written to {path}")
+
+
+@app.command()
+def embed(
+    input: Annotated[str, typer.Argument(help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")],
+    student: Annotated[str, typer.Option("--student", help="Folder written by kd train-student")],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Store: the same store (default); file input: a Parquet file")] = None,  # noqa: E501
+    name: Annotated[str | None, typer.Option(help="Table students/NAME (default: the student folder name)")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Text column of a .jsonl/.csv/.parquet input")] = None,
+    batch_size: Annotated[int, typer.Option()] = 256,
+    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
+    from student.embed import embed as run
+
+    try:
+        s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
+                overwrite=overwrite, device=device, progress=progress)
+    except KdError as e:
+        _fail(e)
+    where = f"table {s.table} of {s.output}" if s.table else s.output
+    term.print(f"embedded {s.rows:,} rows into {where} ({s.shards_written} shard(s) written, "
+               f"{s.shards_skipped} already done; {s.seconds:.1f} s)")
 
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)

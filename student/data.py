@@ -1,0 +1,445 @@
+"""Streaming training data from a store: column-projected shard reads, shuffling, tokenization.
+
+- What is read: only the columns the objectives name ("<teacher>.<column>" or "label") plus `id`
+  and the text column(s); a cosine run never touches `layers`. Shard k of `texts` and of every
+  teacher table are read side by side in chunks and zipped; ids must be equal row for row.
+- Split: a row is held out for validation when a hash of its id falls below `val_percent`
+  (deterministic, independent of sharding, batch size and world size).
+- Order: per epoch the work units (shards, or stripes of shards when there are more readers than
+  shards) are permuted and dealt round-robin to the readers (DDP rank x DataLoader worker). Each
+  reader mixes its rows through a bounded block shuffle buffer and yields tokenized batches.
+- Exact resume: every reader's batch count is known before reading, so the order in which the
+  trainer takes batches from readers (round-robin, `canonical_order`) is a pure function of the
+  plan; "epoch + batches consumed" is the whole data position.
+- Memory: one chunk per table plus the shuffle buffer per reader; validation rows are capped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from storage.errors import InputError, StoreError
+from storage.schema import arrow_to_vectors
+from storage.store import Store
+
+# Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
+_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+LABEL = "label"
+
+
+def is_validation(ids: np.ndarray, val_percent: float) -> np.ndarray:
+    """Boolean mask of held-out rows: ((id * golden) >> 32) % 10000 < val_percent * 100."""
+    h = (np.asarray(ids, dtype=np.int64).view(np.uint64) * _HASH_MUL) >> np.uint64(32)
+    return (h % np.uint64(10000)) < np.uint64(round(val_percent * 100))
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What to read: text columns, label, and per-teacher-table vector columns."""
+
+    texts: tuple[str, ...]  # "text" or ("text_a", "text_b")
+    label: bool
+    teachers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> columns
+    label_names: tuple[str, ...] | None = None  # string labels -> index in a teacher's label_names
+
+    @property
+    def pairs(self) -> bool:
+        return len(self.texts) == 2
+
+    def tables(self) -> list[str]:
+        return ["texts", *self.teachers]
+
+
+def available_columns(store: Store) -> list[str]:
+    """Every "<teacher>.<column>" a store offers (vector columns only), plus "label" when present."""
+    out = []
+    for name, rec in sorted(store.manifest.tables.items()):
+        if rec.kind == "teacher":
+            teacher = name.split("/", 1)[1]
+            out += [f"{teacher}.{c}" for c in rec.columns if c not in ("id", "n_tokens", "truncated")]
+    if LABEL in store.table("texts").columns:
+        out.append(LABEL)
+    return out
+
+
+def resolve_columns(store: Store, specs: list[str]) -> Columns:
+    """Map objective column names to store tables; unknown names raise an error listing what exists."""
+    texts = store.table("texts")
+    text_cols = ("text_a", "text_b") if store.manifest.pairs else ("text",)
+    teachers: dict[str, list[str]] = {}
+    label = False
+    for spec in dict.fromkeys(specs):
+        if spec == LABEL:
+            if LABEL not in texts.columns:
+                raise InputError(
+                    "the objective needs labels but the store's texts have no label column",
+                    store.root, "precompute with --label-column, or choose an objective without labels",
+                )
+            label = True
+            continue
+        teacher, _, col = spec.partition(".")
+        rec = store.manifest.tables.get(f"teachers/{teacher}")
+        if not col or rec is None or col not in rec.columns:
+            raise InputError(
+                f"the store has no column {spec!r}",
+                store.root,
+                f"available: {', '.join(available_columns(store)) or 'none'}",
+            )
+        teachers.setdefault(f"teachers/{teacher}", []).append(col)
+    names = next((tuple(store.table(t).meta["label_names"]) for t in teachers
+                  if store.table(t).meta.get("label_names")), None)
+    return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names)
+
+
+@dataclass
+class DataConfig:
+    """Everything that fixes the stream of batches (two runs with equal configs see equal batches)."""
+
+    store: str
+    columns: list[str]  # "<teacher>.<column>" or "label", from the objectives
+    tokenizer: str  # teacher whose stored tokenizer the student uses
+    batch_size: int = 64
+    max_length: int = 128
+    shuffle_buffer: int = 10_000
+    val_percent: float = 2.0
+    max_val_rows: int = 2_000
+    seed: int = 0
+    num_workers: int = 0
+    chunk_rows: int = 4_096
+
+
+@dataclass
+class Plan:
+    """Row counts known before reading, from which every reader's batch count follows.
+
+    `counts[k, p]` is the number of training rows of stripe p of shard k (rows whose index within
+    the shard is p modulo `stripes`). Stripes exist only when there are more readers than shards.
+    """
+
+    cfg: DataConfig
+    columns: Columns
+    world: int
+    counts: np.ndarray  # [num_shards, stripes] int64
+    num_val: int
+
+    @property
+    def readers_per_rank(self) -> int:
+        return max(1, self.cfg.num_workers)
+
+    @property
+    def stripes(self) -> int:
+        return int(self.counts.shape[1])
+
+    def units(self, epoch: int, rank: int, reader: int) -> list[tuple[int, int]]:
+        """Work units (shard, stripe) of one reader in one epoch: a per-epoch permutation, dealt round-robin."""
+        units = [(k, p) for k in range(self.counts.shape[0]) for p in range(self.stripes)]
+        order = np.random.default_rng([self.cfg.seed, epoch, 0x5EED]).permutation(len(units))
+        g, total = rank * self.readers_per_rank + reader, self.world * self.readers_per_rank
+        return [units[i] for i in order[g::total]]
+
+    def reader_batches(self, epoch: int, rank: int) -> list[int]:
+        bs = self.cfg.batch_size
+        return [
+            math.ceil(sum(int(self.counts[k, p]) for k, p in self.units(epoch, rank, r)) / bs)
+            for r in range(self.readers_per_rank)
+        ]
+
+    def steps(self, epoch: int) -> int:
+        """Batches per rank in an epoch; under DDP the minimum over ranks, so no rank waits forever."""
+        return min(sum(self.reader_batches(epoch, r)) for r in range(self.world))
+
+    def train_rows(self) -> int:
+        return int(self.counts.sum())
+
+
+def canonical_order(batches: list[int]) -> list[int]:
+    """Reader of each batch: round-robin over readers, skipping exhausted ones (DataLoader's own order)."""
+    left, order = list(batches), []
+    while any(left):
+        for r, n in enumerate(left):
+            if n:
+                order.append(r)
+                left[r] -= 1
+    return order
+
+
+def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
+    """Read the `id` column of every shard once: train/val counts, and a footer check of every table read.
+
+    Truncated or foreign shards fail here, in the main process, with the file named.
+    """
+    cols = resolve_columns(store, cfg.columns)
+    for t in cols.tables():
+        store.require_complete(t)
+    readers = world * max(1, cfg.num_workers)
+    n_shards = store.manifest.num_shards
+    stripes = max(1, math.ceil(readers / n_shards))
+    counts = np.zeros((n_shards, stripes), dtype=np.int64)
+    num_val = 0
+    for k in range(n_shards):
+        for t in cols.tables()[1:]:
+            need = ["id", *cols.teachers[t]]
+            _check_footer(store, t, k, need)
+        ids = _open(store, "texts", k).read(columns=["id"]).column("id").to_numpy()
+        train = ~is_validation(ids, cfg.val_percent)
+        num_val += int((~train).sum())
+        counts[k] = np.bincount(np.nonzero(train)[0] % stripes, minlength=stripes)
+    return Plan(cfg, cols, world, counts, num_val)
+
+
+def _open(store: Store, table: str, k: int) -> pq.ParquetFile:
+    rec = store.table(table).shards.get(k)
+    if rec is None:
+        raise StoreError(f"shard {k} of table {table!r} is not committed", store.root)
+    path = store.loc.path(rec.file)
+    try:
+        return pq.ParquetFile(store.loc.fs.open_input_file(path))
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(
+            f"cannot read shard {k} of table {table!r} ({e})", path,
+            "the file is truncated or corrupt: delete it and re-run the kd command that wrote it",
+        ) from e
+
+
+def _check_footer(store: Store, table: str, k: int, columns: list[str]) -> None:
+    pf = _open(store, table, k)
+    path = store.loc.path(store.table(table).shards[k].file)
+    want = store.table(table).shards[k].rows
+    if pf.metadata.num_rows != want:
+        raise StoreError(
+            f"shard {k} of table {table!r} has {pf.metadata.num_rows} rows, the manifest says {want}",
+            path, "delete the file and re-run the kd command that wrote it",
+        )
+    missing = [c for c in columns if c not in pf.schema_arrow.names]
+    if missing:
+        raise StoreError(f"shard {k} of table {table!r} lacks columns {missing}", path,
+                         "delete the file and re-run the kd command that wrote it")
+
+
+def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """Chunks of shard k of every needed table, zipped row for row, ids checked equal.
+
+    Yields {"id", text columns (object arrays), "label", "<teacher>.<column>" float32 arrays}.
+    """
+    tables = cols.tables()
+    wanted = {"texts": ["id", *cols.texts, *([LABEL] if cols.label else [])]}
+    wanted.update({t: ["id", *c] for t, c in cols.teachers.items()})
+    iters = {t: _batches(store, t, k, wanted[t], chunk_rows) for t in tables}
+    pending: dict[str, pa.RecordBatch | None] = dict.fromkeys(tables)
+    while True:
+        for t in tables:
+            if pending[t] is None or pending[t].num_rows == 0:
+                pending[t] = next(iters[t], None)
+        if any(pending[t] is None for t in tables):
+            if not all(pending[t] is None for t in tables):
+                short = next(t for t in tables if t != "texts" and (pending[t] is None) != (pending["texts"] is None))
+                raise _misaligned(store, k, short, "has another number of rows than 'texts'")
+            return
+        n = min(pending[t].num_rows for t in tables)
+        parts = {t: pending[t].slice(0, n) for t in tables}
+        pending = {t: pending[t].slice(n) for t in tables}
+        ids = parts["texts"].column("id").to_numpy()
+        chunk: dict[str, np.ndarray] = {"id": ids}
+        for c in cols.texts:
+            chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
+        if cols.label:
+            chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
+        for t, names in cols.teachers.items():
+            other = parts[t].column("id").to_numpy()
+            if not np.array_equal(other, ids):
+                row = int(np.nonzero(other != ids)[0][0])
+                raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
+            teacher = t.split("/", 1)[1]
+            for c in names:
+                chunk[f"{teacher}.{c}"] = arrow_to_vectors(parts[t].column(c))
+        yield chunk
+
+
+def _misaligned(store: Store, k: int, table: str, what: str) -> StoreError:
+    return StoreError(
+        f"shard {k} of table {table!r} {what}: the tables are not aligned",
+        store.loc.path(store.table(table).shards[k].file),
+        "re-run the kd command that wrote this table with --overwrite",
+    )
+
+
+def _batches(store: Store, table: str, k: int, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
+    pf = _open(store, table, k)
+    try:
+        yield from pf.iter_batches(batch_size=rows, columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(
+            f"cannot read shard {k} of table {table!r} ({e})", store.loc.path(store.table(table).shards[k].file),
+            "the file is corrupt: delete it and re-run the kd command that wrote it",
+        ) from e
+
+
+def _labels(col: pa.Array, names: tuple[str, ...] | None, store: Store, k: int) -> np.ndarray:
+    """Class labels as int64 (missing: -1), scores as float (missing: NaN), strings via label_names."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        index = {n: i for i, n in enumerate(names or ())}
+        unknown = sorted({v for v in col.to_pylist() if v is not None and v not in index})
+        if unknown:
+            raise InputError(
+                f"labels {unknown[:5]} of shard {k} are not among the teacher's label names {list(names or [])}",
+                store.root, "precompute with a teacher whose labels match, or with integer class labels",
+            )
+        return np.array([-1 if v is None else index[v] for v in col.to_pylist()], dtype=np.int64)
+    if pa.types.is_integer(col.type):
+        return col.fill_null(-1).to_numpy().astype(np.int64)
+    return col.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def _select(chunk: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[idx] for k, v in chunk.items()}
+
+
+def _concat(a: dict[str, np.ndarray] | None, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return b if a is None else {k: np.concatenate([a[k], b[k]]) for k in b}
+
+
+def _rows(chunk: dict[str, np.ndarray] | None) -> int:
+    return 0 if chunk is None else len(chunk["id"])
+
+
+def shuffled_rows(store: Store, plan: Plan, units: list[tuple[int, int]], rng: np.random.Generator,
+                  ) -> Iterator[dict[str, np.ndarray]]:
+    """Training rows of the units in batches of `batch_size` (last one partial), mixed by a block buffer.
+
+    - Each new chunk joins the buffer, the buffer is permuted, and whole batches are taken from the
+      front while more than `shuffle_buffer` rows would remain; the rest is flushed at the end.
+    - So every emitted batch is a uniform sample of up to buffer + chunk rows, and the number of
+      batches is ceil(rows / batch_size), as the plan predicts.
+    """
+    cfg, bs = plan.cfg, plan.cfg.batch_size
+    pool: dict[str, np.ndarray] | None = None
+    for k, p in units:
+        offset = 0
+        for chunk in read_aligned(store, plan.columns, k, cfg.chunk_rows):
+            n = _rows(chunk)
+            pos = np.arange(offset, offset + n)
+            offset += n
+            keep = ~is_validation(chunk["id"], cfg.val_percent) & (pos % plan.stripes == p)
+            pool = _concat(pool, _select(chunk, np.nonzero(keep)[0]))
+            pool = _select(pool, rng.permutation(_rows(pool)))
+            take = max(0, (_rows(pool) - cfg.shuffle_buffer) // bs) * bs
+            for s in range(0, take, bs):
+                yield _select(pool, np.arange(s, s + bs))
+            pool = _select(pool, np.arange(take, _rows(pool)))
+    if _rows(pool):
+        for s in range(0, _rows(pool), bs):
+            yield _select(pool, np.arange(s, min(s + bs, _rows(pool))))
+
+
+class Tokenize:
+    """Rows -> model batch: tokenized text(s), id, targets and labels as tensors (see module contract)."""
+
+    def __init__(self, tokenizer_dir: str, max_length: int) -> None:
+        self.dir, self.max_length = tokenizer_dir, max_length
+        self._tok = None
+
+    @property
+    def tokenizer(self):
+        if self._tok is None:  # loaded lazily: each DataLoader worker loads its own copy
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.dir)
+        return self._tok
+
+    def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="pt", return_token_type_ids=False)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    def __call__(self, rows: dict[str, np.ndarray], cols: Columns) -> dict[str, torch.Tensor]:
+        batch: dict[str, torch.Tensor] = {"id": torch.from_numpy(np.ascontiguousarray(rows["id"]))}
+        if cols.pairs:
+            for side, c in zip("ab", cols.texts):
+                batch.update({f"{side}.{k}": v for k, v in self.encode(list(rows[c])).items()})
+        else:
+            batch.update(self.encode(list(rows[cols.texts[0]])))
+        for key, v in rows.items():
+            if key in ("id", *cols.texts):
+                continue
+            arr = np.ascontiguousarray(v)
+            if arr.dtype.kind == "f":
+                arr = arr.astype(np.float32, copy=False)
+            batch[key] = torch.from_numpy(arr)
+        return batch
+
+
+class TrainStream(IterableDataset):
+    """One epoch of one rank: each DataLoader worker is one reader with its own units and shuffle RNG."""
+
+    def __init__(self, store: Store, plan: Plan, epoch: int, rank: int, skip: list[int]) -> None:
+        self.store, self.plan, self.epoch, self.rank, self.skip = store, plan, epoch, rank, skip
+        self.tokenize = Tokenize(store.tokenizer_dir(plan.cfg.tokenizer), plan.cfg.max_length)
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        reader = 0 if info is None else info.id
+        units = self.plan.units(self.epoch, self.rank, reader)
+        g = self.rank * self.plan.readers_per_rank + reader
+        rng = np.random.default_rng([self.plan.cfg.seed, self.epoch, g])
+        for i, rows in enumerate(shuffled_rows(self.store, self.plan, units, rng)):
+            if i < self.skip[reader]:
+                continue  # resume: the rows were read (the buffer needs them) but are not tokenized
+            batch = self.tokenize(rows, self.plan.columns)
+            batch["_reader"] = reader
+            yield batch
+
+
+def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 0) -> Iterator[dict]:
+    """Batches [start, plan.steps(epoch)) of an epoch for one rank, in the canonical order."""
+    order = canonical_order(plan.reader_batches(epoch, rank))[: plan.steps(epoch)]
+    skip = [order[:start].count(r) for r in range(plan.readers_per_rank)]
+    if start >= len(order):
+        return
+    nw = plan.cfg.num_workers
+    if nw:
+        # Workers fork after the main process may have used a tokenizer; its thread pool is not fork-safe.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    loader = DataLoader(
+        TrainStream(store, plan, epoch, rank, skip), batch_size=None, num_workers=nw,
+        generator=torch.Generator(),  # keeps DataLoader from drawing on the global RNG (exact resume)
+        prefetch_factor=2 if nw else None,
+    )
+    waiting: list[deque] = [deque() for _ in range(plan.readers_per_rank)]
+    it = iter(loader)
+    try:
+        for reader in order[start:]:
+            while not waiting[reader]:
+                b = next(it)
+                waiting[b.pop("_reader")].append(b)
+            yield waiting[reader].popleft()
+    finally:
+        del it  # shuts the workers down when the epoch is cut short (DDP minimum, max_steps)
+
+
+def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1) -> list[dict]:
+    """The held-out rows (first `max_val_rows` in shard order), tokenized once; rank r keeps batches r::world."""
+    cfg = plan.cfg
+    tok = Tokenize(store.tokenizer_dir(cfg.tokenizer), cfg.max_length)
+    rows: dict[str, np.ndarray] | None = None
+    for k in range(store.manifest.num_shards):
+        if _rows(rows) >= cfg.max_val_rows or plan.num_val == 0:
+            break
+        for chunk in read_aligned(store, plan.columns, k, cfg.chunk_rows):
+            rows = _concat(rows, _select(chunk, np.nonzero(is_validation(chunk["id"], cfg.val_percent))[0]))
+            if _rows(rows) >= cfg.max_val_rows:
+                break
+    if not _rows(rows):
+        return []
+    n, bs = min(_rows(rows), cfg.max_val_rows), cfg.batch_size
+    batches = [tok(_select(rows, np.arange(s, min(s + bs, n))), plan.columns) for s in range(0, n, bs)]
+    return batches[rank::world]

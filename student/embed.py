@@ -1,0 +1,172 @@
+"""`kd embed`: a trained student's vectors for a store (as an aligned table) or for a file of texts.
+
+- Store input: shard k of `texts` becomes shard k of `students/<name>` (id + `embedding`, or
+  `embedding_a`/`embedding_b` for pair stores), so DuckDB joins it with any teacher row by row.
+  Each shard is committed when done; a killed run resumes at the first missing shard. The table's
+  meta names the student (weights checksum), so vectors of two students never mix under one name.
+- File input (.txt one text per line; .jsonl/.csv/.parquet with a text column): a Parquet file
+  with row, text, embedding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage import fs
+from storage.errors import InputError, StoreError
+from storage.manifest import Manifest
+from storage.schema import VectorDType, vector_type, vectors_to_arrow
+from storage.store import Store, open_writer
+from student.export import LoadedStudent, load
+
+
+@dataclass
+class EmbedSummary:
+    output: str  # the store (table inside it) or the Parquet file written
+    table: str | None
+    rows: int
+    shards_written: int
+    shards_skipped: int
+    seconds: float
+
+
+def _is_store(path: str) -> bool:
+    loc = fs.resolve(path)
+    return fs.exists(loc, "manifest.json") or bool(fs.list_files(loc, "manifests"))
+
+
+def student_meta(st: LoadedStudent) -> dict:
+    """What identifies the vectors: two runs with equal meta write equal shards."""
+    info = st.info
+    return {
+        "student": str(st.path.resolve()), "weights_sha256": info["weights_sha256"],
+        "arch": st.config.arch.value, "out_dim": st.dim, "num_parameters": info["num_parameters"],
+        "objectives": info.get("objectives"), "target": info.get("target"),
+        "trained_on": info.get("store_fingerprint"), "dtype": "float32",
+    }
+
+
+def embed(student: str | os.PathLike, input: str, out: str | None = None, *, name: str | None = None,
+          text_column: str | None = None, batch_size: int = 256, overwrite: bool = False,
+          device: str = "cpu", progress: bool = True) -> EmbedSummary:
+    """Embed a store (into `students/<name>` of that store) or a text file (into Parquet at `out`)."""
+    t0 = time.perf_counter()
+    st = load(student, device=device)
+    if _is_store(input):
+        if out is not None and fs.resolve(out) != fs.resolve(input):
+            raise InputError("a store's student vectors are written into that store", out,
+                             f"leave --out off, or pass --out {input}")
+        return _embed_store(st, input, name or Path(student).resolve().name, batch_size, overwrite, progress, t0)
+    if out is None:
+        raise InputError("--out is needed for a file input (a Parquet file to write)", input,
+                         "pass --out vectors.parquet")
+    texts = read_texts(input, text_column)
+    vecs = st.encode(texts, batch_size=batch_size)
+    table = pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int64)), "text": pa.array(texts),
+                      "embedding": vectors_to_arrow(vecs, VectorDType.float32)})
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out, compression="zstd")
+    return EmbedSummary(out, None, len(texts), 1, 0, time.perf_counter() - t0)
+
+
+def read_texts(path: str, text_column: str | None = None) -> list[str]:
+    """Texts of a .txt (one per line, blanks skipped), .jsonl, .csv or .parquet file."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("input not found (neither a kd store nor a file)", path,
+                         "pass a store folder written by kd precompute, or a .txt/.jsonl/.csv/.parquet file")
+    suffix = p.suffix.lower()
+    if suffix in (".txt", ".text", ""):
+        return [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if suffix == ".parquet":
+        table = pq.read_table(p)
+    elif suffix in (".jsonl", ".json"):
+        import pyarrow.json as pj
+
+        table = pj.read_json(p)
+    elif suffix in (".csv", ".tsv"):
+        import pyarrow.csv as pc
+
+        table = pc.read_csv(p, parse_options=pc.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","))
+    else:
+        raise InputError(f"unsupported input type {suffix!r}", path, "use .txt, .jsonl, .csv, .tsv or .parquet")
+    col = text_column or "text"
+    if col not in table.column_names:
+        raise InputError(f"the input has no column {col!r} (columns: {table.column_names})", path,
+                         "pass --text-column NAME")
+    return [str(t) for t in table.column(col).to_pylist() if t is not None]
+
+
+def _writer_id(name: str) -> str:
+    return "student-" + re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _drop_table(path: str, table: str, writer_id: str) -> None:
+    """Forget a table (before rewriting it): from manifest.json and this writer's fragment."""
+    loc = fs.resolve(path)
+    for parts in (("manifest.json",), ("manifests", f"{writer_id}.json")):
+        if fs.exists(loc, *parts):
+            m = Manifest.from_json(fs.read_bytes(loc, *parts).decode(), loc.path(*parts))
+            m.tables.pop(table, None)
+            fs.atomic_write_bytes(loc, m.to_json().encode(), *parts)
+
+
+def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overwrite: bool, progress: bool,
+                 t0: float) -> EmbedSummary:
+    store = Store.open(path)
+    texts = store.require_complete("texts")
+    table, wid = f"students/{name}", _writer_id(name)
+    meta = student_meta(st)
+    existing = store.manifest.tables.get(table)
+    if existing is not None and existing.meta != meta:
+        if not overwrite:
+            raise StoreError(f"the store already has {table!r} from another student "
+                             f"({existing.meta.get('student')})", store.root,
+                             "pick another --name, or pass --overwrite to replace it")
+        _drop_table(path, table, wid)
+        store = Store.open(path)
+    sides = ("text_a", "text_b") if store.manifest.pairs else ("text",)
+    out_cols = ["embedding_a", "embedding_b"] if store.manifest.pairs else ["embedding"]
+    vtype = str(vector_type((st.dim,), VectorDType.float32))
+    w = open_writer(path, store.manifest, wid)
+    try:
+        w.declare(table, "student", {"id": "int64", **dict.fromkeys(out_cols, vtype)}, meta)
+        done = set(store.manifest.tables[table].shards) if table in store.manifest.tables else set()
+        done |= set(w.manifest.tables[table].shards)
+        todo = [k for k in sorted(texts.shards) if k not in done]
+        rows = 0
+        with _bar(progress, sum(texts.shards[k].rows for k in todo)) as bar:
+            for k in todo:
+                shard = store.read_shard("texts", k, ["id", *sides])
+                cols = {"id": shard.column("id")}
+                for side, col in zip(sides, out_cols):
+                    vecs = st.encode(shard.column(side).to_pylist(), batch_size=batch_size)
+                    cols[col] = vectors_to_arrow(vecs, VectorDType.float32)
+                w.commit(table, k, pa.table(cols))
+                rows += shard.num_rows
+                if bar is not None:
+                    bar.advance(bar.task_ids[0], shard.num_rows)
+        w.publish()
+    finally:
+        w.close()
+    return EmbedSummary(store.root, table, rows, len(todo), len(texts.shards) - len(todo), time.perf_counter() - t0)
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    p = Progress(TextColumn("[bold]embed"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                 TimeRemainingColumn())
+    p.add_task("embed", total=total)
+    return p

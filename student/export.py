@@ -1,0 +1,140 @@
+"""A trained student on disk, and loading it back to encode texts (no store, no teacher needed).
+
+Layout of a student folder:
+    model.safetensors      "student.*" weights, plus "objectives.<i>.*" (learned heads/banks)
+    config.json            format, StudentConfig, objectives, target, store fingerprint, sizes
+    tokenizer/             the tokenizer files the student was trained with (copied from the store)
+    training_args.json     the TrainConfig and what was resolved from the store
+
+config.json is written last, so a folder with one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from storage.errors import InputError
+from student.models import Student, StudentConfig, build_student
+
+FORMAT = "kd-student"
+FORMAT_VERSION = 1
+WEIGHTS, CONFIG, TOKENIZER, ARGS = "model.safetensors", "config.json", "tokenizer", "training_args.json"
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def weights_state(model: Student, objectives: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """Flat state dict: "student.*" and "objectives.<i>.*", detached, contiguous, on CPU."""
+    state = {f"student.{k}": v for k, v in model.state_dict().items()}
+    for i, obj in enumerate(objectives):
+        state |= {f"objectives.{i}.{k}": v for k, v in obj.state_dict().items()}
+    # clone: safetensors refuses tensors that share memory (e.g. views of one buffer)
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+
+
+def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn.Module], tokenizer_dir: str,
+                 train_args: dict[str, Any], store_fingerprint: str, info: dict[str, Any] | None = None) -> Path:
+    """Write a loadable student folder (weights, tokenizer, arguments; config.json last)."""
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(weights_state(model, objectives), str(tmp), metadata={"format": FORMAT})
+    os.replace(tmp, out / WEIGHTS)
+    shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
+    _atomic_json(out / ARGS, train_args)
+    config = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "student": model.config.to_dict(),
+        "num_parameters": model.num_parameters(),
+        "store_fingerprint": store_fingerprint,
+        "weights_sha256": hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest(),
+        **(info or {}),
+    }
+    _atomic_json(out / CONFIG, config)
+    return out
+
+
+class LoadedStudent:
+    """A student ready to encode: `encode(texts) -> float32 [n, out_dim]`."""
+
+    def __init__(self, path: Path, model: Student, tokenizer, info: dict[str, Any], device: torch.device) -> None:
+        self.path, self.model, self.tokenizer, self.info, self.device = path, model, tokenizer, info, device
+
+    @property
+    def config(self) -> StudentConfig:
+        return self.model.config
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.out_dim
+
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def size_bytes(self) -> int:
+        return (self.path / WEIGHTS).stat().st_size
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], batch_size: int = 128, normalize: bool = False) -> np.ndarray:
+        """Embed texts in length-sorted batches (less padding), returned in input order."""
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        enc = self.tokenizer(texts, truncation=True, max_length=self.config.max_length,
+                             return_token_type_ids=False, verbose=False)
+        order = np.argsort([len(x) for x in enc["input_ids"]], kind="stable")
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            batch = self.tokenizer.pad([{k: enc[k][i] for k in enc} for i in idx], return_tensors="pt")
+            emb = self.model(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)).embedding
+            out[idx] = emb.float().cpu().numpy()
+        if normalize:
+            out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+        return out
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    cfg_file = p / CONFIG
+    if not cfg_file.exists():
+        raise InputError("no trained student here (no config.json)", str(p),
+                         "point at the --out folder of a finished kd train-student run")
+    info = json.loads(cfg_file.read_text())
+    if info.get("format") != FORMAT:
+        raise InputError("config.json is not a kd student config", str(cfg_file),
+                         "point at the --out folder of kd train-student")
+    if info.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"student format version {info.get('format_version')} is not supported "
+                         f"(this kd reads {FORMAT_VERSION})", str(cfg_file), "use the kd version that trained it")
+    return info
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedStudent:
+    """Rebuild a student from its folder (weights checked strictly against the config)."""
+    from transformers import AutoTokenizer  # a tokenizer only: students never load model classes
+
+    p = Path(path)
+    info = read_config(p)
+    model = build_student(StudentConfig.from_dict(info["student"]))
+    state = load_file(str(p / WEIGHTS))
+    model.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+    dev = torch.device(device)
+    model.to(dev).eval()
+    return LoadedStudent(p, model, AutoTokenizer.from_pretrained(p / TOKENIZER), info, dev)

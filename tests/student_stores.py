@@ -1,0 +1,106 @@
+"""Tiny synthetic stores for the student tests, written through the store contract (no teacher runs).
+
+The "teacher" is a bag of words over a random input-embedding matrix: `mean` is the mean of the
+token vectors, `sentence` its normalised version, `layers` fixed random maps of it. So targets are a
+learnable function of the text, and a student whose loss falls has learned something real.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from conftest import WORDS, build_tiny_bert
+from safetensors.numpy import save_file
+
+from storage.manifest import Manifest
+from storage.schema import VectorDType, texts_schema, vector_type, vectors_to_arrow
+from storage.store import open_writer
+
+TEACHER = "tiny"
+
+
+def tokenizer_files(root: Path) -> Path:
+    """A WordPiece tokenizer dir (from the conftest tiny BERT; the weights are not copied)."""
+    src = root / "tiny-bert-src"
+    if not (src / "tokenizer.json").exists():
+        build_tiny_bert(src, hidden=8, layers=1)
+    out = root / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def random_texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))) for _ in range(n)]
+
+
+def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, num_layers: int = 2,
+               pairs: bool = False, labels: bool = False, seed: int = 0, tmp: Path | None = None) -> Path:
+    """Write texts + teachers/tiny (cls, mean, sentence, layers) + tokenizer + input embeddings."""
+    from transformers import AutoTokenizer
+
+    tok_dir = tokenizer_files(tmp or path.parent)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    rng = np.random.default_rng(seed)
+    vocab = len(tok)
+    emb = rng.normal(size=(vocab, dim)).astype(np.float32)
+    maps = rng.normal(size=(num_layers + 1, dim, dim)).astype(np.float32) / np.sqrt(dim)
+
+    def teacher_vectors(texts: list[str]) -> dict[str, np.ndarray]:
+        ids = tok(texts, add_special_tokens=False)["input_ids"]
+        mean = np.stack([emb[i].mean(0) if i else np.zeros(dim, np.float32) for i in ids])
+        return {
+            "cls": np.tanh(mean),
+            "mean": mean,
+            "sentence": mean / np.linalg.norm(mean, axis=1, keepdims=True).clip(1e-9),
+            "layers": np.einsum("bd,lde->ble", mean, maps),
+        }
+
+    per = -(-rows // shards)
+    header = Manifest(inputs={
+        "fingerprint": f"synthetic-{seed}-{rows}-{shards}-{pairs}", "num_rows": rows, "rows_per_shard": per,
+        "num_shards": shards, "pairs": pairs,
+    })
+    w = open_writer(path, header, "test")
+    label_type = pa.int64() if labels else None
+    tschema = texts_schema(pairs, label_type)
+    w.declare("texts", "texts", {f.name: str(f.type) for f in tschema}, {})
+    suffixes = ("_a", "_b") if pairs else ("",)
+    outs = ["cls", "mean", "sentence", "layers"]
+    shapes = {"cls": (dim,), "mean": (dim,), "sentence": (dim,), "layers": (num_layers + 1, dim)}
+    tcols = {"id": "int64", "n_tokens": "int32", "truncated": "bool"}
+    tcols |= {f"{o}{s}": str(vector_type(shapes[o], VectorDType.float32)) for o in outs for s in suffixes}
+    meta = {
+        "source": "synthetic", "num_layers": num_layers, "dim": dim, "max_length": 64, "outputs": outs,
+        "dtype": "float32", "label_names": None, "default_target": "sentence",
+        "tokenizer": f"tokenizers/{TEACHER}", "input_embeddings": f"teachers/{TEACHER}/input_embeddings.safetensors",
+    }
+    w.declare(f"teachers/{TEACHER}", "teacher", tcols, meta)
+    for k in range(shards):
+        n = min(per, rows - k * per)
+        ids = rng.integers(-(2**62), 2**62, size=n, dtype=np.int64)
+        cols: dict[str, pa.Array] = {"id": pa.array(ids)}
+        tvals: dict[str, pa.Array] = {"id": pa.array(ids), "n_tokens": pa.array(np.full(n, 8, np.int32)),
+                                      "truncated": pa.array(np.zeros(n, bool))}
+        sides = [random_texts(n, seed * 1000 + k * 10 + i) for i in range(len(suffixes))]
+        for s, texts in zip(suffixes, sides):
+            cols[f"text{s}"] = pa.array(texts)
+            for o, v in teacher_vectors(texts).items():
+                tvals[f"{o}{s}"] = vectors_to_arrow(v, VectorDType.float32)
+        cols |= {"doc_id": pa.array([f"d{k}-{i}" for i in range(n)]), "position": pa.array(np.zeros(n, np.int32)),
+                 "source": pa.array(["synthetic"] * n)}
+        if labels:
+            cols["label"] = pa.array(rng.integers(0, 3, n))
+        w.commit("texts", k, pa.Table.from_pydict(cols, schema=tschema))
+        w.commit(f"teachers/{TEACHER}", k, pa.Table.from_pydict(tvals))
+    w.publish()
+    w.close()
+    shutil.copytree(tok_dir, path / "tokenizers" / TEACHER, dirs_exist_ok=True)
+    save_file({"weight": emb}, str(path / "teachers" / TEACHER / "input_embeddings.safetensors"))
+    return path
