@@ -1,0 +1,262 @@
+"""What every objective shares: the `Objective` module, spec parsing, and the store context.
+
+- An objective is an `nn.Module` that owns whatever it learns besides the student (projections,
+  classifier heads, memory banks), so saving `nn.ModuleList(objectives).state_dict()` next to the
+  student keeps everything needed to resume training.
+- `forward(out, batch, progress)` returns the loss already multiplied by `weight`; `loss(...)` is the
+  unweighted value. `out` is a `StudentOutput` for single-text stores, an `(a, b)` tuple for pair stores.
+- `Context` answers, from the manifest alone, which store columns exist and how wide they are, so that
+  a missing column is reported before any training step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from storage.errors import KdError
+from storage.manifest import Manifest
+from student.models import StudentConfig, StudentOutput
+
+Out = StudentOutput | tuple[StudentOutput, StudentOutput]
+Batch = dict[str, Tensor]
+
+
+class ObjectiveName(str, Enum):
+    cosine = "cosine"
+    mse = "mse"
+    contrastive = "contrastive"
+    logits = "logits"
+    pair = "pair"
+    multi_teacher = "multi-teacher"
+
+
+class LabelKind(str, Enum):
+    classes = "classes"  # int64 class index (string labels: the data loader maps them to indices)
+    regression = "regression"  # float score
+
+
+# --------------------------------------------------------------------------------------------------
+# Specs: "name[:weight][:key=value]..."
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: ObjectiveName
+    weight: float = 1.0
+    options: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        return ":".join([self.name.value, f"{self.weight:g}", *(f"{k}={v}" for k, v in self.options)])
+
+
+def parse_objective(text: str) -> ObjectiveSpec:
+    """"cosine", "cosine:0.5", "contrastive:0.1:tau=0.1:negatives=256" -> ObjectiveSpec."""
+    name, *rest = text.strip().split(":")
+    try:
+        kind = ObjectiveName(name.strip())
+    except ValueError:
+        raise KdError(f"unknown objective {name!r}", f"objective spec {text!r}",
+                      f"use one of {[n.value for n in ObjectiveName]}, optionally with :weight") from None
+    weight = 1.0
+    if rest and "=" not in rest[0]:
+        try:
+            weight = float(rest.pop(0))
+        except ValueError:
+            raise KdError("the weight is not a number", f"objective spec {text!r}", "write e.g. cosine:0.5") from None
+        if weight < 0:
+            raise KdError("the weight is negative", f"objective spec {text!r}", "use a weight >= 0")
+    options = []
+    for item in rest:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise KdError(f"option {item!r} is not key=value", f"objective spec {text!r}",
+                          "write options as name:weight:key=value:key=value")
+        options.append((key.strip(), value.strip()))
+    return ObjectiveSpec(kind, weight, tuple(options))
+
+
+# --------------------------------------------------------------------------------------------------
+# The module
+
+
+class Objective(nn.Module):
+    """Base class; subclasses implement `loss` and a `build(ctx, weight, **options)` classmethod."""
+
+    name: ObjectiveName
+
+    def __init__(self, weight: float, columns: list[str]) -> None:
+        super().__init__()
+        self.weight = float(weight)
+        self._columns = list(columns)
+        self.spec = self.name.value  # set to the full spec string by build_objectives
+
+    def columns(self) -> list[str]:
+        """Store columns this objective reads, as "<teacher>.<column>" or "label"."""
+        return list(self._columns)
+
+    def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, out: Out, batch: Batch, progress: float = 0.0) -> Tensor:
+        return self.weight * self.loss(out, batch, progress)
+
+    def extra_repr(self) -> str:
+        return f"spec={self.spec!r}"
+
+
+def sides(out: Out) -> tuple[StudentOutput, ...]:
+    return tuple(out) if isinstance(out, tuple) else (out,)
+
+
+def pair_features(u: Tensor, v: Tensor, product: bool = True) -> Tensor:
+    """[u, v, u*v, |u-v|] (SRA, DSE) or, with product=False, [u, v, |u-v|] (SBERT, DvBERT)."""
+    parts = [u, v, u * v, (u - v).abs()] if product else [u, v, (u - v).abs()]
+    return torch.cat(parts, -1)
+
+
+def head_input(out: Out, product: bool = True) -> Tensor:
+    """What a classifier head sees: the embedding, or the pair features of both embeddings."""
+    if isinstance(out, tuple):
+        return pair_features(out[0].embedding, out[1].embedding, product)
+    return out.embedding
+
+
+def head_width(dim: int, pairs: bool, product: bool = True) -> int:
+    return (4 if product else 3) * dim if pairs else dim
+
+
+# --------------------------------------------------------------------------------------------------
+# What the store holds
+
+
+_VECTOR_COLUMNS = ("sentence", "mean", "cls", "layers", "logits")
+_EMBEDDING_COLUMNS = ("sentence", "mean", "cls")
+
+
+def type_shape(arrow_type: str) -> tuple[int, ...]:
+    """Per-row shape of a vector column from its Arrow type string (the manifest's `columns`).
+
+    "fixed_size_list<item: fixed_size_list<item: float>[384]>[7]" -> (7, 384): the innermost list is
+    written first, so the sizes read right to left. Scalars give ().
+    """
+    return tuple(int(n) for n in reversed(re.findall(r"\[(\d+)\]", arrow_type)))
+
+
+@dataclass
+class Context:
+    """The store's teachers, their vector columns and shapes, labels, and the user's target choice."""
+
+    student: StudentConfig
+    pairs: bool
+    num_rows: int
+    shapes: dict[str, dict[str, tuple[int, ...]]]  # teacher -> column -> per-row shape
+    meta: dict[str, dict[str, Any]]
+    label: LabelKind | None
+    target_teacher: str | None = None
+    target_column: str | None = None
+    where: str = field(default="build_objectives")
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, student: StudentConfig, target: str | None) -> Context:
+        shapes, meta = {}, {}
+        for table, rec in manifest.tables.items():
+            if rec.kind == "teacher" and table.startswith("teachers/"):
+                name = table.split("/", 1)[1]
+                shapes[name] = {c: type_shape(t) for c, t in rec.columns.items() if type_shape(t)}
+                meta[name] = dict(rec.meta)
+        texts = manifest.tables.get("texts")
+        label_type = texts.columns.get("label") if texts else None
+        label = None
+        if label_type is not None:
+            label = LabelKind.regression if re.search(r"float|double", label_type) else LabelKind.classes
+        teacher, _, column = (target or "").partition(".")
+        ctx = cls(student, manifest.pairs, int(manifest.inputs.get("num_rows", 0)), shapes, meta, label,
+                  teacher or None, column or None)
+        if ctx.target_teacher is not None and ctx.target_teacher not in shapes:
+            raise KdError(f"teacher {ctx.target_teacher!r} is not in the store", f"target {target!r}",
+                          f"teachers in the store: {sorted(shapes) or 'none (run kd precompute)'}")
+        return ctx
+
+    # -- columns -----------------------------------------------------------------------------------
+
+    def keys(self, teacher: str, column: str, per_side: bool) -> list[str] | None:
+        """Batch keys for `column` of `teacher` ([_a, _b] in pair stores when per_side), None if absent."""
+        names = [f"{column}_a", f"{column}_b"] if self.pairs and per_side else [column]
+        if all(n in self.shapes.get(teacher, {}) for n in names):
+            return [f"{teacher}.{n}" for n in names]
+        return None
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        teacher, column = key.split(".", 1)
+        return self.shapes[teacher][column]
+
+    def available(self) -> list[str]:
+        return [f"{t}.{c}" for t, cols in self.shapes.items() for c in cols if c.split("_")[0] in _VECTOR_COLUMNS]
+
+    def pick_teacher(self, column: str, per_side: bool, preferred: str | None, what: str) -> str:
+        """`preferred` (an option) > the target's teacher if it has `column` > the first teacher that does."""
+        if preferred is not None:
+            if self.keys(preferred, column, per_side) is None:
+                raise KdError(f"teacher {preferred!r} has no {column!r} column for {what}", self.where,
+                              f"available columns: {self.available()}")
+            return preferred
+        order = ([self.target_teacher] if self.target_teacher else []) + list(self.shapes)
+        for t in order:
+            if self.keys(t, column, per_side) is not None:
+                return t
+        side = " per side (_a/_b)" if self.pairs and per_side else ""
+        raise KdError(f"{what} needs a teacher column {column!r}{side}, and no teacher in the store has it",
+                      self.where, f"available columns: {self.available()}; "
+                      "re-run kd precompute with a teacher (and --outputs) that writes it")
+
+    def embedding_target(self) -> list[str]:
+        """Batch keys of the vector the student's embedding should match ([a, b] keys in pair stores)."""
+        teacher = self.target_teacher
+        if teacher is None:
+            teacher = next((t for t in self.shapes if any(self.keys(t, c, True) for c in _EMBEDDING_COLUMNS)),
+                           None)
+            if teacher is None:
+                raise KdError("no teacher in the store has an embedding column (sentence, mean, cls)", self.where,
+                              f"available columns: {self.available()}")
+        column = self.target_column
+        if column is None:
+            default = self.meta[teacher].get("default_target")
+            candidates = [default] if default else []
+            column = next((c for c in [*candidates, *_EMBEDDING_COLUMNS] if self.keys(teacher, c, True)), "sentence")
+        keys = self.keys(teacher, column, True)
+        if keys is None:
+            raise KdError(f"target column {teacher}.{column} is not in the store", self.where,
+                          f"pick --target from the available columns: {self.available()}")
+        if len(self.shape(keys[0])) != 1:
+            raise KdError(f"target column {teacher}.{column} is not one vector per text "
+                          f"(shape {self.shape(keys[0])})", self.where,
+                          "pick a sentence/mean/cls column as target; layers are for the contrastive objective")
+        return keys
+
+    def label_columns(self) -> list[str]:
+        return ["label"] if self.label is not None else []
+
+
+# --------------------------------------------------------------------------------------------------
+# Labels
+
+
+def labelled_rows(label: Tensor, kind: LabelKind) -> Tensor:
+    """Rows that carry a label: class index >= 0, or a finite score (missing labels are -1 / NaN)."""
+    return label >= 0 if kind is LabelKind.classes else torch.isfinite(label)
+
+
+def label_loss(logits: Tensor, label: Tensor, kind: LabelKind) -> Tensor:
+    """Cross-entropy on class labels, squared error of the first logit on scores; 0 if no row is labelled."""
+    keep = labelled_rows(label, kind)
+    if not bool(keep.any()):
+        return logits.sum() * 0.0  # keeps the graph (and the device) without a branch in the caller
+    if kind is LabelKind.classes:
+        return nn.functional.cross_entropy(logits[keep], label[keep].long())
+    return nn.functional.mse_loss(logits[keep, 0], label[keep].to(logits.dtype))

@@ -1,0 +1,152 @@
+"""Objectives on the teachers' stored logits; each owns the head that turns embeddings into logits.
+
+- logits (CoDIR eq. 2 / Tang et al.): a linear head on the embedding (on [u, v, u*v, |u-v|] in pair
+  stores) and either KL(softmax(z_t / rho) || softmax(z_s / rho)) with rho = 2, or MSE between
+  logits (Tang et al. 2019, used by SRA+KD).
+- pair (DSE eq. 2-3): f(u, v) = w^T ReLU(W [u, v, u*v, |u-v|]) regresses the cross-encoder's pair
+  logits with the squared L2 distance; with labels, alpha * L2 + (1 - alpha) * label loss (cross-entropy
+  for classes, squared error of the first logit for scores), alpha = 0.5 as in the paper's best runs.
+- multi-teacher (DvBERT): p = softmax(W [u, v, |u-v|]); loss = sum over teachers k of
+  KL(target_k || p) with target_k = lambda * onehot(gold) + (1 - lambda) * softmax(z_k) and lambda =
+  training progress, rising 0 -> 1 (teacher annealing). Rows without a gold label keep lambda = 0.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from storage.errors import KdError
+from student.objectives.base import (
+    Batch,
+    Context,
+    LabelKind,
+    Objective,
+    ObjectiveName,
+    Out,
+    head_input,
+    head_width,
+    label_loss,
+    labelled_rows,
+)
+
+
+class LogitsMode(str, Enum):
+    kl = "kl"
+    mse = "mse"
+
+
+def soft_kl(student_logits: Tensor, target_probs: Tensor) -> Tensor:
+    """KL(target || softmax(student_logits)), mean over rows; zero-probability targets contribute 0."""
+    return F.kl_div(F.log_softmax(student_logits, -1), target_probs, reduction="batchmean")
+
+
+def annealing_weight(progress: float) -> float:
+    """DvBERT's lambda: the weight of the gold label, linear in training progress, clipped to [0, 1]."""
+    return min(max(float(progress), 0.0), 1.0)
+
+
+def _num_logits(ctx: Context, teacher: str) -> int:
+    return ctx.shape(f"{teacher}.logits")[0]
+
+
+class Logits(Objective):
+    name = ObjectiveName.logits
+
+    def __init__(self, weight: float, columns: list[str], width: int, n: int, mode: LogitsMode, rho: float) -> None:
+        super().__init__(weight, columns)
+        self.mode, self.rho = mode, rho
+        self.head = nn.Linear(width, n)
+
+    @classmethod
+    def build(cls, ctx: Context, weight: float, teacher: str | None = None, mode: LogitsMode = LogitsMode.kl,
+              rho: float = 2.0) -> Logits:
+        t = ctx.pick_teacher("logits", False, teacher, "the logits objective")
+        return cls(weight, [f"{t}.logits"], head_width(ctx.student.out_dim, ctx.pairs), _num_logits(ctx, t),
+                   LogitsMode(mode), rho)
+
+    def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        zs = self.head(head_input(out))
+        zt = batch[self._columns[0]].to(zs.dtype)
+        if self.mode is LogitsMode.mse:
+            return F.mse_loss(zs, zt)
+        return soft_kl(zs / self.rho, F.softmax(zt / self.rho, -1))
+
+
+class Pair(Objective):
+    name = ObjectiveName.pair
+
+    def __init__(self, weight: float, columns: list[str], width: int, hidden: int, n: int, alpha: float,
+                 label: LabelKind | None) -> None:
+        super().__init__(weight, columns)
+        self.alpha, self.label = alpha, label
+        # biases added to eq. 3 (which has none) so a constant offset in the teacher's logits costs nothing
+        self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n))
+
+    @classmethod
+    def build(cls, ctx: Context, weight: float, teacher: str | None = None, alpha: float = 0.5,
+              hidden: int = 512) -> Pair:
+        if not ctx.pairs:
+            raise KdError("the pair objective needs a pair store (text_a, text_b), this store holds single texts",
+                          ctx.where, "precompute a pair store with a cross-encoder teacher, or use the "
+                          "cosine / mse / contrastive / logits objectives")
+        t = ctx.pick_teacher("logits", False, teacher, "the pair objective")
+        n = _num_logits(ctx, t)
+        if ctx.label is LabelKind.regression and n != 1:
+            raise KdError(f"score labels need a teacher with one logit, {t!r} has {n}", ctx.where,
+                          "use a regression cross-encoder, or precompute without the label column")
+        return cls(weight, [f"{t}.logits", *ctx.label_columns()], 4 * ctx.student.out_dim, hidden, n, alpha,
+                   ctx.label)
+
+    def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        s = self.head(head_input(out, product=True))
+        distill = (s - batch[self._columns[0]].to(s.dtype)).pow(2).sum(-1).mean()
+        if self.label is None:
+            return distill
+        return self.alpha * distill + (1.0 - self.alpha) * label_loss(s, batch["label"], self.label)
+
+
+class MultiTeacher(Objective):
+    name = ObjectiveName.multi_teacher
+
+    def __init__(self, weight: float, columns: list[str], width: int, n: int, anneal: bool) -> None:
+        super().__init__(weight, columns)
+        self.teacher_columns = [c for c in columns if c != "label"]
+        self.anneal = anneal and "label" in columns
+        self.head = nn.Linear(width, n)
+
+    @classmethod
+    def build(cls, ctx: Context, weight: float, teachers: str = "", anneal: bool = True) -> MultiTeacher:
+        have = [t for t in ctx.shapes if ctx.keys(t, "logits", False)]
+        names = [t.strip() for t in teachers.split(",") if t.strip()] or have
+        missing = [t for t in names if t not in have]
+        if missing or len(names) < 2:
+            raise KdError(f"multi-teacher needs at least 2 teachers with logits; with logits: {have}"
+                          + (f", asked for {missing}" if missing else ""), ctx.where,
+                          "precompute the store with two or more cross-encoder teachers, or use pair / logits")
+        sizes = {t: _num_logits(ctx, t) for t in names}
+        if len(set(sizes.values())) != 1:
+            raise KdError(f"the teachers' logits have different sizes {sizes}", ctx.where,
+                          "use teachers trained on the same label set")
+        # soft targets are distributions over classes: score labels cannot be mixed in
+        labels = ["label"] if ctx.label is LabelKind.classes else []
+        return cls(weight, [f"{t}.logits" for t in names] + labels,
+                   head_width(ctx.student.out_dim, ctx.pairs, product=False), sizes[names[0]], anneal)
+
+    def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        s = self.head(head_input(out, product=False))
+        lam = torch.zeros(s.shape[0], 1, device=s.device, dtype=s.dtype)
+        gold = torch.zeros_like(s)
+        if self.anneal:
+            label = batch["label"].long()
+            keep = labelled_rows(label, LabelKind.classes)
+            lam[keep] = annealing_weight(progress)
+            gold[keep] = F.one_hot(label[keep], s.shape[1]).to(s.dtype)
+        total = s.new_zeros(())
+        for key in self.teacher_columns:
+            soft = F.softmax(batch[key].to(s.dtype), -1)
+            total = total + soft_kl(s, lam * gold + (1.0 - lam) * soft)
+        return total
