@@ -263,7 +263,7 @@ def search_cmd(
         _fail(e)
     t = Table("rank", "score", "id", "text", caption=f"index {res.index.name}")
     for rank, (i, s, text) in enumerate(zip(res.ids[0], res.scores[0], res.texts[0]), 1):
-        if i >= 0:
+        if s > float("-inf"):  # -inf: an approximate index found fewer than k rows
             t.add_row(str(rank), f"{s:.4f}", str(i), text)
     _data_out.print(t)
 

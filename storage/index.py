@@ -63,7 +63,11 @@ class IndexInfo:
 
 @dataclass
 class SearchResult:
-    """Top-k per query: ids/scores are (queries, k); id -1 (score -inf) where fewer than k were found."""
+    """Top-k per query: ids/scores are (queries, k), best first.
+
+    Store ids are content hashes and may be negative, so an empty slot (an approximate index found
+    fewer than k rows) is marked by score -inf (its id is 0 and its text "").
+    """
 
     ids: np.ndarray
     scores: np.ndarray
@@ -232,7 +236,7 @@ def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
 
 def text_of(store: Store, ids: np.ndarray, column: str | None = None) -> dict[int, str]:
     """id -> text for the given ids (pair stores: the side a `_a`/`_b` column embeds, else 'a ||| b')."""
-    wanted = np.unique(ids[ids >= 0])
+    wanted = np.unique(ids)
     dataset = store.dataset("texts")
     names = dataset.schema.names
     if "text" in names:
@@ -258,7 +262,9 @@ def search(store_path: str | os.PathLike | Store, query_vectors: np.ndarray, k: 
     info = find_index(store, table, column, kind, dim=q.shape[1])
     index, ids = load_index(store, info)
     scores, pos = index.search(normalize(q), min(k, info.rows))
-    found = np.where(pos >= 0, ids[np.clip(pos, 0, None)], -1)
-    scores = np.where(pos >= 0, scores, -np.inf).astype(np.float32)
-    texts = text_of(store, found, info.column)
-    return SearchResult(found, scores, [[texts.get(int(i), "") for i in row] for row in found], info)
+    ok = pos >= 0
+    found = np.where(ok, ids[np.clip(pos, 0, None)], 0)
+    scores = np.where(ok, scores, -np.inf).astype(np.float32)
+    texts = text_of(store, found[ok], info.column)
+    rows = [[texts[int(i)] if good else "" for i, good in zip(r, g)] for r, g in zip(found, ok)]
+    return SearchResult(found, scores, rows, info)

@@ -75,13 +75,17 @@ def view_names(manifest: Manifest) -> dict[str, str]:
 
 
 def resolve_table(store: Store, name: str) -> str:
-    """Accept a table path ("teachers/minilm") or its view name ("minilm"); return the path."""
+    """Table path from a path ("teachers/tiny-bert"), a view name ("tiny_bert") or a bare name ("tiny-bert")."""
     if name in store.manifest.tables:
         return name
-    for table, view in view_names(store.manifest).items():
+    names = view_names(store.manifest)
+    for table, view in names.items():
         if view == name:
             return table
-    have = ", ".join(f"{v} ({t})" for t, v in view_names(store.manifest).items())
+    bare = [t for t in names if t.split("/", 1)[-1] == name]
+    if len(bare) == 1:
+        return bare[0]
+    have = ", ".join(f"{v} ({t})" for t, v in names.items())
     raise InputError(f"the store has no table {name!r}", store.root, f"use one of: {have}")
 
 
