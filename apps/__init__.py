@@ -1,0 +1,1 @@
+"""Workflows that use both stages: evaluation (`kd eval`), the demo (`kd demo`), search and queries."""

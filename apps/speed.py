@@ -1,0 +1,128 @@
+"""Speed and size of an encoder, measured the same way for teachers, students and baselines.
+
+- Speed: sentences per second at batch size 1 and 256 on the same input texts, and the
+  per-document latency (median milliseconds of one batch-1 call). Batches are formed here, so
+  every model pays for its own tokenisation and nothing else.
+- Size: parameters, with the input embedding table counted separately (as in SRA: the table is
+  cheap to run, a lookup, but dominates small students' size), and megabytes on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+EncodeFn = Callable[[list[str]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class SpeedResult:
+    sent_per_s_b1: float
+    sent_per_s_b256: float
+    latency_ms: float  # median of batch-1 calls
+    n_b1: int
+    n_b256: int
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def measure_speed(encode: EncodeFn, texts: Sequence[str], n_b1: int = 128, n_b256: int = 1024,
+                  big_batch: int = 256) -> SpeedResult:
+    """Time `encode` on the first `n_b1` texts one at a time and the first `n_b256` in batches.
+
+    - one warm-up call of each shape first (lazy init, allocator, thread pools);
+    - wall-clock time with time.perf_counter; throughput = texts / total seconds.
+    """
+    texts = list(texts)
+    one, many = texts[: min(n_b1, len(texts))], texts[: min(n_b256, len(texts))]
+    encode(one[:1])
+    encode(many[:big_batch])
+    per_call = []
+    for t in one:
+        start = time.perf_counter()
+        encode([t])
+        per_call.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for i in range(0, len(many), big_batch):
+        encode(many[i : i + big_batch])
+    big = time.perf_counter() - start
+    return SpeedResult(
+        sent_per_s_b1=len(one) / max(sum(per_call), 1e-9),
+        sent_per_s_b256=len(many) / max(big, 1e-9),
+        latency_ms=float(np.median(per_call)) * 1000.0,
+        n_b1=len(one),
+        n_b256=len(many),
+    )
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    params: int  # all parameters, embedding table included
+    embedding_params: int  # the input token embedding table alone
+    disk_mb: float  # every file of the saved model folder (weights, config, tokenizer)
+
+    @property
+    def non_embedding_params(self) -> int:
+        return self.params - self.embedding_params
+
+    def to_dict(self) -> dict[str, float]:
+        d: dict[str, float] = asdict(self)
+        d["non_embedding_params"] = self.non_embedding_params
+        return d
+
+
+def torch_param_counts(module: object) -> tuple[int, int]:
+    """(all parameters, parameters of the token embedding table) of a torch module.
+
+    The token table is the nn.Embedding with the most rows, so BERT's position and
+    token-type tables count as ordinary parameters, as in SRA.
+    """
+    from torch import nn
+
+    assert isinstance(module, nn.Module)
+    total = sum(p.numel() for p in module.parameters())
+    tables = [m for m in module.modules() if isinstance(m, nn.Embedding)]
+    emb = max(tables, key=lambda m: m.num_embeddings).weight.numel() if tables else 0
+    return int(total), int(emb)
+
+
+def safetensors_param_counts(folder: str | Path) -> tuple[int, int]:
+    """(all parameters, token-table parameters) from the *.safetensors headers of a folder.
+
+    The token table is the 2-D tensor with "embed" in its name that has the most rows.
+    """
+    from safetensors import safe_open
+
+    total, emb_rows, emb = 0, -1, 0
+    for f in sorted(Path(folder).rglob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            for key in st.keys():
+                shape = st.get_slice(key).get_shape()
+                n = int(np.prod(shape)) if shape else 1
+                total += n
+                if "embed" in key and len(shape) == 2 and shape[0] > emb_rows:
+                    emb_rows, emb = shape[0], n
+    return total, emb
+
+
+def folder_mb(folder: str | Path) -> float:
+    """Megabytes (10^6 bytes) of every file under a folder (or of one file)."""
+    p = Path(folder)
+    files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
+    return sum(f.stat().st_size for f in files) / 1e6
+
+
+def model_size(folder: str | Path | None, module: object | None = None) -> SizeResult | None:
+    """Size of a model from its torch module when given, else from its folder's safetensors."""
+    if module is not None:
+        total, emb = torch_param_counts(module)
+    elif folder is not None and any(Path(folder).rglob("*.safetensors")):
+        total, emb = safetensors_param_counts(folder)
+    else:
+        return None
+    return SizeResult(total, emb, folder_mb(folder) if folder is not None else float("nan"))

@@ -1,0 +1,284 @@
+"""Evaluation tasks read from the shared real data (../shared/data, or $KD_SHARED/data).
+
+- STS-B pairs with gold similarity, or any scored pair file (`load_pairs`);
+- SST-2 sentences with binary labels (linear probe);
+- clustering sets built here from raw corpora with honest gold groups (see docs/eval.md):
+  `news-articles` (sentences grouped by the article they come from) and `brown-genres`
+  (5-sentence Brown passages grouped by genre).
+Every sample is drawn with a fixed seed, so two runs and two models see the same items.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from storage.errors import InputError
+
+# Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+def shared_data_dir() -> Path:
+    """The shared data folder: $KD_SHARED/data, else ../shared/data next to the repository."""
+    env = os.environ.get("KD_SHARED")
+    if env:
+        return Path(env) / "data"
+    repo = Path(__file__).resolve().parents[1]
+    for base in (repo.parent, Path.cwd().parent, Path.cwd()):
+        if (base / "shared" / "data").is_dir():
+            return base / "shared" / "data"
+    return repo.parent / "shared" / "data"
+
+
+def data_path(rel: str | Path) -> Path:
+    """A path under the shared data folder (absolute paths pass through); must exist."""
+    p = Path(rel)
+    if not p.is_absolute() and not p.exists():
+        p = shared_data_dir() / p
+    if not p.exists():
+        raise InputError(f"data file not found: {rel}", str(p),
+                         "set KD_SHARED to the folder that holds data/, or pass an absolute path")
+    return p
+
+
+@dataclass(frozen=True)
+class PairTask:
+    """Sentence pairs with a gold similarity score per pair."""
+
+    name: str
+    a: list[str]
+    b: list[str]
+    scores: np.ndarray
+
+    def head(self, n: int | None) -> PairTask:
+        if n is None or n >= len(self.a):
+            return self
+        return PairTask(self.name, self.a[:n], self.b[:n], self.scores[:n])
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Texts with one class label each (train and test splits of a probe task)."""
+
+    name: str
+    train_texts: list[str]
+    train_labels: np.ndarray
+    test_texts: list[str]
+    test_labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class ClusterTask:
+    """Texts with gold group ids, split into dev (to tune the cut) and test (to score it)."""
+
+    name: str
+    dev_texts: list[str]
+    dev_groups: np.ndarray
+    test_texts: list[str]
+    test_groups: np.ndarray
+
+
+def _read_tsv(path: Path) -> list[list[str]]:
+    # Quoting off: STS-B and SST-2 contain unbalanced quotes that csv would otherwise join across lines.
+    # utf-8-sig: MRPC starts with a byte-order mark that would otherwise stick to the first column name.
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
+
+
+def load_stsb(split: str = "dev", path: str | Path | None = None) -> PairTask:
+    """STS Benchmark: TSV without header; columns 4, 5, 6 are score (0-5), sentence1, sentence2.
+
+    Some rows carry two extra licence columns after sentence2; they are ignored.
+    """
+    p = data_path(path or f"stsb/sts-{split}.csv")
+    a, b, s = [], [], []
+    for i, row in enumerate(_read_tsv(p)):
+        if len(row) < 7:
+            raise InputError(f"STS-B row {i + 1} has {len(row)} columns, expected at least 7", str(p))
+        s.append(float(row[4]))
+        a.append(row[5])
+        b.append(row[6])
+    return PairTask(f"stsb-{split}", a, b, np.asarray(s, dtype=np.float64))
+
+
+# Column-name pairs that hold the two texts in common pair files, tried in order.
+KNOWN_TEXT_COLUMNS = (("sentence1", "sentence2"), ("text_a", "text_b"), ("s1", "s2"),
+                      ("#1 String", "#2 String"), ("question1", "question2"), ("premise", "hypothesis"))
+
+
+def load_pairs(
+    path: str | Path, score_column: str, text_columns: tuple[str, str] | None = None
+) -> PairTask:
+    """A generic scored pair file: .jsonl, .csv or TSV (anything else), read with quoting off for TSV.
+
+    - `score_column` a header name, or a 0-based index for files without a header;
+    - `text_columns` the two text columns (names or indexes); by default a known name pair
+      (sentence1/sentence2, text_a/text_b, ...) or, for an index score, the two columns after it.
+    """
+    p = data_path(path)
+    by_index = score_column.isdigit()
+    if p.suffix == ".jsonl":
+        rows: list = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        header = list(rows[0]) if rows else []
+    elif p.suffix == ".csv" and not by_index:
+        with open(p, encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.DictReader(f))
+        header = list(rows[0]) if rows else []
+    else:
+        raw = _read_tsv(p)
+        if by_index:
+            rows, header = raw, []
+        else:
+            header, rows = raw[0], [dict(zip(raw[0], r)) for r in raw[1:]]
+    if by_index:
+        si = int(score_column)
+        ta, tb = (int(c) for c in text_columns) if text_columns else (si + 1, si + 2)
+        key_s, key_a, key_b = si, ta, tb
+    else:
+        if score_column not in header:
+            raise InputError(f"no column {score_column!r} (columns: {header})", str(p), "pass --score-column")
+        if text_columns is None:
+            text_columns = next((c for c in KNOWN_TEXT_COLUMNS if c[0] in header and c[1] in header), None)
+            if text_columns is None:
+                raise InputError(f"cannot tell which columns hold the two texts (columns: {header})", str(p),
+                                 "pass --text-columns A,B")
+        key_s, (key_a, key_b) = score_column, text_columns
+    try:
+        scores = np.asarray([float(r[key_s]) for r in rows], dtype=np.float64)
+        a = [str(r[key_a]) for r in rows]
+        b = [str(r[key_b]) for r in rows]
+    except (KeyError, IndexError, ValueError) as e:
+        raise InputError(f"cannot read score/text columns ({e})", str(p),
+                         "check --score-column and --text-columns") from e
+    return PairTask(p.stem, a, b, scores)
+
+
+def load_sst2(train_rows: int = 4000, seed: int = 0) -> LabelledTexts:
+    """SST-2 (SentEval copy: `text TAB label`): a seeded sample of train, and the full dev split.
+
+    The train split is phrase-level (67k rows); a few thousand are enough for a linear probe and
+    keep the cost of encoding them small.
+    """
+    def read(name: str) -> tuple[list[str], np.ndarray]:
+        rows = _read_tsv(data_path(f"sst2/{name}"))
+        return [r[0].strip() for r in rows], np.asarray([int(r[1]) for r in rows], dtype=np.int64)
+
+    tr_x, tr_y = read("sentiment-train")
+    te_x, te_y = read("sentiment-dev")
+    pick = np.sort(np.random.default_rng(seed).permutation(len(tr_x))[: min(train_rows, len(tr_x))])
+    return LabelledTexts("sst2", [tr_x[i] for i in pick], tr_y[pick], te_x, te_y)
+
+
+class ClusterSet(str, Enum):
+    """Clustering sets with gold groups built from the shared corpora."""
+
+    news_articles = "news-articles"
+    brown_genres = "brown-genres"
+
+
+# End punctuation (optionally followed by a closing quote), space, then a capital, digit or quote.
+_SENT_SPLIT = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"']))\s+(?=[\"'A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence split (end punctuation + space + capital); enough for news prose."""
+    return [s.strip() for s in _SENT_SPLIT.split(text) if s.strip()]
+
+
+def detokenize_brown(sentence: str) -> str:
+    """Undo the Brown corpus' tokenisation (`` '' quotes, spaces before punctuation)."""
+    s = sentence.replace("``", '"').replace("''", '"')
+    s = re.sub(r" ([.,;:!?)])", r"\1", s)
+    s = re.sub(r"\( ", "(", s)
+    s = re.sub(r' " ([^"]*?) "', r' "\1"', s)
+    return s.strip()
+
+
+def _split_groups(groups: dict[str, list[str]], n_dev: int, n_test: int, per_group: int, seed: int) -> ClusterTask:
+    """Seeded choice of groups for dev and test (disjoint) and of `per_group` items in each."""
+    rng = np.random.default_rng(seed)
+    names = sorted(g for g, items in groups.items() if len(items) >= per_group)
+    order = [names[i] for i in rng.permutation(len(names))]
+    if len(order) < n_dev + n_test:
+        n_dev, n_test = len(order) // 3, len(order) - len(order) // 3
+
+    def take(chosen: list[str]) -> tuple[list[str], np.ndarray]:
+        texts, ids = [], []
+        for gid, g in enumerate(chosen):
+            items = groups[g]
+            for j in np.sort(rng.choice(len(items), per_group, replace=False)):
+                texts.append(items[j])
+                ids.append(gid)
+        return texts, np.asarray(ids, dtype=np.int64)
+
+    dev = take(order[:n_dev])
+    test = take(order[n_dev : n_dev + n_test])
+    return ClusterTask("", dev[0], dev[1], test[0], test[1])
+
+
+def news_article_groups(min_chars: int = 40, max_chars: int = 300) -> dict[str, list[str]]:
+    """Sentences of each news article (corpus/news_articles.csv), keyed by article id."""
+    p = data_path("corpus/news_articles.csv")
+    groups: dict[str, list[str]] = {}
+    with open(p, encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            # '"?' is how this copy of the data renders curly quotes and dashes.
+            text = row["text"].replace('"?', '"')
+            sents = [s for s in split_sentences(text) if min_chars <= len(s) <= max_chars]
+            groups[row["article_id"]] = list(dict.fromkeys(sents))
+    return groups
+
+
+def brown_genre_groups(passage: int = 5) -> dict[str, list[tuple[str, str]]]:
+    """Passages of `passage` consecutive Brown sentences, keyed by file, tagged with the genre."""
+    with open(data_path("corpus/brown_sentences.tsv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    by_file: dict[str, list[str]] = defaultdict(list)
+    genre: dict[str, str] = {}
+    for r in rows:
+        by_file[r["file_id"]].append(detokenize_brown(r["sentence"]))
+        genre[r["file_id"]] = r["category"]
+    return {f: [(genre[f], " ".join(s[i : i + passage])) for i in range(0, len(s) - passage + 1, passage)]
+            for f, s in by_file.items()}
+
+
+def load_cluster_set(
+    name: ClusterSet | str = ClusterSet.news_articles, scale: float = 1.0, seed: int = 0
+) -> ClusterTask:
+    """Build a clustering set with dev/test splits that share no source document.
+
+    - news-articles: 100 dev + 200 test articles (× scale), 6 sentences each, group = article.
+    - brown-genres: Brown files split 1:2 into dev/test, 4 passages of 5 sentences per file,
+      group = genre (15 genres); files never straddle the split.
+    """
+    name = ClusterSet(name)
+    if name is ClusterSet.news_articles:
+        task = _split_groups(news_article_groups(), max(2, int(100 * scale)), max(2, int(200 * scale)), 6, seed)
+        return ClusterTask(name.value, task.dev_texts, task.dev_groups, task.test_texts, task.test_groups)
+    files = brown_genre_groups()
+    rng = np.random.default_rng(seed)
+    per_file = 4
+    names = sorted(f for f, p in files.items() if len(p) >= per_file)
+    names = [names[i] for i in rng.permutation(len(names))]
+    keep = max(6, int(len(names) * scale))
+    names = names[:keep]
+    genres = sorted({files[f][0][0] for f in names})
+    gid = {g: i for i, g in enumerate(genres)}
+    out: dict[str, tuple[list[str], list[int]]] = {"dev": ([], []), "test": ([], [])}
+    for i, f in enumerate(names):
+        split = "dev" if i % 3 == 0 else "test"
+        for j in np.sort(rng.choice(len(files[f]), per_file, replace=False)):
+            g, text = files[f][j]
+            out[split][0].append(text)
+            out[split][1].append(gid[g])
+    return ClusterTask(name.value, out["dev"][0], np.asarray(out["dev"][1]), out["test"][0], np.asarray(out["test"][1]))
