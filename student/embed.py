@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from storage import fs
 from storage.errors import InputError, StoreError
 from storage.manifest import Manifest
-from storage.schema import VectorDType, vector_type, vectors_to_arrow
+from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from storage.store import Store, open_writer
 from student.export import LoadedStudent, load
 
@@ -136,7 +136,7 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
         store = Store.open(path)
     sides = ("text_a", "text_b") if store.manifest.pairs else ("text",)
     out_cols = ["embedding_a", "embedding_b"] if store.manifest.pairs else ["embedding"]
-    vtype = str(vector_type((st.dim,), VectorDType.float32))
+    vtype = type_name(vector_type((st.dim,), VectorDType.float32))
     w = open_writer(path, store.manifest, wid)
     try:
         w.declare(table, "student", {"id": "int64", **dict.fromkeys(out_cols, vtype)}, meta)

@@ -16,7 +16,7 @@ from conftest import WORDS, build_tiny_bert
 from safetensors.numpy import save_file
 
 from storage.manifest import Manifest
-from storage.schema import VectorDType, texts_schema, vector_type, vectors_to_arrow
+from storage.schema import VectorDType, texts_schema, type_name, vector_type, vectors_to_arrow
 from storage.store import open_writer
 
 TEACHER = "tiny"
@@ -70,12 +70,12 @@ def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, n
     w = open_writer(path, header, "test")
     label_type = pa.int64() if labels else None
     tschema = texts_schema(pairs, label_type)
-    w.declare("texts", "texts", {f.name: str(f.type) for f in tschema}, {})
+    w.declare("texts", "texts", {f.name: type_name(f.type) for f in tschema}, {"pairs": pairs})
     suffixes = ("_a", "_b") if pairs else ("",)
     outs = ["cls", "mean", "sentence", "layers"]
     shapes = {"cls": (dim,), "mean": (dim,), "sentence": (dim,), "layers": (num_layers + 1, dim)}
     tcols = {"id": "int64", "n_tokens": "int32", "truncated": "bool"}
-    tcols |= {f"{o}{s}": str(vector_type(shapes[o], VectorDType.float32)) for o in outs for s in suffixes}
+    tcols |= {f"{o}{s}": type_name(vector_type(shapes[o], VectorDType.float32)) for o in outs for s in suffixes}
     meta = {
         "source": "synthetic", "num_layers": num_layers, "dim": dim, "max_length": 64, "outputs": outs,
         "dtype": "float32", "label_names": None, "default_target": "sentence",

@@ -1,0 +1,302 @@
+"""student.trainer: exact resume (in-process crash and SIGKILL), DDP on CPU, never the teacher, CLI, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.numpy import load_file as load_np
+from safetensors.torch import load_file
+from student_stores import TEACHER, make_store
+from typer.testing import CliRunner
+
+from cli import app
+from storage.store import Store
+from student import data as D
+from student import trainer as T
+from student.models import pca_embeddings
+
+ROOT = Path(__file__).resolve().parents[1]
+# Tiny and fast: 2 shards, ~13 steps per epoch; dropout and a memory-bank objective so RNG state matters.
+SMALL = dict(arch="bilstm", embed_dim=16, hidden_dim=16, batch_size=8, epochs=2, val_percent=10.0,
+             shuffle_buffer=24, objectives=["cosine", "contrastive:0.1:negatives=16:dim=8"], dropout=0.1,
+             checkpoint_every=5, log_every=1, progress=False)
+
+
+def _env() -> dict[str, str]:
+    return os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: a second intra-op thread only adds contention (10x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("trainer")
+    return make_store(root / "store", rows=140, shards=2, tmp=root)
+
+
+@pytest.fixture(scope="module")
+def reference(store_path, tmp_path_factory) -> Path:
+    """An uninterrupted run of SMALL."""
+    return T.train(T.TrainConfig(str(store_path), str(tmp_path_factory.mktemp("ref") / "out"), **SMALL))
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and any(k.startswith("objectives.") for k in wa)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def _train_losses(path: Path) -> list[tuple[int, float]]:
+    recs = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in recs if "loss" in r]
+
+
+def test_reference_run_learns_and_writes_everything(reference):
+    info = json.loads((reference / "config.json").read_text())
+    assert info["steps"] == info["total_steps"] > 20
+    losses = [x for _, x in _train_losses(reference)]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    vals = [json.loads(x)["val_loss"] for x in (reference / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in x]
+    assert len(vals) == 2 and vals[1] < vals[0]
+    assert info["best_val_loss"] == pytest.approx(min(vals))
+    for f in ("model.safetensors", "config.json", "training_args.json", "loss.png", "tokenizer/tokenizer.json"):
+        assert (reference / f).exists(), f
+    assert (reference / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((reference / "training_args.json").read_text())["objectives"] == SMALL["objectives"]
+
+
+def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real = D.train_batches
+    seen = {"n": 0}
+
+    def crashing(*a, **kw):
+        for b in real(*a, **kw):
+            seen["n"] += 1
+            if seen["n"] > 23:  # epoch 1 (epoch 0 has 16 steps), three steps after the checkpoint at step 20
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(T.D, "train_batches", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert (ckpt["step"], ckpt["epoch"], ckpt["batch"]) == (20, 1, 4) and not (out / "config.json").exists()
+    monkeypatch.setattr(T.D, "train_batches", real)
+    T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+    _assert_same_weights(reference, out)
+    assert _train_losses(out) == _train_losses(reference)  # metrics after the checkpoint were replaced
+
+
+def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "cli", "train-student", "--shards", str(store_path), "--out", str(out),
+            "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
+            "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
+            "--checkpoint-every", "1", "--no-progress"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ckpt, deadline = out / "checkpoint.pt", time.time() + 40
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if ckpt.exists():
+                step = torch.load(ckpt, weights_only=False)["step"]
+                if step >= 3:
+                    break
+            time.sleep(0.02)
+        killed = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, proc.stdout.read().decode()[-2000:]
+    step = torch.load(ckpt, weights_only=False)["step"]
+    assert 3 <= step < 26 and not (out / "config.json").exists()
+    res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    _assert_same_weights(reference, out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Run by each DDP rank: model loading from transformers is made to raise before anything of kd is imported,
+# and afterwards no teacher model code (nor `pipeline`) may have been imported.
+NO_TEACHER = r"""
+import os, re, sys
+from transformers.modeling_utils import PreTrainedModel
+from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+def boom(*a, **k):
+    raise RuntimeError("a teacher model was loaded")
+
+PreTrainedModel.from_pretrained = classmethod(boom)
+_BaseAutoModelClass.from_pretrained = classmethod(boom)
+before = set(sys.modules)
+from student.trainer import TrainConfig, train
+train(TrainConfig(sys.argv[1], sys.argv[2], embed_dim=8, hidden_dim=8, epochs=2, batch_size=8, val_percent=10,
+                  shuffle_buffer=16, log_every=1, progress=False))
+if os.environ.get("RANK", "0") == "0":
+    import student
+    assert student.load(sys.argv[2]).encode(["the cat runs"]).shape == (1, 32)
+loaded = set(sys.modules) - before
+# transformers.models.auto.modeling_auto is the lazy name registry (AutoTokenizer reads it), not a model class
+model_code = re.compile(r"transformers\.models\.(?!auto\.)[^.]+\.modeling_")
+bad = sorted(m for m in loaded if m.startswith("pipeline") or model_code.match(m))
+assert not bad, bad
+print("NO TEACHER OK")
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """A store from the real precompute (its meta points at the teacher), trained by two gloo ranks."""
+    from conftest import WORDS, build_tiny_bert
+
+    from pipeline.precompute import precompute
+
+    root = tmp_path_factory.mktemp("ddp")
+    teacher = build_tiny_bert(root / "teacher")
+    rng = np.random.default_rng(0)
+    (root / "in.txt").write_text("\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(120)))
+    precompute([str(root / "in.txt")], str(root / "store"), [f"tiny={teacher}"], shard_rows=60, progress=False)
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", NO_TEACHER, str(root / "store"), str(root / "out")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+                                            "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(2)]
+    logs = [p.communicate(timeout=90)[0] for p in procs]
+    return root, [p.returncode for p in procs], logs
+
+
+def test_training_never_loads_the_teacher(ddp_run):
+    root, codes, logs = ddp_run
+    assert codes == [0, 0], "\n".join(x[-3000:] for x in logs)
+    assert all("NO TEACHER OK" in x for x in logs)
+    info = json.loads((root / "out" / "config.json").read_text())
+    assert info["target"] == ["tiny.mean"]  # the store's default_target without sentence-transformers pooling
+
+
+def test_ddp_world_size_two_on_cpu(ddp_run):
+    """Two real processes (gloo): each rank reads half of the shards, both take equal step counts."""
+    root, codes, logs = ddp_run
+    assert codes == [0, 0], "\n".join(x[-3000:] for x in logs)
+    store = Store.open(root / "store")
+    assert store.manifest.num_shards == 2
+    info = json.loads((root / "out" / "config.json").read_text())
+    data = D.DataConfig(str(root / "store"), ["tiny.mean"], "tiny", batch_size=8, val_percent=10, shuffle_buffer=16)
+    two, one = D.build_plan(store, data, world=2), D.build_plan(store, data, world=1)
+    assert info["world_size"] == 2 and info["steps"] == two.steps(0) + two.steps(1)
+    assert two.steps(0) <= 8 < one.steps(0)  # a rank sees one shard of 60 rows (minus held-out), not both
+    train = [json.loads(x) for x in (root / "out" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r["step"] for r in train] == list(range(1, info["steps"] + 1))
+    assert train[0]["rows"] == 16  # rows count both ranks' batches
+    vals = [json.loads(x)["val_loss"] for x in (root / "out" / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in x]
+    assert len(vals) == 2 and vals[1] < vals[0]
+
+
+def test_cli_defaults_on_a_tiny_store(store_path, tmp_path, monkeypatch):
+    """Defaults: bilstm, cosine to the default target, embeddings from the teacher; layers never read."""
+    read: set[str] = set()
+    orig = pq.ParquetFile.iter_batches
+
+    def spy(self, *a, columns=None, **kw):
+        read.update(columns or ["<all>"])
+        return orig(self, *a, columns=columns, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store_path), "--out", str(out), "--max-steps", "3",
+                                   "--batch-size", "8", "--hidden-dim", "16", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "student written to" in res.output
+    assert read == {"id", "text", "sentence"}
+    info = json.loads((out / "config.json").read_text())
+    assert info["student"]["arch"] == "bilstm" and info["objectives"] == ["cosine:1"]
+    assert info["target"] == [f"{TEACHER}.sentence"] and info["student"]["out_dim"] == 16
+    assert info["student"]["embed_dim"] == 16 and info["steps"] == 3
+    assert info["store_fingerprint"] == Store.open(store_path).manifest.fingerprint
+    teacher = load_np(str(store_path / "teachers" / TEACHER / "input_embeddings.safetensors"))["weight"]
+    emb = _weights(out)["student.embed.weight"].numpy()
+    rows = np.arange(len(teacher)) != 0  # the pad row is zeroed
+    assert np.abs(emb[rows] - teacher[rows]).max() < 0.01  # 3 small AdamW steps away from the teacher's table
+
+
+def test_pca_initialisation_to_a_narrower_student(store_path, tmp_path):
+    cfg = T.TrainConfig(str(store_path), str(tmp_path / "x"), embed_dim=6, hidden_dim=8)
+    s = T.setup(cfg)
+    student = T.build_student(s.student_cfg)
+    matrix = T._embeddings_matrix(s.store, TEACHER)
+    T.init_embeddings(student, matrix, 0)
+    expect = pca_embeddings(matrix, 6)
+    got = student.embed.weight.detach().numpy()
+    np.testing.assert_allclose(got[1:], expect[1:], rtol=1e-5, atol=1e-6)
+    assert s.student_cfg.embed_dim == 6 and s.student_cfg.vocab_size == matrix.shape[0]
+
+
+def test_early_stopping_stops_when_validation_stalls(store_path, tmp_path):
+    out = T.train(T.TrainConfig(str(store_path), str(tmp_path / "es"), embed_dim=8, hidden_dim=8, lr=0.0,
+                                eval_every=1, patience=2, epochs=5, batch_size=8, val_percent=10, progress=False))
+    info = json.loads((out / "config.json").read_text())
+    assert info["stopped_early"] and info["steps"] == 3 and info["best_step"] == 1
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, ["train-student", *args, "--max-steps", "1", "--no-progress"])
+
+
+def test_cli_errors_are_clear(store_path, tmp_path):
+    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "a"), "--target", f"{TEACHER}.logits")
+    assert res.exit_code == 2 and "tiny.logits" in res.output and "tiny.sentence" in res.output
+    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "b"), "--objective", "pair")
+    assert res.exit_code == 2 and "pair store" in res.output
+    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "c"), "--objective", "nonsense")
+    assert res.exit_code == 2 and "unknown objective" in res.output
+    res = _cli("--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"))
+    assert res.exit_code == 2 and "no kd store" in res.output
+
+
+def test_cli_errors_on_damaged_stores(tmp_path):
+    path = make_store(tmp_path / "s", rows=40, shards=2, tmp=tmp_path)
+    shard = path / "teachers" / TEACHER / "part-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:100])
+    res = _cli("--shards", str(path), "--out", str(tmp_path / "a"))
+    assert res.exit_code == 2 and "part-00001.parquet" in res.output
+    for f in [path / "manifest.json", *(path / "manifests").iterdir()]:
+        f.write_text(f.read_text().replace('"format_version": 1', '"format_version": 99'))
+    res = _cli("--shards", str(path), "--out", str(tmp_path / "b"))
+    assert res.exit_code == 2 and "format version 99" in res.output
+
+
+def test_resume_refuses_other_options(store_path, reference, tmp_path):
+    res = _cli("--shards", str(store_path), "--out", str(reference), "--lr", "0.5")
+    assert res.exit_code == 2 and "lr" in res.output and "--overwrite" in res.output
