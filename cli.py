@@ -196,6 +196,73 @@ def embed(
 
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)
+@app.command("eval")
+def eval_(
+    student: Annotated[list[str] | None, typer.Option("--student", help="Student folder (kd train-student --out); repeatable")] = None,  # noqa: E501
+    teacher: Annotated[str | None, typer.Option(help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its teachers")] = None,  # noqa: E501
+    store: Annotated[str | None, typer.Option(help="Store whose teacher vectors are reused where it holds the texts")] = None,  # noqa: E501
+    task: Annotated[list[str] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed; repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
+    target: Annotated[str | None, typer.Option(help="Teacher output compared with (default: the teacher's default_target)")] = None,  # noqa: E501
+    sts_split: Annotated[str, typer.Option(help="STS-B split: train | dev | test")] = "dev",
+    pairs: Annotated[str | None, typer.Option(help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")] = None,
+    score_column: Annotated[str | None, typer.Option(help="Gold score column of --pairs (name, or 0-based index)")] = None,  # noqa: E501
+    text_columns: Annotated[str | None, typer.Option(help="The two text columns of --pairs: A,B")] = None,
+    max_pairs: Annotated[int | None, typer.Option(help="Use only the first N pairs")] = None,
+    cluster_set: Annotated[str, typer.Option(help="news-articles | brown-genres")] = "news-articles",
+    agreement_rows: Annotated[int, typer.Option(help="Store rows (or texts) for agreement and neighbours")] = 10000,
+    agreement_texts: Annotated[str | None, typer.Option(help="Text file (one a line) for agreement without --store")] = None,  # noqa: E501
+    k: Annotated[int, typer.Option(help="Neighbours compared per text")] = 10,
+    baseline: Annotated[bool, typer.Option(help="Add a model2vec baseline when model2vec is installed")] = True,
+    json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
+    markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Folder for PNG plots")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+) -> None:
+    """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
+    from apps.eval import EvalConfig, Measure, evaluate
+
+    try:
+        cols = tuple(text_columns.split(",")) if text_columns else None
+        if cols is not None and len(cols) != 2:
+            raise KdError("--text-columns needs two names: A,B", text_columns)
+        cfg = EvalConfig(
+            students=student or [], teacher=teacher, store=store,
+            measures=[Measure(t) for t in task] if task else EvalConfig().measures, target=target,
+            sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
+            cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
+            baseline=baseline, json_path=json, markdown_path=markdown, plot_dir=plot, progress=progress,
+        )
+        report = evaluate(cfg)
+    except KdError as e:
+        _fail(e)
+    except ValueError as e:  # unknown --task or --cluster-set
+        _fail(KdError(str(e), None, "see kd eval --help for the accepted values"))
+    term.print(report.rich_table())
+    for key, note in report.info.items():
+        if isinstance(note, str):
+            term.print(f"[dim]{key}: {note}[/]")
+
+
+@app.command()
+def demo(
+    out: Annotated[str, typer.Option("--out", "-o", help="Folder for everything the demo writes")] = "kd-demo",
+    quick: Annotated[bool, typer.Option(help="Tiny corpus slice and a few training steps (smoke test)")] = False,
+    epochs: Annotated[int, typer.Option(help="Training epochs of the student")] = 8,
+    overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+) -> None:
+    """Precompute MiniLM on a bundled corpus, train a BiLSTM student, evaluate both on STS-B dev."""
+    from apps.demo import DemoConfig, run_demo
+
+    try:
+        res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, overwrite=overwrite, progress=progress))
+    except KdError as e:
+        _fail(e)
+    term.print(res.report.rich_table())
+    secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
+    term.print(f"demo finished ({secs}); everything is in [bold]{res.out}[/]: store/, student/, report.md, "
+               "report.json, plots/")
+
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------
 # (dataset commands)

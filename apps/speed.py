@@ -64,7 +64,7 @@ def measure_speed(encode: EncodeFn, texts: Sequence[str], n_b1: int = 128, n_b25
 class SizeResult:
     params: int  # all parameters, embedding table included
     embedding_params: int  # the input token embedding table alone
-    disk_mb: float  # every file of the saved model folder (weights, config, tokenizer)
+    disk_mb: float  # what inference needs on disk: weights, config, tokenizer (no checkpoints, logs)
 
     @property
     def non_embedding_params(self) -> int:
@@ -110,19 +110,21 @@ def safetensors_param_counts(folder: str | Path) -> tuple[int, int]:
     return total, emb
 
 
-def folder_mb(folder: str | Path) -> float:
-    """Megabytes (10^6 bytes) of every file under a folder (or of one file)."""
-    p = Path(folder)
-    files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]
+def disk_mb(paths: list[Path]) -> float:
+    """Megabytes (10^6 bytes) of the given files and of every file under the given folders."""
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
     return sum(f.stat().st_size for f in files) / 1e6
 
 
-def model_size(folder: str | Path | None, module: object | None = None) -> SizeResult | None:
-    """Size of a model from its torch module when given, else from its folder's safetensors."""
+def model_size(paths: list[Path], module: object | None = None) -> SizeResult | None:
+    """Size of a model: parameters from its torch module when given, else from the safetensors
+    among `paths`; megabytes of `paths` (what inference needs: weights, config, tokenizer)."""
     if module is not None:
         total, emb = torch_param_counts(module)
-    elif folder is not None and any(Path(folder).rglob("*.safetensors")):
-        total, emb = safetensors_param_counts(folder)
     else:
-        return None
-    return SizeResult(total, emb, folder_mb(folder) if folder is not None else float("nan"))
+        folders = [p for p in paths if p.is_dir()]
+        if not any(any(f.rglob("*.safetensors")) for f in folders):
+            return None
+        counts = [safetensors_param_counts(f) for f in folders]
+        total, emb = sum(c[0] for c in counts), max((c[1] for c in counts), default=0)
+    return SizeResult(total, emb, disk_mb(paths) if paths else float("nan"))

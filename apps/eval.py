@@ -1,0 +1,353 @@
+"""`kd eval`: teacher, students and an optional baseline side by side on the same inputs.
+
+- One row per model, one column per measure (see docs/eval.md for each measure).
+- Teacher vectors come from the store when it holds the evaluated texts (always for agreement
+  and neighbours, which run on up to `agreement_rows` store rows); otherwise the teacher is run.
+- The same numbers feed the rich table, the JSON and the Markdown: cells are formatted by one
+  function from the values the JSON holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from apps import metrics, tasks
+from apps.models import EvalModel, model2vec_available, model2vec_baseline, student_model, teacher_model
+from apps.speed import measure_speed
+from apps.store_teacher import StoreTeacher
+from storage.errors import InputError, KdError
+
+
+class Measure(str, Enum):
+    sts = "sts"
+    probe = "probe"
+    cluster = "cluster"
+    agreement = "agreement"
+    neighbours = "neighbours"
+    speed = "speed"
+
+
+DEFAULT_MEASURES = (Measure.sts, Measure.agreement, Measure.neighbours, Measure.speed)
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    fmt: str
+    measure: Measure
+
+
+COLUMNS = (
+    Column("sts_spearman", "STS ρ×100", "{:.2f}", Measure.sts),
+    Column("probe_accuracy", "SST-2 probe acc", "{:.2f}", Measure.probe),
+    Column("cluster_f1", "cluster pair-F1", "{:.2f}", Measure.cluster),
+    Column("cos_to_teacher", "cos to teacher", "{:.3f}", Measure.agreement),
+    Column("neighbour_recall", "nbr recall@k", "{:.3f}", Measure.neighbours),
+    Column("sent_per_s_b1", "sent/s b=1", "{:.0f}", Measure.speed),
+    Column("sent_per_s_b256", "sent/s b=256", "{:.0f}", Measure.speed),
+    Column("latency_ms", "ms/doc", "{:.2f}", Measure.speed),
+    Column("params_m", "params M", "{:.2f}", Measure.speed),
+    Column("embedding_params_m", "emb. params M", "{:.2f}", Measure.speed),
+    Column("disk_mb", "MB", "{:.1f}", Measure.speed),
+)
+
+
+@dataclass
+class EvalConfig:
+    students: list[str] = field(default_factory=list)
+    teacher: str | None = None  # checkpoint spec; with `store`, the name of one of its teachers
+    store: str | None = None
+    measures: list[Measure] = field(default_factory=lambda: list(DEFAULT_MEASURES))
+    target: str | None = None  # teacher output compared with (default: its meta's default_target)
+    sts_split: str = "dev"
+    pairs: str | None = None  # a scored pair file instead of STS-B
+    score_column: str | None = None
+    text_columns: tuple[str, str] | None = None
+    max_pairs: int | None = None
+    cluster_set: str = tasks.ClusterSet.news_articles.value
+    cluster_scale: float = 1.0
+    probe_train_rows: int = 4000
+    agreement_rows: int = 10000
+    agreement_texts: str | None = None  # text file (one a line) when there is no store
+    k: int = 10
+    speed_b1: int = 128
+    speed_big: int = 1024
+    baseline: bool = True  # add model2vec when importable
+    json_path: str | None = None
+    markdown_path: str | None = None
+    plot_dir: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class ModelResult:
+    name: str
+    kind: str
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalReport:
+    models: list[ModelResult]
+    columns: list[Column]
+    info: dict[str, Any]
+    sts_sims: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # for plots, not JSON
+
+    def cell(self, row: ModelResult, col: Column) -> str:
+        v = row.metrics.get(col.key)
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else col.fmt.format(v)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": [{"key": c.key, "header": c.header, "measure": c.measure.value} for c in self.columns],
+            "models": [{"name": m.name, "kind": m.kind, "metrics": m.metrics, "details": m.details}
+                       for m in self.models],
+            "info": self.info,
+        }
+
+    def markdown(self) -> str:
+        head = ["model", "kind", *[c.header for c in self.columns]]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m in self.models:
+            lines.append("| " + " | ".join([m.name, m.kind, *[self.cell(m, c) for c in self.columns]]) + " |")
+        notes = [f"- {k}: {v}" for k, v in self.info.items() if isinstance(v, str)]
+        return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+    def rich_table(self):  # -> rich.table.Table (rich imported lazily)
+        from rich.table import Table
+
+        t = Table(title="kd eval", header_style="bold")
+        t.add_column("model")
+        t.add_column("kind")
+        for c in self.columns:
+            t.add_column(c.header, justify="right")
+        for m in self.models:
+            t.add_row(m.name, m.kind, *[self.cell(m, c) for c in self.columns])
+        return t
+
+
+class _Bars:
+    """rich progress bars, or nothing when progress is off."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+    def __enter__(self) -> _Bars:
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress:
+            self.progress.stop()
+
+    def encode(self, model: EvalModel, texts: list[str], what: str) -> np.ndarray:
+        if not self.progress:
+            return model.encode(texts)
+        task = self.progress.add_task(f"{model.name}: {what}", total=len(set(texts)))
+        out = model.encode(texts, progress=lambda n: self.progress.advance(task, n))
+        return out
+
+    def note(self, text: str) -> None:
+        if self.progress:
+            self.progress.console.print(text)
+
+
+@dataclass
+class _Teacher:
+    """Where teacher vectors come from: the store when it has the texts, else the live model."""
+
+    model: EvalModel
+    store: StoreTeacher | None
+
+    def vectors(self, texts: list[str], bars: _Bars, what: str) -> tuple[np.ndarray, str]:
+        if self.store is not None:
+            got = self.store.lookup(texts)
+            if got is not None:
+                return got, "store"
+        return bars.encode(self.model, texts, what), "model"
+
+
+def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]:
+    info: dict[str, Any] = {}
+    store = None
+    if cfg.store:
+        store = StoreTeacher.open(cfg.store, cfg.teacher, cfg.target)
+        spec = str(store.meta.get("source") or store.name)
+        teacher = teacher_model(f"{store.name}={spec}" if "=" not in spec else spec, store.target, store.name)
+        info["teacher"] = f"{store.name} (store {cfg.store}, column {store.target})"
+    elif cfg.teacher:
+        teacher = teacher_model(cfg.teacher, cfg.target)
+        info["teacher"] = f"{teacher.name} (run from {cfg.teacher})"
+    else:
+        raise InputError("no teacher to compare with", "kd eval", "pass --teacher NAME or --store STORE")
+    names: set[str] = {teacher.name}
+    others = []
+    for d in cfg.students:
+        if not Path(d).is_dir():
+            raise InputError("student folder not found", d, "pass a folder written by kd train-student")
+        name = Path(d).resolve().name
+        while name in names:
+            name += "'"
+        names.add(name)
+        others.append(student_model(d, name))
+    if cfg.baseline and model2vec_available():
+        try:  # resolve the checkpoint folder without loading the teacher's weights
+            from pipeline.resolve import resolve_teacher
+
+            src = store.meta.get("source") if store else cfg.teacher
+            others.append(model2vec_baseline(resolve_teacher(str(src)).path))
+        except KdError as e:
+            info["baseline"] = f"model2vec skipped: {e.what}"
+    return _Teacher(teacher, store), others, info
+
+
+def evaluate(cfg: EvalConfig) -> EvalReport:
+    """Run every requested measure on every model and return (and optionally write) the report."""
+    measures = [Measure(m) for m in dict.fromkeys(cfg.measures)]
+    teacher, others, info = _models(cfg)
+    models = [teacher.model, *others]
+    rows = {m.name: ModelResult(m.name, m.kind.value) for m in models}
+    sims: dict[str, np.ndarray] = {}
+    with _Bars(cfg.progress) as bars:
+        if Measure.sts in measures:
+            _sts(cfg, teacher, others, rows, sims, info, bars)
+        if Measure.probe in measures:
+            _probe(cfg, teacher, others, rows, info, bars)
+        if Measure.cluster in measures:
+            _cluster(cfg, teacher, others, rows, info, bars)
+        if Measure.agreement in measures or Measure.neighbours in measures:
+            _agreement(cfg, teacher, others, rows, info, bars, measures)
+        if Measure.speed in measures:
+            _speed(cfg, models, rows, info, bars)
+    columns = [c for c in COLUMNS if c.measure in measures]
+    if Measure.neighbours in measures:
+        columns = [Column(c.key, f"nbr recall@{cfg.k}", c.fmt, c.measure) if c.key == "neighbour_recall" else c
+                   for c in columns]
+    report = EvalReport([rows[m.name] for m in models], columns, info, sims)
+    write_outputs(report, cfg)
+    return report
+
+
+def write_outputs(report: EvalReport, cfg: EvalConfig) -> None:
+    if cfg.json_path:
+        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json_path).write_text(json.dumps(report.to_json(), indent=1, default=_json_default) + "\n")
+    if cfg.markdown_path:
+        Path(cfg.markdown_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.markdown_path).write_text(report.markdown())
+    if cfg.plot_dir:
+        from apps.plots import write_plots
+
+        report.info["plots"] = [str(p) for p in write_plots(report, Path(cfg.plot_dir))]
+
+
+def _json_default(o: object) -> object:
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
+    if cfg.pairs:
+        if not cfg.score_column:
+            raise InputError("--pairs needs --score-column", cfg.pairs, "name (or index) the gold score column")
+        task = tasks.load_pairs(cfg.pairs, cfg.score_column, cfg.text_columns)
+    else:
+        task = tasks.load_stsb(cfg.sts_split)
+    task = task.head(cfg.max_pairs)
+    texts = task.a + task.b
+    n = len(task.a)
+    tv, src = teacher.vectors(texts, bars, task.name)
+    info["sts"] = f"{task.name}, {n} pairs, teacher vectors from the {src}"
+    for m, vecs in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
+        rows[m.name].metrics["sts_spearman"] = metrics.sts_spearman(vecs[:n], vecs[n:], task.scores)
+        sims[m.name] = metrics.rowwise_cosine(vecs[:n], vecs[n:])
+    sims["_gold"] = task.scores
+
+
+def _probe(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
+    task = tasks.load_sst2(cfg.probe_train_rows)
+    texts = task.train_texts + task.test_texts
+    n = len(task.train_texts)
+    tv, src = teacher.vectors(texts, bars, "sst2")
+    info["probe"] = (f"SST-2: logistic regression on {n} train sentences, accuracy on {len(task.test_texts)} dev; "
+                     f"teacher vectors from the {src}")
+    for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, "sst2")) for o in others]]:
+        rows[m.name].metrics["probe_accuracy"] = metrics.probe_accuracy(v[:n], task.train_labels, v[n:],
+                                                                       task.test_labels)
+
+
+def _cluster(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
+    task = tasks.load_cluster_set(cfg.cluster_set, cfg.cluster_scale)
+    texts = task.dev_texts + task.test_texts
+    n = len(task.dev_texts)
+    tv, src = teacher.vectors(texts, bars, task.name)
+    info["cluster"] = (f"{task.name}: average-linkage cosine clustering, cut tuned on {n} dev texts "
+                       f"({len(set(task.dev_groups))} groups), pair-F1 on {len(task.test_texts)} test texts "
+                       f"({len(set(task.test_groups))} groups); teacher vectors from the {src}")
+    for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
+        res = metrics.cluster_quality(v[:n], task.dev_groups, v[n:], task.test_groups)
+        rows[m.name].metrics["cluster_f1"] = res.test.f1 * 100.0
+        rows[m.name].details["cluster"] = res.to_dict()
+
+
+def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[list[str], np.ndarray, str]:
+    if teacher.store is not None:
+        texts, tv = teacher.store.sample(cfg.agreement_rows)
+        return texts, tv, f"{len(texts)} rows of the store (of {teacher.store.num_rows})"
+    from apps.corpus import demo_sentences
+
+    if cfg.agreement_texts:
+        lines = Path(cfg.agreement_texts).read_text(encoding="utf-8").splitlines()
+        texts, where = [t for t in lines if t.strip()][: cfg.agreement_rows], cfg.agreement_texts
+    else:
+        texts, where = demo_sentences()[: cfg.agreement_rows], "the bundled demo corpus"
+    tv, _ = teacher.vectors(texts, bars, "agreement texts")
+    return texts, tv, f"{len(texts)} sentences of {where}"
+
+
+def _agreement(cfg, teacher: _Teacher, others, rows, info, bars, measures) -> None:
+    texts, tv, where = _agreement_texts(cfg, teacher, bars)
+    info["agreement"] = f"{where}; k={cfg.k}"
+    k = min(cfg.k, len(texts) - 1)
+    for m in [teacher.model, *others]:
+        v = tv if m is teacher.model else bars.encode(m, texts, "agreement texts")
+        if Measure.agreement in measures:
+            rows[m.name].metrics["cos_to_teacher"] = metrics.mean_cosine_agreement(v, tv)
+        if Measure.neighbours in measures:
+            rows[m.name].metrics["neighbour_recall"] = metrics.neighbour_recall(tv, v, k)
+
+
+def _speed(cfg, models: list[EvalModel], rows, info, bars) -> None:
+    texts = list(dict.fromkeys(tasks.load_stsb("dev").a))
+    info["speed"] = (f"STS-B dev sentences: {min(cfg.speed_b1, len(texts))} one at a time, "
+                     f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency")
+    for m in models:
+        bars.note(f"timing {m.name}")
+        try:
+            sp = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big)
+            size = m.size()
+        except KdError as e:
+            rows[m.name].details["speed"] = f"not measured: {e.what}"
+            continue
+        r = rows[m.name].metrics
+        r.update(sent_per_s_b1=sp.sent_per_s_b1, sent_per_s_b256=sp.sent_per_s_b256, latency_ms=sp.latency_ms)
+        if size is not None:
+            r.update(params_m=size.params / 1e6, embedding_params_m=size.embedding_params / 1e6, disk_mb=size.disk_mb)
+            rows[m.name].details["size"] = size.to_dict()

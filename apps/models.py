@@ -1,0 +1,129 @@
+"""The models an evaluation compares, behind one interface: texts in, float32 vectors out.
+
+- teacher: `pipeline.teacher.load_teacher` (only `apps` may load a teacher), one output column;
+- student: `student.load(dir)`;
+- baseline: a model2vec static model distilled from the teacher, when model2vec is importable.
+Models load lazily, so a teacher whose numbers all come from the store is never loaded.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from apps.speed import SizeResult, model_size
+
+EncodeFn = Callable[[list[str]], np.ndarray]
+
+
+class Kind(str, Enum):
+    teacher = "teacher"
+    student = "student"
+    baseline = "baseline"
+
+
+@dataclass
+class Loaded:
+    encode: EncodeFn  # one batch of texts -> [n, dim] float32
+    module: object | None  # torch module, to count parameters
+    files: list[Path]  # what inference needs on disk (files or folders), for megabytes
+
+
+@dataclass
+class EvalModel:
+    """A named model that loads on first use and encodes unique texts once per call."""
+
+    name: str
+    kind: Kind
+    loader: Callable[[], Loaded]
+    _loaded: Loaded | None = field(default=None, repr=False)
+
+    @property
+    def loaded(self) -> Loaded:
+        if self._loaded is None:
+            self._loaded = self.loader()
+        return self._loaded
+
+    def encode_batch(self, texts: list[str]) -> np.ndarray:
+        """One call on exactly these texts (what speed measurements time)."""
+        return np.asarray(self.loaded.encode(list(texts)), dtype=np.float32)
+
+    def encode(self, texts: list[str], batch_size: int = 256, progress: Callable[[int], None] | None = None
+               ) -> np.ndarray:
+        """Vectors for `texts` in order; duplicates are encoded once."""
+        uniq = list(dict.fromkeys(texts))
+        parts = []
+        for i in range(0, len(uniq), batch_size):
+            parts.append(self.encode_batch(uniq[i : i + batch_size]))
+            if progress:
+                progress(min(batch_size, len(uniq) - i))
+        vecs = np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+        pos = {t: i for i, t in enumerate(uniq)}
+        return vecs[[pos[t] for t in texts]]
+
+    def size(self) -> SizeResult | None:
+        return model_size(self.loaded.files, self.loaded.module)
+
+
+def teacher_model(spec: str, target: str | None = None, name: str | None = None) -> EvalModel:
+    """A teacher checkpoint (alias, directory or NAME=PATH) giving its `target` output."""
+
+    def load() -> Loaded:
+        from pipeline.teacher import load_teacher
+
+        t = load_teacher(spec)
+        out = target or ("sentence" if t.st is not None else "mean")
+        outputs = [o for o in t.available() if o.value == out]
+        if not outputs:
+            from storage.errors import InputError
+
+            raise InputError(f"teacher {t.name} has no output {out!r}", spec,
+                             f"pick one of: {', '.join(o.value for o in t.available())}")
+        return Loaded(lambda texts: t.encode(texts, outputs)[out], t.model, [Path(t.ref.path)])
+
+    return EvalModel(name or _teacher_name(spec), Kind.teacher, load)
+
+
+def _teacher_name(spec: str) -> str:
+    if "=" in spec:
+        return spec.split("=", 1)[0]
+    return Path(spec.rstrip("/")).name or spec
+
+
+def student_model(folder: str | Path, name: str | None = None) -> EvalModel:
+    """A student saved by `kd train-student` (student.export)."""
+
+    def load() -> Loaded:
+        import student
+        from student.export import CONFIG, TOKENIZER, WEIGHTS
+
+        s = student.load(folder)
+        files = [Path(folder) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]
+        return Loaded(lambda texts: s.encode(texts, batch_size=max(1, len(texts))), s.model, files)
+
+    return EvalModel(name or Path(folder).resolve().name, Kind.student, load)
+
+
+def model2vec_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("model2vec") is not None
+
+
+def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalModel:
+    """model2vec distilled from the teacher's checkpoint (the static-embedding baseline)."""
+
+    def load() -> Loaded:
+        from model2vec.distill import distill
+
+        m = distill(model_name=str(teacher_dir), pca_dims=pca_dims)
+        folder = Path(tempfile.mkdtemp(prefix="kd-model2vec-"))
+        m.save_pretrained(str(folder))
+        return Loaded(lambda texts: m.encode(texts), None, [folder])
+
+    return EvalModel("model2vec", Kind.baseline, load)
