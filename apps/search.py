@@ -1,10 +1,10 @@
 """`kd search`: embed a query with a student or a teacher and search a store's faiss index.
 
-- `--teacher NAME` (a teacher of the store): loads the checkpoint its table meta names, refuses
-  one whose weights checksum differs from the one that wrote the store, encodes the query with
-  the same max_length and searches that teacher's index (column: --column or the teacher's
-  default target). A teacher spec that is not in the store (a path, NAME=PATH) searches any
-  index of the right dimension.
+- `--teacher NAME` (a teacher of the store, by name or by the spec it was precomputed from):
+  loads the checkpoint its table meta names, refuses one whose weights checksum differs from the
+  one that wrote the store, encodes the query with the same max_length and searches that
+  teacher's index (column: --column or the teacher's default target). A teacher spec that is not
+  in the store (a path, NAME=PATH) searches any index of the right dimension.
 - `--student DIR`: `student.load(DIR).encode`; a student distilled into a teacher's space
   searches that teacher's index (DSE-style: cheap query encoder, precomputed corpus vectors).
   Which index: --table/--column/--kind, else the only one with the query's dimension.
@@ -26,11 +26,11 @@ PAIR_SUFFIXES = ("_a", "_b")
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
     from pipeline.teacher import Output, load_teacher, weights_sha256
 
-    table = f"teachers/{teacher}"
-    rec = store.manifest.tables.get(table)
-    meta = rec.meta if rec is not None and rec.kind == "teacher" else {}
-    if not meta:
-        table = None
+    # a teacher of the store by name, or by the spec it was precomputed from (e.g. its path)
+    by_source = [t for t in store.manifest.teachers() if store.table(f"teachers/{t}").meta.get("source") == teacher]
+    name = teacher if teacher in store.manifest.teachers() else (by_source[0] if len(by_source) == 1 else None)
+    table = f"teachers/{name}" if name else None
+    meta = store.table(table).meta if table else {}
     column = column or meta.get("default_target", "mean")
     output = column[:-2] if column.endswith(PAIR_SUFFIXES) else column
     if output not in {o.value for o in Output}:

@@ -153,6 +153,9 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     s = Store.open(out)
     texts = s.read_table("texts", ["id", "text"]).to_pydict()
     assert int(ranked[0][2]) == texts["id"][texts["text"].index(sentences[17])]
+    # the checkpoint path it was precomputed from names the same teacher (and its default column)
+    r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "-k", "1"])
+    assert r.exit_code == 0 and "tiny_bert-mean-flat" in r.output, r.output
 
 
 def test_pair_store_search_returns_the_embedded_side(tmp_path):
