@@ -164,9 +164,10 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
 def _bar(enabled: bool, total: int):
     if not enabled:
         return contextlib.nullcontext(None)
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     p = Progress(TextColumn("[bold]embed"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                 TimeRemainingColumn())
+                 TimeRemainingColumn(), console=Console(stderr=True))
     p.add_task("embed", total=total)
     return p

@@ -296,7 +296,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total: int):
-    """Returns (per-step LambdaLR for warm-up [+ cosine], plateau scheduler or None)."""
+    """Returns (per-step LambdaLR: warm-up [+ cosine], plateau scheduler or None, warm-up steps).
+
+    With a plateau schedule the LambdaLR is stepped during warm-up only; afterwards ReduceLROnPlateau
+    owns the learning rate (a LambdaLR step would reset it to base_lr * factor).
+    """
     warm = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
 
     def factor(step: int) -> float:
@@ -309,7 +313,7 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total: int):
     step_sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     plateau = (torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1)
                if cfg.schedule is Schedule.plateau else None)
-    return step_sched, plateau
+    return step_sched, plateau, warm
 
 
 @dataclass
@@ -403,12 +407,14 @@ def plot_curve(metrics: Path, png: Path) -> None:
 def _progress(enabled: bool, total: int, done: int):
     if not enabled:
         return contextlib.nullcontext(None)
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     p = Progress(
         TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
         TextColumn("{task.fields[rows]:,} rows"), TextColumn("{task.fields[rps]:,.0f} rows/s"),
-        TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(), transient=False,
+        TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(),
+        console=Console(stderr=True),  # stdout is for results
     )
     p.add_task("train", total=total, completed=done, rows=0, rps=0.0, loss=float("nan"))
     return p
@@ -467,7 +473,7 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
     total = cfg.max_steps or sum(steps_per_epoch)
     if total == 0 or plan.train_rows() == 0:
         raise InputError("the store has no training rows", store.root, "add inputs, or lower --val-percent")
-    sched, plateau = make_schedule(opt, cfg, total)
+    sched, plateau, warm = make_schedule(opt, cfg, total)
     if plateau is not None and plan.num_val == 0:
         raise InputError("--schedule plateau needs validation rows, and the held-out slice is empty",
                          store.root, "raise --val-percent or use --schedule cosine")
@@ -502,6 +508,7 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
         ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
                                       find_unused_parameters=True)
     val = D.validation_batches(store, plan, d.rank, d.world)
+    has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
     metrics = Metrics(out / METRICS, d.main, step if ckpt is not None else None)
     info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
             "total_steps": total, "world_size": d.world, "train_rows": plan.train_rows(), "val_rows": plan.num_val}
@@ -521,7 +528,9 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
         os.replace(tmp, out / CHECKPOINT)  # a kill never leaves a half-written checkpoint
 
     def validate() -> None:
-        loss = evaluate(ddp, val, d, step / total, autocast)
+        # the unwrapped model: ranks may hold different numbers of validation batches, and a DDP forward
+        # would start a collective (buffer broadcast) per batch that the other rank never joins
+        loss = evaluate(model, val, d, step / total, autocast)
         if loss is None:
             return
         metrics.log({"step": step, "epoch": epoch, "val_loss": loss})
@@ -557,7 +566,8 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
                 scaler.step(opt)
                 scaler.update()
-                sched.step()
+                if plateau is None or step < warm:
+                    sched.step()
                 step, batch_no = step + 1, batch_no + 1
                 rows_seen += len(batch["id"]) * d.world
                 window.append(parts.detach())
@@ -574,7 +584,7 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
                         bar.update(bar.task_ids[0], completed=step, rows=rows_seen, rps=rps, loss=rec["loss"])
                 elif bar is not None:
                     bar.update(bar.task_ids[0], completed=step, rows=rows_seen)
-                if val and ((cfg.eval_every and step % cfg.eval_every == 0)
+                if has_val and ((cfg.eval_every and step % cfg.eval_every == 0)
                             or (not cfg.eval_every and epoch_end) or step >= total):
                     validate()
                 if step % cfg.checkpoint_every == 0 or epoch_end or step >= total or early.stop:

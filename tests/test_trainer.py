@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,30 +148,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# Run by each DDP rank: model loading from transformers is made to raise before anything of kd is imported,
-# and afterwards no teacher model code (nor `pipeline`) may have been imported.
+# Run by each DDP rank. Before anything of kd is imported, importing transformers' model code (PreTrainedModel
+# lives in transformers.modeling_utils, every architecture in transformers.models.<name>.modeling_*) or
+# `pipeline` raises, so PreTrainedModel.from_pretrained and every AutoModel* cannot load anything.
 NO_TEACHER = r"""
-import os, re, sys
-from transformers.modeling_utils import PreTrainedModel
-from transformers.models.auto.auto_factory import _BaseAutoModelClass
+import importlib.abc, os, re, sys
 
-def boom(*a, **k):
-    raise RuntimeError("a teacher model was loaded")
+FORBIDDEN = re.compile(
+    r"^(pipeline(\.|$)|transformers\.modeling_utils$|transformers\.models\.(?!auto\.)[^.]+\.modeling_)")
 
-PreTrainedModel.from_pretrained = classmethod(boom)
-_BaseAutoModelClass.from_pretrained = classmethod(boom)
-before = set(sys.modules)
+class Forbid(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if FORBIDDEN.match(name):
+            raise ImportError(f"teacher model code imported: {name}")
+
+sys.meta_path.insert(0, Forbid())
 from student.trainer import TrainConfig, train
 train(TrainConfig(sys.argv[1], sys.argv[2], embed_dim=8, hidden_dim=8, epochs=2, batch_size=8, val_percent=10,
                   shuffle_buffer=16, log_every=1, progress=False))
 if os.environ.get("RANK", "0") == "0":
     import student
     assert student.load(sys.argv[2]).encode(["the cat runs"]).shape == (1, 32)
-loaded = set(sys.modules) - before
-# transformers.models.auto.modeling_auto is the lazy name registry (AutoTokenizer reads it), not a model class
-model_code = re.compile(r"transformers\.models\.(?!auto\.)[^.]+\.modeling_")
-bad = sorted(m for m in loaded if m.startswith("pipeline") or model_code.match(m))
-assert not bad, bad
+    bert = os.path.join(sys.argv[2], "bert-config")  # a config AutoModel resolves to BertModel
+    os.makedirs(bert)
+    open(os.path.join(bert, "config.json"), "w").write('{"model_type": "bert"}')
+    for name in ("PreTrainedModel", "BertModel", "AutoModel"):  # the guard works
+        try:
+            cls = getattr(__import__("transformers"), name)
+            cls.from_pretrained(bert)
+            raise SystemExit(f"{name} was usable")
+        except ImportError as e:
+            assert "teacher model code imported" in str(e), e
 print("NO TEACHER OK")
 """
 
@@ -187,6 +195,7 @@ def ddp_run(tmp_path_factory):
     rng = np.random.default_rng(0)
     (root / "in.txt").write_text("\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(120)))
     precompute([str(root / "in.txt")], str(root / "store"), [f"tiny={teacher}"], shard_rows=60, progress=False)
+    shutil.rmtree(teacher)  # whatever the store's meta points at is gone
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-c", NO_TEACHER, str(root / "store"), str(root / "out")], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -268,6 +277,22 @@ def test_early_stopping_stops_when_validation_stalls(store_path, tmp_path):
                                 eval_every=1, patience=2, epochs=5, batch_size=8, val_percent=10, progress=False))
     info = json.loads((out / "config.json").read_text())
     assert info["stopped_early"] and info["steps"] == 3 and info["best_step"] == 1
+
+
+def test_plateau_schedule_halves_the_rate_when_validation_stalls(store_path, tmp_path):
+    out = T.train(T.TrainConfig(str(store_path), str(tmp_path / "pl"), embed_dim=8, hidden_dim=8, lr=1e-6,
+                                schedule="plateau", warmup=2, eval_every=1, patience=0, max_steps=8, batch_size=8,
+                                val_percent=10, log_every=1, progress=False))
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
+    assert lrs[2] == pytest.approx(1e-6) and lrs[-1] <= 0.25e-6 * 1.001  # halved at least twice
+
+
+def test_pair_store_trains_both_sides(tmp_path):
+    path = make_store(tmp_path / "pairs", rows=60, shards=1, pairs=True, tmp=tmp_path)
+    out = T.train(T.TrainConfig(str(path), str(tmp_path / "p"), embed_dim=8, hidden_dim=8, max_steps=4,
+                                batch_size=8, objectives=["cosine", "mse:0.5"], progress=False))
+    info = json.loads((out / "config.json").read_text())
+    assert info["target"] == [f"{TEACHER}.sentence_a", f"{TEACHER}.sentence_b"] and info["steps"] == 4
 
 
 def _cli(*args: str):
