@@ -35,12 +35,10 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
-from storage import fs
 from storage.errors import InputError
 from storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
-from storage.manifest import Manifest
 from storage.query import resolve_table, view_names
-from storage.store import MANIFEST, Store, open_writer
+from storage.store import Store, drop_table, open_writer
 
 
 class Method(str, Enum):
@@ -188,7 +186,7 @@ def cluster_store(
         "clusters": int(labels.max()) + 1 if len(labels) else 0,
     }
     writer_id = "cluster-" + name.split("/", 1)[1]
-    _drop_table(store, name)
+    drop_table(store.loc, name)
     w = open_writer(store_path, store.manifest, writer_id)
     try:
         w.manifest.tables.pop(name, None)
@@ -203,16 +201,3 @@ def cluster_store(
         w.close()
     counts = np.bincount(labels)
     return ClusterSummary(name, len(labels), len(counts), int(counts.max()), int((counts == 1).sum()), used.value)
-
-
-def _drop_table(store: Store, name: str) -> None:
-    """Remove a derived table from the published manifest.json so it can be rewritten.
-
-    Only this command's own fragment holds the table besides manifest.json (the writer pops it
-    from there), so after this the merged manifest no longer knows the old shards.
-    """
-    if not fs.exists(store.loc, MANIFEST):
-        return
-    m = Manifest.from_json(fs.read_bytes(store.loc, MANIFEST).decode(), store.loc.path(MANIFEST))
-    if m.tables.pop(name, None) is not None:
-        fs.atomic_write_bytes(store.loc, m.to_json().encode(), MANIFEST)

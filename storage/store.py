@@ -175,6 +175,25 @@ class StoreWriter:
             self._lock = None
 
 
+def drop_table(loc: fs.Location, name: str) -> bool:
+    """Forget a table in manifest.json and in every fragment, so it can be rewritten under its name.
+
+    The merge refuses a table whose settings or shard checksums change (that protects against two
+    writers disagreeing); replacing a derived table on purpose goes through here instead. The
+    table's old files stay until the new shards overwrite them; readers never see them uncommitted.
+    """
+    dropped = False
+    paths = [(MANIFEST,)] + [(FRAGMENTS, n) for n in fs.list_files(loc, FRAGMENTS) if n.endswith(".json")]
+    for parts in paths:
+        if not fs.exists(loc, *parts):
+            continue
+        m = Manifest.from_json(fs.read_bytes(loc, *parts).decode(), loc.path(*parts))
+        if m.tables.pop(name, None) is not None:
+            fs.atomic_write_bytes(loc, m.to_json().encode(), *parts)
+            dropped = True
+    return dropped
+
+
 def _acquire_lock(loc: fs.Location, writer_id: str):
     """An exclusive flock per writer id: two processes writing the same shards would clobber each other.
 
