@@ -362,6 +362,89 @@ def cluster_cmd(
 
 # --- task teachers and fine-tuning ---------------------------------------------------------------
 # (finetune commands)
+def _metric_text(metrics: dict) -> str:
+    shown = [f"{k} {v:.2f}" for k, v in metrics.items() if k != "n"]
+    return f"dev {', '.join(shown)} (n={metrics.get('n', 0)})" if shown else "no --dev set: last epoch kept"
+
+
+@app.command("finetune-teacher")
+def finetune_teacher_cmd(
+    base: Annotated[str, typer.Option(help="minilm | mpnet | bert-base | DIR: the encoder to fine-tune")],
+    task: Annotated[str, typer.Option(help="pair-regression | pair-classification | classification")],
+    train: Annotated[list[str], typer.Option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder: a Hugging Face checkpoint")],
+    dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
+    epochs: Annotated[int, typer.Option()] = 3,
+    lr: Annotated[float, typer.Option()] = 2e-5,
+    batch_size: Annotated[int, typer.Option()] = 16,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
+    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1)")] = 0.1,
+    max_length: Annotated[int, typer.Option(help="Tokens per input (a pair counts both sides)")] = 128,
+    text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
+    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks, e.g. 5,6 for STS-B")] = None,  # noqa: E501
+    label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
+    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda when present)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune-teacher output")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Fine-tune a task teacher (a cross-encoder for pairs) that kd precompute --teacher DIR runs for logits."""
+    from pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
+
+    try:
+        s = finetune_teacher(TeacherFinetuneConfig(
+            base, task, train, out, dev=dev, epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps,
+            warmup=warmup, max_length=max_length, text_column=text_column, pair_columns=pair_columns,
+            label_column=label_column, delimiter=delimiter, seed=seed, device=device, overwrite=overwrite,
+            progress=progress))
+    except KdError as e:
+        _fail(e)
+    labels = f"labels {s.label_names}" if s.label_names else "one score"
+    term.print(f"teacher written to {s.out} ({s.task}, {labels}; {s.train_rows:,} rows, {s.steps} steps, "
+               f"{s.seconds:.0f} s); {_metric_text(s.dev_metrics)}")
+
+
+@app.command("finetune")
+def finetune_cmd(
+    student: Annotated[str, typer.Option(help="Student folder written by kd train-student")],
+    task: Annotated[str, typer.Option(help="classification | pair-classification | pair-regression")],
+    train: Annotated[list[str], typer.Option(help="Training file(s) with labels")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the fine-tuned student")],
+    dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
+    kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
+    kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher")] = 1.0,
+    kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
+    epochs: Annotated[int, typer.Option()] = 3,
+    lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev")] = 5e-4,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
+    hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer")] = 256,
+    dropout: Annotated[float, typer.Option()] = 0.1,
+    text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
+    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks")] = None,
+    label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
+    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune output")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Fine-tune a student with an MLP head on a labelled task (SRA); with --kd-store also match a teacher (SRA+KD)."""
+    from student.finetune import FinetuneConfig, finetune
+
+    try:
+        s = finetune(FinetuneConfig(
+            student, task, train, out, dev=dev, kd_store=kd_store, kd_weight=kd_weight, kd_teacher=kd_teacher,
+            epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps, hidden=hidden, dropout=dropout,
+            text_column=text_column, pair_columns=pair_columns, label_column=label_column, delimiter=delimiter,
+            seed=seed, device=device, overwrite=overwrite, progress=progress))
+    except KdError as e:
+        _fail(e)
+    kd = f", KD from {s.kd_teacher}" if s.kd_teacher else ""
+    term.print(f"fine-tuned student written to {s.out} ({s.task}{kd}; {s.train_rows:,} rows, {s.steps} steps, "
+               f"{s.seconds:.0f} s); {_metric_text(s.dev_metrics)}")
+
 
 _ = Path
 

@@ -1,20 +1,22 @@
 """Turn records into the store's `texts` rows: drop empties, optionally dedup, assign stable ids.
 
-- An id is the first 8 bytes of blake2b(text, occurrence) as int64: the same text gets the same id
-  in any store and any run, whatever file or line it came from. `occurrence` (0 for the first copy,
-  1 for the second...) keeps ids unique when duplicates are kept.
+- An id is the first 8 bytes of blake2b(text, occurrence) as int64 (`storage.ids`): the same text gets
+  the same id in any store and any run, whatever file or line it came from. `occurrence` (0 for the
+  first copy, 1 for the second...) keeps ids unique when duplicates are kept.
 - With dedup, only the first occurrence of an exact duplicate is kept.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from pipeline.inputs import Records
+from storage.ids import is_empty as _is_empty
+from storage.ids import text_id
+from storage.ids import text_key as _key
 from storage.schema import texts_schema
 
 
@@ -24,19 +26,6 @@ class RowCounts:
     empty_dropped: int = 0
     duplicates_dropped: int = 0
     kept: int = 0
-
-
-def text_id(key: str, occurrence: int) -> int:
-    h = hashlib.blake2b(f"{occurrence}\x1f{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little", signed=True)
-
-
-def _key(text) -> str:
-    return text if isinstance(text, str) else f"{text[0]}\x1e{text[1]}"
-
-
-def _is_empty(text) -> bool:
-    return not text.strip() if isinstance(text, str) else not (text[0].strip() and text[1].strip())
 
 
 def label_type(labels: list) -> pa.DataType | None:

@@ -1,0 +1,200 @@
+"""Read user corpora (.txt, .jsonl, .csv/.tsv, .parquet) into plain records.
+
+Shared by both stages: `kd precompute` builds a store's `texts` from these records and `kd finetune`
+reads its training files with the same code, so a training row and its store row get the same id.
+
+- Each file yields records with a `doc_id` ("<file name>:<row>") so every text can be traced back
+  to the line it came from.
+- Columns are picked by name when the file has a header (CSV with header, JSONL, Parquet) or by
+  0-based index for header-less delimited files (e.g. STS-B: `--pair-columns 5,6 --label-column 4`).
+- Every failure names the file, the line and the column, and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from storage.errors import InputError
+
+SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """Which fields of a row hold the text (or the pair) and the optional label."""
+
+    text: str | None = None
+    pair: tuple[str, str] | None = None
+    label: str | None = None
+    delimiter: str | None = None
+
+    @classmethod
+    def from_options(cls, text_column: str | None = None, pair_columns: str | None = None,
+                     label_column: str | None = None, delimiter: str | None = None) -> ColumnSpec:
+        """From the CLI's strings: `pair_columns` is "a,b" (names, or 0-based indices without header)."""
+        return cls(text_column, parse_pair_columns(pair_columns), label_column, delimiter)
+
+    @property
+    def wanted(self) -> list[str]:
+        cols = list(self.pair) if self.pair else [self.text or "text"]
+        return cols + ([self.label] if self.label else [])
+
+
+@dataclass
+class Records:
+    """Column-wise records read from the inputs (texts is a list of str, or of (a, b) pairs)."""
+
+    texts: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+    doc_ids: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+
+def parse_pair_columns(pair_columns: str | None) -> tuple[str, str] | None:
+    if pair_columns is None:
+        return None
+    cols = [c.strip() for c in pair_columns.split(",")]
+    if len(cols) != 2 or not all(cols):
+        raise InputError(f"--pair-columns needs two columns, got {pair_columns!r}", None, "write it as a,b")
+    return cols[0], cols[1]
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Expand globs, keep the user's order, refuse missing files and unknown formats."""
+    files: list[str] = []
+    for pat in patterns:
+        hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+        if not hits:
+            raise InputError("no file matches the pattern", pat, "check the path or quote the glob")
+        for path in hits:
+            if not os.path.isfile(path):
+                raise InputError("input file not found", path, "check the path (inputs are files, not folders)")
+            if not path.lower().endswith(SUFFIXES):
+                raise InputError(
+                    "unsupported input format", path, f"use one of {', '.join(SUFFIXES)} (one text a line for .txt)"
+                )
+            files.append(path)
+    if not files:
+        raise InputError("no input files given", None, "pass one or more files: kd precompute corpus.txt ...")
+    return files
+
+
+def read_inputs(files: list[str], spec: ColumnSpec) -> Records:
+    """Read every file into one Records (texts stay raw; empties are dropped later and counted)."""
+    rec = Records()
+    for path in files:
+        name = os.path.basename(path)
+        for row, fields in _rows(path, spec):
+            text = (str(fields[0]), str(fields[1])) if spec.pair else fields[0]
+            rec.texts.append(text)
+            rec.labels.append(fields[-1] if spec.label else None)
+            rec.doc_ids.append(f"{name}:{row}")
+            rec.sources.append(name)
+    return rec
+
+
+def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
+    low = path.lower()
+    if low.endswith(".txt"):
+        if spec.pair or spec.label:
+            raise InputError(".txt inputs hold one text a line: no pair or label columns", path,
+                             "use .csv/.tsv/.jsonl/.parquet for pairs or labels")
+        yield from ((n, [line]) for n, line in _text_lines(path))
+    elif low.endswith((".jsonl", ".json")):
+        yield from _jsonl_rows(path, spec)
+    elif low.endswith(".parquet"):
+        yield from _parquet_rows(path, spec)
+    else:
+        yield from _delimited_rows(path, spec)
+
+
+def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            yield n, _decode(raw, path, n).rstrip("\r\n")
+
+
+def _decode(raw: bytes, path: str, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"the file is not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})",
+            f"{path}:{line}",
+            "re-encode it, e.g. iconv -f latin1 -t utf-8 IN > OUT",
+        ) from None
+
+
+def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
+    for n, line in _text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"invalid JSON ({e.msg})", f"{path}:{n}", "each line must be one JSON object") from None
+        if not isinstance(obj, dict):
+            raise InputError("a JSONL line must be an object", f"{path}:{n}", 'write lines like {"text": "..."}')
+        missing = [c for c in spec.wanted if c not in obj]
+        if missing:
+            raise InputError(f"column {missing[0]!r} not in this line (keys: {', '.join(obj)})", f"{path}:{n}",
+                             "pass --text-column / --pair-columns / --label-column with one of those keys")
+        yield n, [obj[c] if obj[c] is not None else "" for c in spec.wanted]
+
+
+def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    missing = [c for c in spec.wanted if c not in names]
+    if missing:
+        raise InputError(f"column {missing[0]!r} not found (columns: {', '.join(names)})", path,
+                         "pass --text-column / --pair-columns / --label-column with one of those")
+    cols = pq.read_table(path, columns=spec.wanted).to_pydict()
+    for i in range(len(cols[spec.wanted[0]])):
+        yield i + 1, [cols[c][i] if cols[c][i] is not None else "" for c in spec.wanted]
+
+
+def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
+    """CSV/TSV: header detected by whether the wanted columns are names or 0-based indices."""
+    csv.field_size_limit(sys.maxsize)
+    with open(path, "rb") as fb:
+        first = _decode(fb.readline(), path, 1)
+    delim = spec.delimiter or ("\t" if ("\t" in first or path.lower().endswith(".tsv")) else ",")
+    by_index = all(c.isdigit() for c in spec.wanted)
+    # Tab-separated files such as STS-B contain bare quotes inside sentences: quoting off.
+    quoting = csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL
+    with open(path, encoding="utf-8", newline="", errors="strict") as f:
+        reader = csv.reader(f, delimiter=delim, quoting=quoting)
+        try:
+            if by_index:
+                idx = [int(c) for c in spec.wanted]
+            else:
+                header = next(reader, None)
+                if header is None:
+                    return
+                missing = [c for c in spec.wanted if c not in header]
+                if missing:
+                    raise InputError(
+                        f"column {missing[0]!r} not in the header (columns: {', '.join(header)})",
+                        f"{path}:1",
+                        "pass --text-column/--pair-columns/--label-column with a header name, "
+                        "or 0-based indices for files without a header",
+                    )
+                idx = [header.index(c) for c in spec.wanted]
+            for row in reader:
+                if not row:
+                    continue
+                if max(idx) >= len(row):
+                    raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
+                                     f"{path}:{reader.line_num}", "fix the row or choose other columns")
+                yield reader.line_num, [row[i] for i in idx]
+        except UnicodeDecodeError as e:
+            raise InputError("the file is not UTF-8", f"{path} (near line {reader.line_num + 1})",
+                             "re-encode it, e.g. iconv -f latin1 -t utf-8 IN > OUT") from e

@@ -1,0 +1,406 @@
+"""`kd finetune`: fine-tune a trained student on a labelled task, as SRA does (sec. 3.2), optionally SRA+KD.
+
+- Model: the student's sentence vector u (for pairs [u, v, |u-v|, u*v], both sides through the same
+  student) -> MLP head (Linear, ReLU, dropout, Linear) -> one output per class, or one score. The
+  head starts random; every weight, student included, is trained (SRA: "all parameters are optimized").
+- Loss: cross-entropy on classes, squared error on scores. With `kd_store` (SRA+KD, Tang et al. 2019)
+  plus `kd_weight` x MSE between the head's outputs and the task teacher's logits stored in that store
+  (e.g. a cross-encoder from `kd finetune-teacher` run by `kd precompute` over the training file).
+  Rows are joined on the store's ids, which `storage.ids` computes from the text alone, so the store
+  must hold every training row (precomputed from the same file and columns); the teacher's class
+  names fix the label order.
+- Adam(W), constant learning rate after a short warm-up (SRA picks lr from {2,3,5,10}e-4 on dev),
+  gradient clipping; dev metrics after every epoch and the best epoch is kept.
+- Output: a student folder (`student.load` still encodes with the fine-tuned encoder) plus
+  task.json and task_head.safetensors; `load_task_model(dir).predict(texts | pairs)` gives labels or
+  scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from storage.errors import InputError, KdError
+from storage.ids import text_id, text_key
+from storage.store import Store
+from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
+from student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
+from student.models import Student
+
+TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
+
+
+@dataclass
+class FinetuneConfig:
+    """Every option of `kd finetune`; saved as training_args.json."""
+
+    student: str  # folder written by kd train-student (or by kd finetune)
+    task: Task
+    train: list[str]
+    out: str
+    dev: list[str] | None = None
+    kd_store: str | None = None  # store over the training inputs with a task teacher's logits
+    kd_weight: float = 1.0
+    kd_teacher: str | None = None  # teacher table in kd_store (default: the only one with logits)
+    epochs: int = 3
+    lr: float = 5e-4
+    batch_size: int = 32
+    max_steps: int | None = None
+    hidden: int = 256  # SRA: "the size of the task-specific layers is set to 256"
+    dropout: float = 0.1
+    weight_decay: float = 0.0
+    warmup: float = 0.05  # < 1: fraction of the steps; >= 1: steps
+    clip: float = 1.0
+    text_column: str | None = None
+    pair_columns: str | None = None
+    label_column: str | None = None
+    delimiter: str | None = None
+    seed: int = 0
+    device: str = "auto"
+    eval_batch_size: int = 256
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.task = parse_task(self.task)
+        self.train = [self.train] if isinstance(self.train, str) else list(self.train)
+        self.dev = [self.dev] if isinstance(self.dev, str) else (list(self.dev) if self.dev else None)
+        if self.batch_size < 1 or self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
+            raise InputError("batch size, epochs and max steps must be >= 1", "finetune options")
+        if self.lr <= 0 or self.hidden < 1 or self.kd_weight < 0 or not 0 <= self.dropout < 1:
+            raise InputError("need lr > 0, hidden >= 1, kd weight >= 0 and 0 <= dropout < 1", "finetune options")
+        if self.kd_store is None and self.kd_teacher is not None:
+            raise InputError("--kd-teacher names a teacher of --kd-store, and no --kd-store was given",
+                             "--kd-teacher", "pass --kd-store STORE too, or drop --kd-teacher")
+
+
+@dataclass
+class FinetuneSummary:
+    out: str
+    task: str
+    label_names: list[str] | None
+    train_rows: int
+    dev_rows: int
+    steps: int
+    seconds: float
+    kd_teacher: str | None
+    best_epoch: int | None
+    dev_metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+
+
+def pair_input(u: Tensor, v: Tensor) -> Tensor:
+    """SRA's concatenate-compare vector [u, v, |u - v|, u * v]."""
+    return torch.cat([u, v, (u - v).abs(), u * v], -1)
+
+
+class TaskHead(nn.Module):
+    """SRA's MLP classifier: Linear -> ReLU -> dropout -> Linear."""
+
+    def __init__(self, in_dim: int, hidden: int, n_out: int, dropout: float) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, n_out))
+
+    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        return self.mlp(x if y is None else pair_input(x, y))
+
+
+class TaskModel(nn.Module):
+    """Student + head. Pair batches stack the a rows then the b rows into one student forward."""
+
+    def __init__(self, student: Student, head: TaskHead, pairs: bool) -> None:
+        super().__init__()
+        self.student, self.head, self.pairs = student, head, pairs
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        emb = self.student(input_ids, attention_mask).embedding
+        if self.pairs:
+            u, v = emb.chunk(2)
+            return self.head(u, v)
+        return self.head(emb)
+
+
+class Tokenized:
+    """Rows tokenized once with the student's tokenizer; `batch(idx)` pads [a rows; b rows] for pairs."""
+
+    def __init__(self, tokenizer, texts: list, max_length: int) -> None:
+        self.tok, self.pairs = tokenizer, bool(texts) and not isinstance(texts[0], str)
+        sides = ([t[0] for t in texts], [t[1] for t in texts]) if self.pairs else (texts,)
+        self.sides = [tokenizer(s, truncation=True, max_length=max_length, return_token_type_ids=False,
+                                verbose=False)["input_ids"] for s in sides]
+
+    def __len__(self) -> int:
+        return len(self.sides[0])
+
+    def batch(self, idx: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
+        feats = [{"input_ids": side[i]} for side in self.sides for i in idx]
+        enc = self.tok.pad(feats, return_tensors="pt")
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+# --------------------------------------------------------------------------------------------------
+# SRA+KD: the task teacher's logits from a store
+
+
+def teacher_with_logits(store: Store, name: str | None) -> str:
+    have = [t.split("/", 1)[1] for t, rec in store.manifest.tables.items()
+            if t.startswith("teachers/") and "logits" in rec.columns]
+    if name is not None:
+        if name not in have:
+            raise KdError(f"teacher {name!r} has no logits in the store (teachers with logits: {have or 'none'})",
+                          store.root, "pick one of those with --kd-teacher")
+        return name
+    if len(have) != 1:
+        raise KdError(f"--kd-store needs exactly one teacher with logits, or --kd-teacher; found {have or 'none'}",
+                      store.root, "precompute the store with a task teacher (kd finetune-teacher), or name "
+                      "one with --kd-teacher" if not have else f"pass --kd-teacher with one of {have}")
+    return have[0]
+
+
+def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
+               ) -> tuple[np.ndarray, str, list[str] | None]:
+    """The teacher's logits for every training row ([n, K] float32), the teacher, and its class names.
+
+    - the store must hold this task's kind of rows (pairs or single texts);
+    - a row's id is the id precompute gave it; in a deduplicated store later copies of a text are
+      stored once, so an id that is missing is retried as the text's first occurrence.
+    """
+    store = Store.open(store_path)
+    if store.manifest.pairs != task.pairs:
+        kind = "sentence pairs" if store.manifest.pairs else "single texts"
+        raise KdError(f"the --kd-store holds {kind}, task {task.value} does not", store.root,
+                      "precompute the store from the training file with the same --pair-columns / --text-column")
+    name = teacher_with_logits(store, teacher)
+    table = store.read_table(f"teachers/{name}", ["id", "logits"])
+    from storage.schema import arrow_to_vectors
+
+    logits = arrow_to_vectors(table.column("logits")).astype(np.float32)
+    want = 1 if task.regression else None
+    if want is not None and logits.shape[1] != want:
+        raise KdError(f"teacher {name!r} has {logits.shape[1]} logits, pair-regression needs a 1-logit teacher",
+                      store.root, "fine-tune the teacher with --task pair-regression")
+    ids = table.column("id").to_numpy()
+    pos = {int(i): k for k, i in enumerate(ids)}
+    rows_at = np.array([pos.get(int(i), pos.get(text_id(text_key(t), 0), -1)) for i, t in zip(rows.ids, rows.texts)])
+    missing = np.nonzero(rows_at < 0)[0]
+    if len(missing):
+        raise KdError(f"{len(missing)} of {len(rows)} training rows are not in the --kd-store "
+                      f"(first: {rows.doc_ids[missing[0]]})", store.root,
+                      "precompute the store from the same --train file(s) with the same column options")
+    names = store.table(f"teachers/{name}").meta.get("label_names")
+    return logits[rows_at], name, names
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    p = Progress(TextColumn("[bold]finetune"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                 TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(), console=Console(stderr=True))
+    p.add_task("finetune", total=total, loss=float("nan"))
+    return p
+
+
+@torch.inference_mode()
+def predict_outputs(model: TaskModel, data: Tokenized, device: torch.device, batch_size: int) -> np.ndarray:
+    """Head outputs in row order (length-sorted batches for less padding)."""
+    was = model.training
+    model.eval()
+    lengths = np.array([max(len(s[i]) for s in data.sides) for i in range(len(data))])
+    order = np.argsort(lengths, kind="stable")
+    out = None
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        z = model(*data.batch(idx, device)).float().cpu().numpy()
+        if out is None:
+            out = np.zeros((len(order), z.shape[1]), dtype=np.float32)
+        out[idx] = z
+    model.train(was)
+    return out if out is not None else np.zeros((0, 1), dtype=np.float32)
+
+
+def _loss(z: Tensor, y: Tensor, task: Task) -> Tensor:
+    if task.regression:
+        return nn.functional.mse_loss(z[:, 0], y.float())
+    return nn.functional.cross_entropy(z, y.long())
+
+
+def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
+    """Fine-tune `cfg.student` on `cfg.train` (+ SRA+KD from `cfg.kd_store`); see the module docstring."""
+    t0 = time.perf_counter()
+    task = cfg.task
+    train_rows, dev_rows = read_splits(cfg.train, cfg.dev, task, cfg.text_column, cfg.pair_columns,
+                                       cfg.label_column, cfg.delimiter)
+    if Path(cfg.out).resolve() == Path(cfg.student).resolve():
+        raise InputError("--out is the student being fine-tuned", cfg.out, "write the fine-tuned student elsewhere")
+    kd, kd_name, names = (None, None, None)
+    if cfg.kd_store is not None:
+        kd, kd_name, names = kd_targets(cfg.kd_store, cfg.kd_teacher, train_rows, task)
+    labels = None
+    if not task.regression:
+        labels = LabelSet(tuple(names)) if names else LabelSet.fit(train_rows.labels)
+        if kd is not None and kd.shape[1] != len(labels):
+            raise KdError(f"teacher {kd_name!r} has {kd.shape[1]} logits for {len(labels)} classes", cfg.kd_store,
+                          "use a teacher fine-tuned on this task's labels")
+    y = train_rows.scores() if labels is None else labels.encode(train_rows.labels, "--train")
+    y_dev = None if dev_rows is None else (dev_rows.scores() if labels is None else labels.encode(dev_rows.labels,
+                                                                                                    "--dev"))
+    device = _device(cfg.device)
+    src = load(cfg.student, device="cpu")
+    out = fresh_output_dir(cfg.out, cfg.overwrite, TASK_FILE, "kd finetune")
+    torch.manual_seed(cfg.seed)
+    n_out = 1 if labels is None else len(labels)
+    in_dim = (4 if task.pairs else 1) * src.dim
+    model = TaskModel(src.model, TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout), task.pairs).to(device).train()
+    max_length = src.config.max_length
+    train = Tokenized(src.tokenizer, train_rows.texts, max_length)
+    dev = Tokenized(src.tokenizer, dev_rows.texts, max_length) if dev_rows is not None else None
+    per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    total = cfg.max_steps or per_epoch * cfg.epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)))
+    rng = np.random.default_rng(cfg.seed)
+    y_t = torch.as_tensor(y)
+    kd_t = torch.as_tensor(kd) if kd is not None else None
+    history: list[dict] = []
+    best: tuple[float, int, dict] | None = None
+    step, epoch = 0, 0
+    with _progress(cfg.progress, total) as bar:
+        while step < total:
+            epoch += 1
+            losses = []
+            order = rng.permutation(len(train))
+            for s in range(0, len(order), cfg.batch_size):
+                if step >= total:
+                    break
+                idx = order[s : s + cfg.batch_size]
+                z = model(*train.batch(idx, device))
+                loss = _loss(z, y_t[idx].to(device), task)
+                if kd_t is not None and cfg.kd_weight > 0:
+                    loss = loss + cfg.kd_weight * nn.functional.mse_loss(z.float(), kd_t[idx].to(device))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+                opt.step()
+                sched.step()
+                step += 1
+                losses.append(float(loss.detach()))
+                if bar is not None:
+                    bar.update(bar.task_ids[0], completed=step, loss=float(np.mean(losses[-20:])))
+            record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses))}
+            if dev is not None:
+                record |= task_metrics(task, predict_outputs(model, dev, device, cfg.eval_batch_size), y_dev)
+                if best is None or record[task.main_metric] >= best[0]:  # ties: the later epoch
+                    best = (record[task.main_metric], epoch,
+                            {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+            history.append(record)
+    if best is not None:
+        model.load_state_dict(best[2])
+    best_epoch = best[1] if best is not None else None
+    chosen = next((h for h in history if h["epoch"] == best_epoch), {})
+    summary = FinetuneSummary(
+        str(out), task.value, list(labels.names) if labels else None, len(train_rows),
+        len(dev_rows) if dev_rows is not None else 0, step, 0.0, kd_name, best_epoch,
+        {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}, history,
+    )
+    summary.seconds = time.perf_counter() - t0
+    _save(out, cfg, src, model, labels, in_dim, n_out, summary)
+    return summary
+
+
+def _save(out: Path, cfg: FinetuneConfig, src: LoadedStudent, model: TaskModel, labels: LabelSet | None,
+          in_dim: int, n_out: int, summary: FinetuneSummary) -> None:
+    """Task files first, then the student folder (whose config.json, written last, marks it complete)."""
+    model.cpu().eval()
+    save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, str(out / HEAD_FILE))
+    task_info = {"task": cfg.task.value, "label_names": list(labels.names) if labels else None,
+                 "features": "[u, v, |u-v|, u*v]" if cfg.task.pairs else "u", "in_dim": in_dim,
+                 "hidden": cfg.hidden, "n_out": n_out, "dropout": cfg.dropout, "kd_teacher": summary.kd_teacher}
+    (out / TASK_FILE).write_text(json.dumps(task_info, indent=1))
+    (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
+    args = asdict(cfg) | {"task": cfg.task.value}
+    info = {"task": cfg.task.value, "finetuned_from": str(Path(cfg.student).resolve()), "objectives": [],
+            "target": src.info.get("target"), "tokenizer": src.info.get("tokenizer")}
+    save_student(out, model.student, [], str(src.path / TOKENIZER), args, src.info.get("store_fingerprint", ""), info)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prediction
+
+
+class TaskPredictor:
+    """A fine-tuned student: `predict(texts | pairs)` -> labels (classes) or float scores."""
+
+    def __init__(self, encoder: LoadedStudent, head: TaskHead, task: Task, labels: LabelSet | None) -> None:
+        self.encoder, self.head, self.task, self.labels = encoder, head.eval(), task, labels
+
+    @torch.inference_mode()
+    def outputs(self, inputs: Sequence, batch_size: int = 256) -> np.ndarray:
+        """Raw head outputs [n, K] (class logits, or one score column)."""
+        inputs = list(inputs)
+        if self.task.pairs:
+            if inputs and isinstance(inputs[0], str):
+                raise InputError("this model scores sentence pairs; pass (a, b) tuples", "TaskPredictor.predict")
+            u = self.encoder.encode([a for a, _ in inputs], batch_size)
+            v = self.encoder.encode([b for _, b in inputs], batch_size)
+            z = self.head(torch.from_numpy(u).to(self.encoder.device), torch.from_numpy(v).to(self.encoder.device))
+        else:
+            if inputs and not isinstance(inputs[0], str):
+                raise InputError("this model classifies single texts; pass strings", "TaskPredictor.predict")
+            z = self.head(torch.from_numpy(self.encoder.encode(inputs, batch_size)).to(self.encoder.device))
+        return z.float().cpu().numpy()
+
+    def predict(self, inputs: Sequence, batch_size: int = 256) -> np.ndarray:
+        z = self.outputs(inputs, batch_size)
+        if self.labels is None:
+            return z[:, 0]
+        return self.labels.decode(z.argmax(-1))
+
+    def evaluate(self, inputs: Sequence, labels: Sequence) -> dict[str, float]:
+        gold = np.asarray(labels, dtype=np.float64) if self.labels is None else self.labels.encode(labels)
+        return task_metrics(self.task, self.outputs(inputs), gold)
+
+
+def load_task_model(path: str | os.PathLike, device: str = "cpu") -> TaskPredictor:
+    """Load a folder written by `kd finetune`."""
+    p = Path(path)
+    if not (p / TASK_FILE).exists() or not (p / CONFIG).exists():
+        raise InputError("no fine-tuned task model here (task.json and config.json)", str(p),
+                         "point at the --out folder of a finished kd finetune run")
+    info = json.loads((p / TASK_FILE).read_text())
+    encoder = load(p, device=device)
+    head = TaskHead(info["in_dim"], info["hidden"], info["n_out"], info["dropout"])
+    head.load_state_dict(load_file(str(p / HEAD_FILE)))
+    labels = LabelSet(tuple(info["label_names"])) if info["label_names"] else None
+    return TaskPredictor(encoder, head.to(encoder.device), Task(info["task"]), labels)
