@@ -331,11 +331,11 @@ def shuffled_rows(store: Store, plan: Plan, units: list[tuple[int, int]], rng: n
             offset += n
             keep = ~is_validation(chunk["id"], cfg.val_percent) & (pos % plan.stripes == p)
             pool = _concat(pool, _select(chunk, np.nonzero(keep)[0]))
-            pool = _select(pool, rng.permutation(_rows(pool)))
+            perm = rng.permutation(_rows(pool))  # indices, not a permuted copy: rows are copied once
             take = max(0, (_rows(pool) - cfg.shuffle_buffer) // bs) * bs
             for s in range(0, take, bs):
-                yield _select(pool, np.arange(s, s + bs))
-            pool = _select(pool, np.arange(take, _rows(pool)))
+                yield _select(pool, perm[s : s + bs])
+            pool = _select(pool, perm[take:])
     if _rows(pool):
         for s in range(0, _rows(pool), bs):
             yield _select(pool, np.arange(s, min(s + bs, _rows(pool))))

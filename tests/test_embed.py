@@ -100,6 +100,8 @@ def test_kd_embed_writes_an_aligned_student_table(trained):
         f"FROM read_parquet({files!r}) s JOIN read_parquet({tfiles!r}) t USING (id)"
     ).fetchall()[0]
     assert n == 90 and -1.0 <= cos <= 1.0
+    res = CliRunner().invoke(app, ["validate", str(store)])  # checksums, schemas and id alignment
+    assert res.exit_code == 0, res.output
     # a second run resumes: nothing left to do, nothing rewritten
     before = [r.sha256 for r in s.table("students/bilstm").shards.values()]
     summary = embed(out, str(store), progress=False)
