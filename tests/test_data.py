@@ -9,21 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
 
 from storage.errors import InputError, StoreError
 from storage.schema import arrow_to_vectors
 from storage.store import Store
 from student import data as D
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors on a shared 2-core machine: a second intra-op thread only adds contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 from safetensors.torch import load_file
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
 from typer.testing import CliRunner
 
@@ -20,15 +20,6 @@ from storage.schema import arrow_to_vectors
 from storage.store import Store
 from student.embed import embed
 from student.trainer import TrainConfig, train
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread only adds contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file as load_np
 from safetensors.torch import load_file
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
 from typer.testing import CliRunner
 
@@ -36,15 +37,6 @@ SMALL = dict(arch="bilstm", embed_dim=16, hidden_dim=16, batch_size=8, epochs=2,
 
 def _env() -> dict[str, str]:
     return os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: a second intra-op thread only adds contention (10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
