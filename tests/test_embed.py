@@ -113,6 +113,19 @@ def test_embed_refuses_another_student_under_the_same_name(trained, tmp_path):
     assert Store.open(store).table("students/dup").meta["student"] == str(other.resolve())
 
 
+def test_embed_a_pair_store_writes_both_sides(trained, tmp_path):
+    _, out = trained
+    pairs = make_store(tmp_path / "pairs", rows=30, shards=2, pairs=True, tmp=tmp_path)
+    summary = embed(out, str(pairs), name="s", progress=False)
+    assert summary.rows == 30 and summary.shards_written == 2
+    s = Store.open(pairs)
+    shard = s.read_shard("students/s", 1)
+    texts = s.read_shard("texts", 1)
+    assert shard.column_names == ["id", "embedding_a", "embedding_b"]
+    np.testing.assert_allclose(arrow_to_vectors(shard.column("embedding_b")),
+                               student.load(out).encode(texts.column("text_b").to_pylist()), atol=1e-5)
+
+
 def test_embed_a_text_file_to_parquet(trained, tmp_path):
     _, out = trained
     src = tmp_path / "in.txt"
