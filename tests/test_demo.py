@@ -1,0 +1,31 @@
+"""`kd demo --quick`: the real MiniLM teacher, precompute -> train-student -> eval, in one folder (< 3 min)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from storage.validate import check
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_the_whole_workflow(tmp_path):
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert str(out) in res.output.replace("\n", "")  # the folder is named at the end
+    for part in ("corpus/leipzig-news.txt", "store/manifest.json", "student/model.safetensors", "report.json",
+                 "report.md", "plots/sts_scatter.png", "plots/quality_speed.png"):
+        assert (out / part).exists(), part
+    assert check(str(out / "store"))[1] == []  # a valid store
+    rows = {m["name"]: m["metrics"] for m in json.loads((out / "report.json").read_text())["models"]}
+    assert set(rows) == {"minilm", "student"}
+    # MiniLM on the first 200 STS-B dev pairs (easy captions) scores ~93; a 30-step student is well below.
+    assert rows["minilm"]["sts_spearman"] > 85
+    assert 0 < rows["student"]["sts_spearman"] < rows["minilm"]["sts_spearman"]
+    assert rows["student"]["sent_per_s_b256"] > rows["minilm"]["sent_per_s_b256"]
+    assert rows["student"]["params_m"] < rows["minilm"]["params_m"]
+    assert f"{rows['student']['sts_spearman']:.2f}" in (out / "report.md").read_text()
