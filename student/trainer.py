@@ -503,10 +503,10 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        # broadcast_buffers: every rank starts each step with rank 0's buffers (memory banks), so the
-        # checkpoint, written by rank 0, restores all ranks exactly.
-        ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
-                                      find_unused_parameters=True)
+        # broadcast_buffers (default): every rank starts each step with rank 0's buffers (memory banks),
+        # so the checkpoint, written by rank 0, restores all ranks exactly. Every student and objective
+        # parameter takes part in every loss, so no search for unused parameters is needed.
+        ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
     val = D.validation_batches(store, plan, d.rank, d.world)
     has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
     metrics = Metrics(out / METRICS, d.main, step if ckpt is not None else None)
