@@ -77,7 +77,8 @@ def expand_inputs(patterns: list[str]) -> list[str]:
                 raise InputError("input file not found", path, "check the path (inputs are files, not folders)")
             if not path.lower().endswith(SUFFIXES):
                 raise InputError(
-                    "unsupported input format", path, f"use one of {', '.join(SUFFIXES)} (one text a line for .txt)"
+                    "unsupported input format", path,
+                    f"use one of {', '.join(SUFFIXES)} (.txt: one text a line, or delimited when columns are given)"
                 )
             files.append(path)
     if not files:
@@ -101,10 +102,7 @@ def read_inputs(files: list[str], spec: ColumnSpec) -> Records:
 
 def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     low = path.lower()
-    if low.endswith(".txt"):
-        if spec.pair or spec.label:
-            raise InputError(".txt inputs hold one text a line: no pair or label columns", path,
-                             "use .csv/.tsv/.jsonl/.parquet for pairs or labels")
+    if low.endswith(".txt") and not (spec.pair or spec.label or spec.delimiter):
         yield from ((n, [line]) for n, line in _text_lines(path))
     elif low.endswith((".jsonl", ".json")):
         yield from _jsonl_rows(path, spec)
@@ -162,7 +160,8 @@ def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
 
 
 def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
-    """CSV/TSV: header detected by whether the wanted columns are names or 0-based indices."""
+    """CSV/TSV (and .txt read with columns, e.g. MRPC): header or not by whether the wanted columns are
+    names or 0-based indices."""
     csv.field_size_limit(sys.maxsize)
     with open(path, "rb") as fb:
         first = _decode(fb.readline(), path, 1)
@@ -170,7 +169,8 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     by_index = all(c.isdigit() for c in spec.wanted)
     # Tab-separated files such as STS-B contain bare quotes inside sentences: quoting off.
     quoting = csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL
-    with open(path, encoding="utf-8", newline="", errors="strict") as f:
+    # utf-8-sig: a byte-order mark (MRPC has one) must not become part of the first column's name
+    with open(path, encoding="utf-8-sig", newline="", errors="strict") as f:
         reader = csv.reader(f, delimiter=delim, quoting=quoting)
         try:
             if by_index:
