@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from storage.errors import InputError, KdError
 from storage.ids import text_id, text_key
+from storage.schema import arrow_to_vectors
 from storage.store import Store
 from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
 from student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
@@ -189,8 +190,6 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
                       "precompute the store from the training file with the same --pair-columns / --text-column")
     name = teacher_with_logits(store, teacher)
     table = store.read_table(f"teachers/{name}", ["id", "logits"])
-    from storage.schema import arrow_to_vectors
-
     logits = arrow_to_vectors(table.column("logits")).astype(np.float32)
     want = 1 if task.regression else None
     if want is not None and logits.shape[1] != want:
