@@ -213,6 +213,7 @@ def eval_(
     agreement_texts: Annotated[str | None, typer.Option(help="Text file (one a line) for agreement without --store")] = None,  # noqa: E501
     k: Annotated[int, typer.Option(help="Neighbours compared per text")] = 10,
     baseline: Annotated[bool, typer.Option(help="Add a model2vec baseline when model2vec is installed")] = True,
+    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
     json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
     markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Folder for PNG plots")] = None,
@@ -230,7 +231,8 @@ def eval_(
             measures=[Measure(t) for t in task] if task else EvalConfig().measures, target=target,
             sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
             cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
-            baseline=baseline, json_path=json, markdown_path=markdown, plot_dir=plot, progress=progress,
+            baseline=baseline, threads=threads, json_path=json, markdown_path=markdown, plot_dir=plot,
+            progress=progress,
         )
         report = evaluate(cfg)
     except KdError as e:
@@ -247,7 +249,8 @@ def eval_(
 def demo(
     out: Annotated[str, typer.Option("--out", "-o", help="Folder for everything the demo writes")] = "kd-demo",
     quick: Annotated[bool, typer.Option(help="Tiny corpus slice and a few training steps (smoke test)")] = False,
-    epochs: Annotated[int, typer.Option(help="Training epochs of the student")] = 8,
+    epochs: Annotated[int, typer.Option(help="Training epochs of the student")] = 5,
+    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
@@ -255,7 +258,8 @@ def demo(
     from apps.demo import DemoConfig, run_demo
 
     try:
-        res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, overwrite=overwrite, progress=progress))
+        res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, threads=threads, overwrite=overwrite,
+                                  progress=progress))
     except KdError as e:
         _fail(e)
     term.print(res.report.rich_table())

@@ -13,13 +13,13 @@ is kept) unless `overwrite`. `quick` runs a tiny slice with few steps (CI smoke 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from apps.corpus import demo_corpus
 from apps.eval import EvalConfig, EvalReport, Measure, evaluate
+from apps.speed import pick_threads
 
 
 @dataclass
@@ -62,20 +62,6 @@ def write_corpus(folder: Path, sentences: int | None) -> list[str]:
     return files
 
 
-def pick_threads(requested: int | None) -> int:
-    """Torch threads for the demo: as requested, else torch's default unless the CPUs are already busy.
-
-    When the 1-minute load average is at or above the core count, intra-op threads mostly wait on
-    each other: on a shared 2-core machine one thread trained the student 7x faster than two.
-    """
-    import torch
-
-    if requested:
-        return requested
-    busy = hasattr(os, "getloadavg") and os.getloadavg()[0] >= (os.cpu_count() or 1)
-    return 1 if busy else torch.get_num_threads()
-
-
 def run_demo(cfg: DemoConfig) -> DemoResult:
     """precompute -> train-student -> eval; returns where everything went and the report."""
     import torch
@@ -109,7 +95,7 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
         max_pairs=200 if cfg.quick else None, speed_b1=16 if cfg.quick else 128,
         speed_big=256 if cfg.quick else 1024, baseline=False,
         json_path=str(out / "report.json"), markdown_path=str(out / "report.md"), plot_dir=str(out / "plots"),
-        progress=cfg.progress,
+        threads=cfg.threads, progress=cfg.progress,
     )
     report = evaluate(ecfg)
     times["eval"] = time.perf_counter() - t

@@ -20,7 +20,7 @@ import numpy as np
 
 from apps import metrics, tasks
 from apps.models import EvalModel, model2vec_available, model2vec_baseline, student_model, teacher_model
-from apps.speed import measure_speed
+from apps.speed import measure_speed, pick_threads
 from apps.store_teacher import StoreTeacher
 from storage.errors import InputError, KdError
 
@@ -81,6 +81,7 @@ class EvalConfig:
     speed_b1: int = 128
     speed_big: int = 1024
     baseline: bool = True  # add model2vec when importable
+    threads: int | None = None  # torch threads for the whole run; None: apps.speed.pick_threads
     json_path: str | None = None
     markdown_path: str | None = None
     plot_dir: str | None = None
@@ -211,14 +212,27 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
             from pipeline.resolve import resolve_teacher
 
             src = store.meta.get("source") if store else cfg.teacher
-            others.append(model2vec_baseline(resolve_teacher(str(src)).path))
-        except KdError as e:
-            info["baseline"] = f"model2vec skipped: {e.what}"
+            base = model2vec_baseline(resolve_teacher(str(src).split("=")[-1]).path)
+            _ = base.loaded  # distil now, so that a failure drops this optional row instead of the run
+            others.append(base)
+        except Exception as e:  # any failure of the optional baseline is reported, not fatal
+            info["baseline"] = f"model2vec skipped: {e}"
     return _Teacher(teacher, store), others, info
 
 
 def evaluate(cfg: EvalConfig) -> EvalReport:
     """Run every requested measure on every model and return (and optionally write) the report."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(pick_threads(cfg.threads))
+    try:
+        return _evaluate(cfg)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _evaluate(cfg: EvalConfig) -> EvalReport:
     measures = [Measure(m) for m in dict.fromkeys(cfg.measures)]
     teacher, others, info = _models(cfg)
     models = [teacher.model, *others]
@@ -336,8 +350,11 @@ def _agreement(cfg, teacher: _Teacher, others, rows, info, bars, measures) -> No
 
 def _speed(cfg, models: list[EvalModel], rows, info, bars) -> None:
     texts = list(dict.fromkeys(tasks.load_stsb("dev").a))
+    import torch
+
     info["speed"] = (f"STS-B dev sentences: {min(cfg.speed_b1, len(texts))} one at a time, "
-                     f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency")
+                     f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency; "
+                     f"{torch.get_num_threads()} torch thread(s)")
     for m in models:
         bars.note(f"timing {m.name}")
         try:
