@@ -18,7 +18,7 @@ from storage.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Offline knowledge distillation of sentence encoders.")
 console = Console(stderr=True, soft_wrap=True)
-term = Console()  # results go to stdout; errors and progress to stderr
+term = Console(soft_wrap=True)  # results go to stdout; errors and progress to stderr
 
 
 def _fail(e: KdError) -> None:
@@ -196,6 +196,11 @@ def embed(
 
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)
+def _wide() -> Console:
+    """The results console; piped or logged output gets 200 columns so the table is not squashed."""
+    return term if term.is_terminal else Console(width=200)
+
+
 @app.command("eval")
 def eval_(
     student: Annotated[list[str] | None, typer.Option("--student", help="Student folder (kd train-student --out); repeatable")] = None,  # noqa: E501
@@ -239,7 +244,7 @@ def eval_(
         _fail(e)
     except ValueError as e:  # unknown --task or --cluster-set
         _fail(KdError(str(e), None, "see kd eval --help for the accepted values"))
-    term.print(report.rich_table())
+    _wide().print(report.rich_table())
     for key, note in report.info.items():
         if isinstance(note, str):
             term.print(f"[dim]{key}: {note}[/]")
@@ -262,7 +267,7 @@ def demo(
                                   progress=progress))
     except KdError as e:
         _fail(e)
-    term.print(res.report.rich_table())
+    _wide().print(res.report.rich_table())
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
     term.print(f"demo finished ({secs}); everything is in [bold]{res.out}[/]: store/, student/, report.md, "
                "report.json, plots/")

@@ -8,7 +8,6 @@ Models load lazily, so a teacher whose numbers all come from the store is never 
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -116,14 +115,28 @@ def model2vec_available() -> bool:
 
 
 def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalModel:
-    """model2vec distilled from the teacher's checkpoint (the static-embedding baseline)."""
+    """model2vec distilled from the teacher's checkpoint (the static-embedding baseline).
+
+    Distilling runs the teacher over its whole vocabulary (minutes on a CPU), so the result is
+    cached under the kd cache ($KD_CACHE or ~/.cache/kd) keyed by the checkpoint path and reused.
+    """
 
     def load() -> Loaded:
-        from model2vec.distill import distill
+        import hashlib
 
-        m = distill(model_name=str(teacher_dir), pca_dims=pca_dims)
-        folder = Path(tempfile.mkdtemp(prefix="kd-model2vec-"))
-        m.save_pretrained(str(folder))
+        from model2vec import StaticModel
+
+        from pipeline.resolve import cache_dir
+
+        key = hashlib.sha256(f"{Path(teacher_dir).resolve()}:{pca_dims}".encode()).hexdigest()[:16]
+        folder = cache_dir() / "model2vec" / key
+        if (folder / "config.json").exists():
+            m = StaticModel.from_pretrained(str(folder))
+        else:
+            from model2vec.distill import distill
+
+            m = distill(model_name=str(teacher_dir), pca_dims=pca_dims)
+            m.save_pretrained(str(folder))
         return Loaded(lambda texts: m.encode(texts), None, [folder])
 
     return EvalModel("model2vec", Kind.baseline, load)
