@@ -16,7 +16,8 @@ from rich.console import Console
 
 from storage.errors import KdError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Offline knowledge distillation of sentence encoders.")
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Offline knowledge distillation of sentence encoders.")
 console = Console(stderr=True, soft_wrap=True)
 term = Console(soft_wrap=True)  # results go to stdout; errors and progress to stderr
 
@@ -40,23 +41,23 @@ def main() -> None:  # pragma: no cover - console entry for `python -m cli`
 def precompute(
     inputs: Annotated[list[str], typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
     out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
-    teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501
-    outputs: Annotated[Optional[str], typer.Option(help="Comma list of cls,mean,layers,sentence,logits (default: all available)")] = None,  # noqa: E501
+    teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
+    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits (default: all available)")] = None,  # noqa: E501
     segment: Annotated[str, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
-    spacy_model: Annotated[Optional[str], typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
-    pair_columns: Annotated[Optional[str], typer.Option(help="Two columns a,b holding sentence pairs")] = None,
-    label_column: Annotated[Optional[str], typer.Option(help="Optional label column")] = None,
-    delimiter: Annotated[Optional[str], typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
+    spacy_model: Annotated[str | None, typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
+    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b holding sentence pairs")] = None,
+    label_column: Annotated[str | None, typer.Option(help="Optional label column")] = None,
+    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
     batch_tokens: Annotated[int, typer.Option(help="Token budget per batch (padded length x rows)")] = 16384,
-    max_length: Annotated[Optional[int], typer.Option(help="Truncate texts to this many tokens")] = None,
+    max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens")] = None,
     shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)")] = 20000,
-    num_shards: Annotated[Optional[int], typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501
-    shard_index: Annotated[Optional[int], typer.Option(help="This writer's index (default: torchrun RANK or 0)")] = None,
+    num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501
+    shard_index: Annotated[int | None, typer.Option(help="This writer's index (default: torchrun RANK or 0)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
     precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision")] = "auto",
-    device: Annotated[Optional[str], typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
@@ -218,6 +219,7 @@ def eval_(
     agreement_texts: Annotated[str | None, typer.Option(help="Text file (one a line) for agreement without --store")] = None,  # noqa: E501
     k: Annotated[int, typer.Option(help="Neighbours compared per text")] = 10,
     baseline: Annotated[bool, typer.Option(help="Add a model2vec baseline when model2vec is installed")] = True,
+    baseline_dir: Annotated[str | None, typer.Option(help="A model2vec model already distilled from the teacher")] = None,  # noqa: E501
     threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
     json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
     markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
@@ -236,8 +238,8 @@ def eval_(
             measures=[Measure(t) for t in task] if task else EvalConfig().measures, target=target,
             sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
             cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
-            baseline=baseline, threads=threads, json_path=json, markdown_path=markdown, plot_dir=plot,
-            progress=progress,
+            baseline=baseline, baseline_dir=baseline_dir, threads=threads, json_path=json, markdown_path=markdown,
+            plot_dir=plot, progress=progress,
         )
         report = evaluate(cfg)
     except KdError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,10 +20,18 @@ from typing import Any
 import numpy as np
 
 from apps import metrics, tasks
-from apps.models import EvalModel, model2vec_available, model2vec_baseline, student_model, teacher_model
+from apps.models import (
+    EvalModel,
+    model2vec_available,
+    model2vec_baseline,
+    model2vec_folder,
+    student_model,
+    teacher_model,
+)
 from apps.speed import measure_speed, pick_threads
 from apps.store_teacher import StoreTeacher
 from storage.errors import InputError, KdError
+from storage.progress import Bar
 
 
 class Measure(str, Enum):
@@ -81,6 +90,7 @@ class EvalConfig:
     speed_b1: int = 128
     speed_big: int = 1024
     baseline: bool = True  # add model2vec when importable
+    baseline_dir: str | None = None  # a model2vec model already distilled from the teacher (skips distilling)
     threads: int | None = None  # torch threads for the whole run; None: apps.speed.pick_threads
     json_path: str | None = None
     markdown_path: str | None = None
@@ -137,36 +147,24 @@ class EvalReport:
 
 
 class _Bars:
-    """rich progress bars, or nothing when progress is off."""
+    """One progress bar per encoding pass (storage.progress.Bar), or nothing when progress is off."""
 
     def __init__(self, enabled: bool) -> None:
-        self.progress = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        self.enabled = enabled
 
     def __enter__(self) -> _Bars:
-        if self.progress:
-            self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.progress:
-            self.progress.stop()
+        pass
 
     def encode(self, model: EvalModel, texts: list[str], what: str) -> np.ndarray:
-        if not self.progress:
-            return model.encode(texts)
-        task = self.progress.add_task(f"{model.name}: {what}", total=len(set(texts)))
-        out = model.encode(texts, progress=lambda n: self.progress.advance(task, n))
-        return out
+        with Bar(f"{model.name}: {what}", len(set(texts)), "texts", self.enabled) as bar:
+            return model.encode(texts, progress=bar.advance)
 
     def note(self, text: str) -> None:
-        if self.progress:
-            self.progress.console.print(text)
+        if self.enabled:
+            print(text, file=sys.stderr)
 
 
 @dataclass
@@ -207,7 +205,9 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
             name += "'"
         names.add(name)
         others.append(student_model(d, name))
-    if cfg.baseline and model2vec_available():
+    if cfg.baseline_dir:
+        others.append(model2vec_folder(cfg.baseline_dir))
+    elif cfg.baseline and model2vec_available():
         try:  # resolve the checkpoint folder without loading the teacher's weights
             from pipeline.resolve import resolve_teacher
 

@@ -140,3 +140,15 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
         return Loaded(lambda texts: m.encode(texts), None, [folder])
 
     return EvalModel("model2vec", Kind.baseline, load)
+
+
+def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
+    """A model2vec model saved by `StaticModel.save_pretrained` (e.g. distilled in another venv)."""
+
+    def load() -> Loaded:
+        from model2vec import StaticModel
+
+        m = StaticModel.from_pretrained(str(folder))
+        return Loaded(lambda texts: m.encode(texts), None, [Path(folder)])
+
+    return EvalModel(name, Kind.baseline, load)

@@ -24,13 +24,13 @@ import pyarrow as pa
 from pipeline import inputs as inp
 from pipeline.batches import encode_all, input_embeddings
 from pipeline.plan import ShardPlan, writer_rank
-from pipeline.progress import RowProgress
 from pipeline.rows import RowCounts, build_texts
 from pipeline.segment import segment as split_sentences
 from pipeline.teacher import Output, Precision, Teacher, load_teacher
 from storage import fs
 from storage.errors import InputError, StoreError
 from storage.manifest import Manifest
+from storage.progress import Bar
 from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from storage.store import load_manifest, open_writer
 
@@ -101,7 +101,8 @@ def _teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
         try:
             out = Output(o)
         except ValueError:
-            raise InputError(f"unknown output {o!r}", "--outputs", f"choose from {', '.join(x.value for x in Output)}") from None
+            choices = ", ".join(x.value for x in Output)
+            raise InputError(f"unknown output {o!r}", "--outputs", f"choose from {choices}") from None
         if out not in t.available():
             why = ("it has no classification head (fine-tune one with kd finetune-teacher)" if out is Output.logits
                    else "it is not a sentence-transformers directory")
@@ -225,7 +226,7 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
     offsets = {k: i for i, k in enumerate(owned)}
     total = sum(plan.bounds(k)[1] - plan.bounds(k)[0] for k, t in todo if t is not None)
     pending: list[Future] = []
-    with ThreadPoolExecutor(max_workers=1) as pool, RowProgress(total, progress, "precompute") as bar:
+    with ThreadPoolExecutor(max_workers=1) as pool, Bar("precompute", total, "rows", progress) as bar:
         for k, t in todo:
             lo = offsets[k] * plan.shard_rows
             shard = rows.slice(lo, plan.bounds(k)[1] - plan.bounds(k)[0])
@@ -242,11 +243,10 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
             cols |= {c: vectors_to_arrow(v, vdtype) for c, v in vecs.items()}
             # Bound memory: at most one shard waits for the writer thread while the next is computed.
             while len(pending) > 1:
-                pending.pop(0).result()
+                summary.bytes_written += pending.pop(0).result().bytes
             pending.append(pool.submit(writer.commit, f"teachers/{t.name}", k, pa.table(cols)))
         for f in pending:
-            rec = f.result()
-            summary.bytes_written += rec.bytes
+            summary.bytes_written += f.result().bytes
     summary.shards_written = len(todo)
     writer.publish()
     summary.seconds = time.perf_counter() - t0

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq
 from storage import fs
 from storage.errors import InputError, StoreError
 from storage.manifest import Manifest
+from storage.progress import Bar
 from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from storage.store import Store, open_writer
 from student.export import LoadedStudent, load
@@ -144,7 +144,7 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
         done |= set(w.manifest.tables[table].shards)
         todo = [k for k in sorted(texts.shards) if k not in done]
         rows = 0
-        with _bar(progress, sum(texts.shards[k].rows for k in todo)) as bar:
+        with Bar("embed", sum(texts.shards[k].rows for k in todo), "rows", progress) as bar:
             for k in todo:
                 shard = store.read_shard("texts", k, ["id", *sides])
                 cols = {"id": shard.column("id")}
@@ -153,21 +153,8 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
                     cols[col] = vectors_to_arrow(vecs, VectorDType.float32)
                 w.commit(table, k, pa.table(cols))
                 rows += shard.num_rows
-                if bar is not None:
-                    bar.advance(bar.task_ids[0], shard.num_rows)
+                bar.advance(shard.num_rows)
         w.publish()
     finally:
         w.close()
     return EmbedSummary(store.root, table, rows, len(todo), len(texts.shards) - len(todo), time.perf_counter() - t0)
-
-
-def _bar(enabled: bool, total: int):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    p = Progress(TextColumn("[bold]embed"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                 TimeRemainingColumn(), console=Console(stderr=True))
-    p.add_task("embed", total=total)
-    return p

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from storage.errors import InputError, KdError
+from storage.progress import Bar
 from storage.store import Store
 from student import data as D
 from student.export import save_student, weights_state
@@ -404,22 +405,6 @@ def plot_curve(metrics: Path, png: Path) -> None:
     plt.close(fig)
 
 
-def _progress(enabled: bool, total: int, done: int):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    p = Progress(
-        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-        TextColumn("{task.fields[rows]:,} rows"), TextColumn("{task.fields[rps]:,.0f} rows/s"),
-        TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(),
-        console=Console(stderr=True),  # stdout is for results
-    )
-    p.add_task("train", total=total, completed=done, rows=0, rps=0.0, loss=float("nan"))
-    return p
-
-
 # --------------------------------------------------------------------------------------------------
 # The loop
 
@@ -550,7 +535,7 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
     window: list[Tensor] = []
     t0, rows0 = time.perf_counter(), rows_seen
     batch_no, first_epoch = start, epoch
-    with _progress(cfg.progress and d.main, total, step) as bar:
+    with Bar("train", total, "steps", cfg.progress and d.main, completed=step) as bar:
         for epoch in itertools.count(first_epoch):  # noqa: B020 - `epoch` is also read by save_checkpoint
             if step >= total or early.stop or (cfg.max_steps is None and epoch >= cfg.epochs):
                 break
@@ -580,10 +565,9 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
                            "rows": rows_seen, "rows_per_s": rps}
                     rec |= {o.spec: float(v) for o, v in zip(model.objectives, mean)}
                     metrics.log(rec)
-                    if bar is not None:
-                        bar.update(bar.task_ids[0], completed=step, rows=rows_seen, rps=rps, loss=rec["loss"])
-                elif bar is not None:
-                    bar.update(bar.task_ids[0], completed=step, rows=rows_seen)
+                    bar.update(step, rows=rows_seen, rows_per_s=round(rps), loss=rec["loss"])
+                else:
+                    bar.update(step, rows=rows_seen)
                 if has_val and ((cfg.eval_every and step % cfg.eval_every == 0)
                             or (not cfg.eval_every and epoch_end) or step >= total):
                     validate()

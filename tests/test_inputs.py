@@ -7,14 +7,13 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import DATA
 
 from pipeline.inputs import ColumnSpec, expand_inputs, read_inputs
 from pipeline.plan import ShardPlan, plan_batches
 from pipeline.rows import build_texts, text_id
 from pipeline.segment import segment
 from storage.errors import InputError
-
-from conftest import DATA
 
 
 def test_every_format_reads_the_same_texts(tmp_path):
@@ -47,7 +46,8 @@ def test_stsb_pairs_by_index_with_ragged_rows():
 def test_news_segmentation_keeps_doc_and_position():
     rec = read_inputs([str(DATA / "corpus" / "news_articles.csv")], ColumnSpec(text="text"))
     assert len(rec.texts) == 3824
-    rec.texts, rec.labels, rec.doc_ids, rec.sources = (x[:20] for x in (rec.texts, rec.labels, rec.doc_ids, rec.sources))
+    cut = (x[:20] for x in (rec.texts, rec.labels, rec.doc_ids, rec.sources))
+    rec.texts, rec.labels, rec.doc_ids, rec.sources = cut
     sents = segment(rec)
     assert len(sents.texts) > 100
     first_doc = [p for p, d in zip(sents.positions, sents.doc_ids) if d == sents.doc_ids[0]]

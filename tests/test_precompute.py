@@ -14,6 +14,7 @@ import duckdb
 import numpy as np
 import pytest
 import torch
+from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
 from cli import app
@@ -22,8 +23,6 @@ from storage import Store
 from storage.errors import InputError, StoreError
 from storage.schema import arrow_to_vectors
 from storage.validate import validate
-
-from conftest import DATA, ROOT
 
 
 def _write_lines(path: Path, lines: list[str]) -> str:

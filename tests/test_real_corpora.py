@@ -5,14 +5,13 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pytest
+from conftest import DATA
 from typer.testing import CliRunner
 
 from cli import app
 from pipeline.precompute import precompute
 from storage import Store
 from storage.schema import arrow_to_vectors
-
-from conftest import DATA
 
 
 @pytest.mark.slow
