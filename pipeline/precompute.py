@@ -84,15 +84,6 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _parse_pair(pair_columns: str | None) -> tuple[str, str] | None:
-    if pair_columns is None:
-        return None
-    cols = [c.strip() for c in pair_columns.split(",")]
-    if len(cols) != 2 or not all(cols):
-        raise InputError(f"--pair-columns needs two columns, got {pair_columns!r}", None, "write it as a,b")
-    return cols[0], cols[1]
-
-
 def _teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
     if not asked:
         return t.default_outputs()
@@ -162,7 +153,7 @@ def precompute(
         raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
     vdtype = VectorDType(dtype)
     files = inp.expand_inputs(inputs)
-    spec = inp.ColumnSpec(text_column, _parse_pair(pair_columns), label_column, delimiter)
+    spec = inp.ColumnSpec(text_column, inp.parse_pair_columns(pair_columns), label_column, delimiter)
     options = {"text_column": text_column, "pair_columns": spec.pair, "label_column": label_column,
                "segment": segment, "spacy_model": spacy_model if segment == "sentences" else None,
                "dedup": dedup, "shard_rows": shard_rows, "delimiter": delimiter}
