@@ -10,7 +10,8 @@ Algorithm:
 - AutoModelForSequenceClassification on the base (alias, directory or HF cache name), a new head;
 - plain torch loop: length-grouped shuffled batches (little padding), AdamW without decay on biases
   and LayerNorms, linear warm-up then linear decay, gradient clipping at 1, bf16 autocast on CUDA;
-  loss = cross-entropy on classes, squared error of the single logit on scores;
+  loss = cross-entropy on classes, squared error of the single logit on scores (whose bias starts at
+  the mean training score);
 - the dev set is scored after every epoch; the best epoch (Spearman, or accuracy) is the one saved,
   and its metrics go to DIR/dev_metrics.json.
 """
@@ -27,10 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.progress import RowProgress
 from pipeline.resolve import resolve_teacher
 from pipeline.teacher import pick_device
 from storage.errors import InputError, KdError
+from storage.progress import Bar
 from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
@@ -169,6 +170,19 @@ def _schedule(opt: torch.optim.Optimizer, warmup: float, total: int) -> torch.op
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def start_at_mean(model: nn.Module, mean: float) -> None:
+    """Set the bias of the one-output layer to the mean training score.
+
+    A new head predicts ~0 while scores are around their mean (2.7 for STS-B); a small learning rate
+    needs hundreds of steps just to move that bias, and the logits a student later distils would
+    carry the offset.
+    """
+    outs = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == 1 and m.bias is not None]
+    if outs:
+        with torch.no_grad():
+            outs[-1].bias.fill_(mean)
+
+
 def task_loss(logits: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor:
     logits = logits.float()
     if task.regression:
@@ -213,6 +227,8 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     y_dev = _targets(dev_rows, task, labels, "--dev") if dev_rows is not None else None
     out = fresh_output_dir(cfg.out, cfg.overwrite, ARGS_FILE, "kd finetune-teacher")
     ref, tok, model, max_length = _load(cfg, labels)
+    if task.regression:
+        start_at_mean(model, float(np.mean(y_train)))
     device = pick_device(cfg.device)
     model.to(device).train()
     use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -232,7 +248,7 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     history: list[dict] = []
     best: tuple[float, int, dict] | None = None  # (main metric, epoch, CPU state dict)
     step = 0
-    with RowProgress(min(total * cfg.batch_size, epochs * len(train_rows)), cfg.progress, "finetune") as bar:
+    with Bar("finetune-teacher", total=total, unit="steps", enabled=cfg.progress) as bar:
         for epoch in range(1, epochs + 1):
             losses = []
             for idx in length_grouped_batches(train.lengths, cfg.batch_size, rng):
@@ -248,7 +264,7 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
                 sched.step()
                 step += 1
                 losses.append(float(loss.detach()))
-                bar.advance(len(idx))
+                bar.advance(1, epoch=epoch, loss=float(np.mean(losses[-20:])))
             record = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses)) if losses else None}
             if dev is not None:
                 record |= task_metrics(task, predict_logits(model, dev, device, cfg.eval_batch_size, autocast), y_dev)

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 
 from storage.errors import InputError, KdError
 from storage.ids import text_id, text_key
+from storage.progress import Bar
 from storage.schema import arrow_to_vectors
 from storage.store import Store
 from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
@@ -217,18 +217,6 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return contextlib.nullcontext(None)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    p = Progress(TextColumn("[bold]finetune"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                 TextColumn("loss {task.fields[loss]:.4f}"), TimeRemainingColumn(), console=Console(stderr=True))
-    p.add_task("finetune", total=total, loss=float("nan"))
-    return p
-
-
 @torch.inference_mode()
 def predict_outputs(model: TaskModel, data: Tokenized, device: torch.device, batch_size: int) -> np.ndarray:
     """Head outputs in row order (length-sorted batches for less padding)."""
@@ -279,7 +267,11 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
     torch.manual_seed(cfg.seed)
     n_out = 1 if labels is None else len(labels)
     in_dim = (4 if task.pairs else 1) * src.dim
-    model = TaskModel(src.model, TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout), task.pairs).to(device).train()
+    head = TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout)
+    if labels is None:  # scores: start at their mean, not at 0 (a constant offset is slow to learn)
+        with torch.no_grad():
+            head.mlp[-1].bias.fill_(float(np.mean(y)))
+    model = TaskModel(src.model, head, task.pairs).to(device).train()
     max_length = src.config.max_length
     train = Tokenized(src.tokenizer, train_rows.texts, max_length)
     dev = Tokenized(src.tokenizer, dev_rows.texts, max_length) if dev_rows is not None else None
@@ -294,7 +286,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
     history: list[dict] = []
     best: tuple[float, int, dict] | None = None
     step, epoch = 0, 0
-    with _progress(cfg.progress, total) as bar:
+    with Bar("finetune", total=total, unit="steps", enabled=cfg.progress) as bar:
         while step < total:
             epoch += 1
             losses = []
@@ -315,8 +307,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                 sched.step()
                 step += 1
                 losses.append(float(loss.detach()))
-                if bar is not None:
-                    bar.update(bar.task_ids[0], completed=step, loss=float(np.mean(losses[-20:])))
+                bar.update(step, epoch=epoch, loss=float(np.mean(losses[-20:])))
             record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses))}
             if dev is not None:
                 record |= task_metrics(task, predict_outputs(model, dev, device, cfg.eval_batch_size), y_dev)
