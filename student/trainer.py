@@ -8,21 +8,26 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
 - checkpoints every `checkpoint_every` steps and at epoch ends hold model, optimizer, scheduler,
   scaler, early-stopping state, every rank's RNG states and the data position (epoch, batches
   consumed). Resuming replays nothing: it continues with exactly the batch and the random numbers
-  the uninterrupted run would have used, so the weights come out identical;
-- DDP under torchrun (gloo on CPU, nccl on CUDA): ranks read disjoint shards, equal step counts;
+  the uninterrupted run would have used, so the weights come out identical (student.checkpoint);
+- DDP under torchrun (gloo on CPU, nccl on CUDA): ranks read disjoint shards, equal step counts
+  (student.distributed);
 - metrics.jsonl (one record per log/eval), loss.png, a rich progress bar (rows, rows/s, ETA).
+
+Read top to bottom: options, the model, set-up from the store, optimisation, the output folder and
+its records, then the loop (`train` -> `_start` -> `_run_epoch` -> `_train_step`, `_maybe_log`,
+`_maybe_validate`, `_save_checkpoint` -> `_finish`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
+import functools
 import math
 import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -35,13 +40,17 @@ from torch import Tensor, nn
 from storage.errors import InputError, KdError
 from storage.progress import Bar
 from storage.store import Store
+from student import checkpoint
 from student import data as D
+from student.checkpoint import CHECKPOINT, Trainables, TrainState
+from student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
 from student.export import save_student, weights_state
+from student.metrics import CURVE, METRICS, Metrics, plot_curve
 from student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
 from student.objectives import build_objectives, required_columns
 from student.objectives.base import Context
 
-CHECKPOINT, BEST, METRICS, CURVE = "checkpoint.pt", "best.safetensors", "metrics.jsonl", "loss.png"
+BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
 
 
 class Schedule(str, Enum):
@@ -214,75 +223,6 @@ def init_embeddings(student: Student, matrix: np.ndarray, seed: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Distributed, devices, RNG
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def init_dist(device: str) -> Dist:
-    """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available() and device in ("auto", "cuda")
-    dev = torch.device(f"cuda:{local}" if cuda else ("cpu" if device == "auto" else device))
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-        return Dist(dist.get_rank(), dist.get_world_size(), dev)
-    return Dist(0, 1, dev)
-
-
-def rng_state() -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-
-
-def set_rng_state(s: dict[str, Any]) -> None:
-    torch.set_rng_state(s["torch"])
-    if s["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-    np.random.set_state(s["numpy"])
-    random.setstate(s["python"])
-
-
-def _gather(obj: Any, d: Dist) -> list[Any]:
-    if d.world == 1:
-        return [obj]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * d.world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _all_sum(values: list[float], d: Dist) -> list[float]:
-    if d.world == 1:
-        return values
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)  # gloo and nccl (values are tiny; CPU tensors are fine for gloo)
-    return t.tolist()
-
-
-# --------------------------------------------------------------------------------------------------
 # Optimisation
 
 
@@ -317,18 +257,20 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total: int):
     return step_sched, plateau, warm
 
 
-@dataclass
-class Early:
-    """Early-stopping state (saved in checkpoints)."""
+def make_amp(cfg: TrainConfig, d: Dist) -> tuple[Callable[[], contextlib.AbstractContextManager], torch.amp.GradScaler]:
+    """(autocast context factory, grad scaler) for the loop.
 
-    best: float = math.inf
-    best_step: int = 0
-    bad: int = 0
-    stop: bool = False
+    Autocast on CUDA only: bf16 where supported, else fp16 with loss scaling (small fp16 gradients
+    underflow to zero without it). Elsewhere a no-op context and a disabled scaler.
+    """
+    use_amp = cfg.amp and d.device.type == "cuda"
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    return (functools.partial(torch.autocast, "cuda", dtype=amp_dtype) if use_amp else contextlib.nullcontext), scaler
 
 
 # --------------------------------------------------------------------------------------------------
-# Output folder
+# Output folder (its records: student.metrics)
 
 
 def _prepare_out(cfg: TrainConfig, d: Dist) -> tuple[Path, dict | None]:
@@ -339,21 +281,9 @@ def _prepare_out(cfg: TrainConfig, d: Dist) -> tuple[Path, dict | None]:
         for name in (CHECKPOINT, BEST, METRICS, CURVE, "config.json", "model.safetensors", "training_args.json"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
-    if d.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
+    barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        saved = state["config"]
-        now = cfg.to_json()
-        diff = [k for k in now if k not in TrainConfig.RESUMABLE and saved.get(k) != now[k]]
-        if diff or state["world"] != d.world:
-            what = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in diff) or \
-                f"world size {state['world']} -> {d.world}"
-            raise KdError(f"the checkpoint in the output folder was made with other options ({what})",
-                          str(ckpt), "repeat the original options, use a new --out, or pass --overwrite")
-        return out, state
+        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists() or (out / METRICS).exists():
             raise KdError("the output folder holds a student (and no checkpoint to resume)", str(out),
@@ -362,51 +292,38 @@ def _prepare_out(cfg: TrainConfig, d: Dist) -> tuple[Path, dict | None]:
     return out, None
 
 
-class Metrics:
-    """metrics.jsonl: append per record; on resume, records after the checkpoint are dropped."""
-
-    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        if resume_step is None:
-            path.unlink(missing_ok=True)
-        elif path.exists():
-            keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            path.write_text("".join(ln + "\n" for ln in keep))
-
-    def log(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-
-
-def plot_curve(metrics: Path, png: Path) -> None:
-    """Training and validation loss against steps (matplotlib, Agg backend: no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    recs = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln] if metrics.exists() else []
-    train = [(r["step"], r["loss"]) for r in recs if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if train:
-        ax.plot(*zip(*train), label="train")
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-
-
 # --------------------------------------------------------------------------------------------------
-# The loop
+# The loop. `_Run` holds what is fixed once training starts, `TrainState` (student.checkpoint) what a
+# checkpoint saves; the functions below take both, in the order one step uses them.
+
+
+@dataclass
+class _Run:
+    """What the loop reads and never reassigns (the optimisation objects change state, not identity)."""
+
+    cfg: TrainConfig
+    d: Dist
+    s: Setup
+    plan: D.Plan
+    tr: Trainables  # tr.model is the Distiller (unwrapped)
+    ddp: nn.Module  # the model for the training forward: tr.model, or its DDP wrapper
+    warm: int  # warm-up steps
+    total: int  # steps of the whole run
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    out: Path
+    metrics: Metrics
+    val: list[dict]  # this rank's validation batches (may be none, even when other ranks have some)
+    has_val: bool  # the same on every rank
+
+
+@dataclass
+class _Report:
+    """Between two log records: the progress bar, the per-step objective losses, the throughput origin."""
+
+    bar: Bar
+    t0: float
+    rows0: int
+    window: list[Tensor] = field(default_factory=list)
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -424,7 +341,7 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
         rows = len(b["id"])
         total, n = total + float(loss) * rows, n + rows
     model.train()
-    total, n = _all_sum([total, n], d)
+    total, n = all_sum([total, n], d)
     return total / n if n else None
 
 
@@ -434,167 +351,166 @@ def train(cfg: TrainConfig) -> Path:
     try:
         return _train(cfg, d)
     finally:
-        if d.world > 1:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        shutdown(d)
 
 
 def _train(cfg: TrainConfig, d: Dist) -> Path:
+    run, st = _start(cfg, d)
+    run.tr.model.train()
+    t0, rows0 = time.perf_counter(), st.rows_seen
+    with Bar("train", run.total, "steps", cfg.progress and d.main, completed=st.step) as bar:
+        rep = _Report(bar, t0, rows0)
+        while not (st.step >= run.total or st.early.stop or (cfg.max_steps is None and st.epoch >= cfg.epochs)):
+            _run_epoch(run, st, rep)
+            st.epoch, st.batch_no = st.epoch + 1, 0  # only a resumed run starts an epoch mid-way
+    _finish(run, st)
+    return run.out
+
+
+def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
+    """Everything before the first step, in an order that fixes the random numbers each part draws."""
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     s = setup(cfg)
-    store = s.store
-    plan = D.build_plan(store, s.data, d.world)
-    pairs = store.manifest.pairs
-    student = build_student(s.student_cfg)
-    if cfg.init_embeddings is not EmbeddingInit.random:
-        matrix = _embeddings_matrix(store, s.tokenizer)
-        if matrix is not None:
-            init_embeddings(student, matrix, cfg.seed)
-    model = Distiller(student, s.objectives, pairs).to(d.device)
+    plan = D.build_plan(s.store, s.data, d.world)
+    model = _build_model(cfg, s, d)
     opt = make_optimizer(model, cfg)
-    steps_per_epoch = [plan.steps(e) for e in range(cfg.epochs)]
-    total = cfg.max_steps or sum(steps_per_epoch)
+    total = cfg.max_steps or sum(plan.steps(e) for e in range(cfg.epochs))
     if total == 0 or plan.train_rows() == 0:
-        raise InputError("the store has no training rows", store.root, "add inputs, or lower --val-percent")
+        raise InputError("the store has no training rows", s.store.root, "add inputs, or lower --val-percent")
     sched, plateau, warm = make_schedule(opt, cfg, total)
     if plateau is not None and plan.num_val == 0:
         raise InputError("--schedule plateau needs validation rows, and the held-out slice is empty",
-                         store.root, "raise --val-percent or use --schedule cosine")
-    use_amp = cfg.amp and d.device.type == "cuda"
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-
-    def autocast():
-        return torch.autocast("cuda", dtype=amp_dtype) if use_amp else contextlib.nullcontext()
-
+                         s.store.root, "raise --val-percent or use --schedule cosine")
+    autocast, scaler = make_amp(cfg, d)
+    tr = Trainables(model, opt, sched, plateau, scaler)
     out, ckpt = _prepare_out(cfg, d)
-    early, step, epoch, start, rows_seen = Early(), 0, 0, 0, 0
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks differ per rank
     np.random.seed(cfg.seed + d.rank)
     random.seed(cfg.seed + d.rank)
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        if plateau is not None:
-            plateau.load_state_dict(ckpt["plateau"])
-        scaler.load_state_dict(ckpt["scaler"])
-        early = Early(**ckpt["early"])
-        step, epoch, start, rows_seen = ckpt["step"], ckpt["epoch"], ckpt["batch"], ckpt["rows"]
-        set_rng_state(ckpt["rng"][d.rank])
-    ddp = model
-    if d.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # broadcast_buffers (default): every rank starts each step with rank 0's buffers (memory banks),
-        # so the checkpoint, written by rank 0, restores all ranks exactly. Every student and objective
-        # parameter takes part in every loss, so no search for unused parameters is needed.
-        ddp = DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-    val = D.validation_batches(store, plan, d.rank, d.world)
+    # after the seeds: a resumed run replaces them with the RNG states saved at its checkpoint
+    st = checkpoint.restore(ckpt, tr, d.rank) if ckpt is not None else TrainState()
+    ddp = wrap(model, d)
+    val = D.validation_batches(s.store, plan, d.rank, d.world)
     has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
-    metrics = Metrics(out / METRICS, d.main, step if ckpt is not None else None)
-    info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
-            "total_steps": total, "world_size": d.world, "train_rows": plan.train_rows(), "val_rows": plan.num_val}
+    metrics = Metrics(out / METRICS, d.main, st.step if ckpt is not None else None)
+    return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val), st
 
-    def save_checkpoint() -> None:
-        rng = _gather(rng_state(), d)
-        if not d.main:
+
+def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
+    student = build_student(s.student_cfg)
+    if cfg.init_embeddings is not EmbeddingInit.random:
+        matrix = _embeddings_matrix(s.store, s.tokenizer)
+        if matrix is not None:
+            init_embeddings(student, matrix, cfg.seed)
+    return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
+
+
+def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
+    """The rest of epoch `st.epoch` from batch `st.batch_no`; stops early at the last step or on early stopping."""
+    n_batches = run.plan.steps(st.epoch)
+    for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank):
+        batch = _to(batch, run.d.device)
+        parts = _train_step(run, st, batch)
+        st.step, st.batch_no = st.step + 1, st.batch_no + 1
+        st.rows_seen += len(batch["id"]) * run.d.world
+        rep.window.append(parts)
+        epoch_end = st.batch_no >= n_batches
+        _maybe_log(run, st, rep, epoch_end)
+        _maybe_validate(run, st, epoch_end)
+        if st.step % run.cfg.checkpoint_every == 0 or epoch_end or st.step >= run.total or st.early.stop:
+            _save_checkpoint(run, st)
+        if st.step >= run.total or st.early.stop:
             return
-        state = {
-            "config": cfg.to_json(), "world": d.world, "step": step, "epoch": epoch, "batch": batch_no,
-            "rows": rows_seen, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "plateau": plateau.state_dict() if plateau else None,
-            "scaler": scaler.state_dict(), "early": asdict(early), "rng": rng,
-        }
-        tmp = out / (CHECKPOINT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, out / CHECKPOINT)  # a kill never leaves a half-written checkpoint
 
-    def validate() -> None:
-        # the unwrapped model: ranks may hold different numbers of validation batches, and a DDP forward
-        # would start a collective (buffer broadcast) per batch that the other rank never joins
-        loss = evaluate(model, val, d, step / total, autocast)
-        if loss is None:
-            return
-        metrics.log({"step": step, "epoch": epoch, "val_loss": loss})
-        if plateau is not None:
-            plateau.step(loss)
-        if loss < early.best - 1e-6:
-            early.best, early.best_step, early.bad = loss, step, 0
-            if d.main:
-                from safetensors.torch import save_file
 
-                save_file(weights_state(model.student, list(model.objectives)), str(out / BEST))
-        else:
-            early.bad += 1
-            early.stop = cfg.patience > 0 and early.bad >= cfg.patience
+def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
+    """Forward, backward, clip, AdamW, schedule; returns the (weighted) loss of each objective, detached."""
+    tr = run.tr
+    with run.autocast():
+        loss, parts = run.ddp(batch, st.step / run.total)
+    tr.opt.zero_grad(set_to_none=True)
+    tr.scaler.scale(loss).backward()
+    if run.cfg.clip > 0:
+        tr.scaler.unscale_(tr.opt)  # clip the true gradients, not the loss-scaled ones
+        torch.nn.utils.clip_grad_norm_(tr.model.parameters(), run.cfg.clip)
+    tr.scaler.step(tr.opt)
+    tr.scaler.update()
+    if tr.plateau is None or st.step < run.warm:  # past warm-up, ReduceLROnPlateau owns the rate
+        tr.sched.step()
+    return parts.detach()
 
-    model.train()
-    window: list[Tensor] = []
-    t0, rows0 = time.perf_counter(), rows_seen
-    batch_no, first_epoch = start, epoch
-    with Bar("train", total, "steps", cfg.progress and d.main, completed=step) as bar:
-        for epoch in itertools.count(first_epoch):  # noqa: B020 - `epoch` is also read by save_checkpoint
-            if step >= total or early.stop or (cfg.max_steps is None and epoch >= cfg.epochs):
-                break
-            n_batches, batch_no = plan.steps(epoch), start
-            for batch in D.train_batches(store, plan, epoch, batch_no, d.rank):
-                batch = _to(batch, d.device)
-                with autocast():
-                    loss, parts = ddp(batch, step / total)
-                opt.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if cfg.clip > 0:
-                    scaler.unscale_(opt)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-                scaler.step(opt)
-                scaler.update()
-                if plateau is None or step < warm:
-                    sched.step()
-                step, batch_no = step + 1, batch_no + 1
-                rows_seen += len(batch["id"]) * d.world
-                window.append(parts.detach())
-                epoch_end = batch_no >= n_batches
-                if step % cfg.log_every == 0 or epoch_end or step >= total:
-                    mean = torch.stack(window).mean(0).cpu()
-                    window.clear()
-                    rps = (rows_seen - rows0) / max(1e-9, time.perf_counter() - t0)
-                    rec = {"step": step, "epoch": epoch, "loss": float(mean.sum()), "lr": opt.param_groups[0]["lr"],
-                           "rows": rows_seen, "rows_per_s": rps}
-                    rec |= {o.spec: float(v) for o, v in zip(model.objectives, mean)}
-                    metrics.log(rec)
-                    bar.update(step, rows=rows_seen, rows_per_s=round(rps), loss=rec["loss"])
-                else:
-                    bar.update(step, rows=rows_seen)
-                if has_val and ((cfg.eval_every and step % cfg.eval_every == 0)
-                            or (not cfg.eval_every and epoch_end) or step >= total):
-                    validate()
-                if step % cfg.checkpoint_every == 0 or epoch_end or step >= total or early.stop:
-                    save_checkpoint()
-                if step >= total or early.stop:
-                    break
-            start = 0
-    if d.main:
-        if early.best_step and (out / BEST).exists():
-            from safetensors.torch import load_file
 
-            best = load_file(str(out / BEST))
-            model.student.load_state_dict({k[8:]: v for k, v in best.items() if k.startswith("student.")})
-            for i, obj in enumerate(model.objectives):
-                p = f"objectives.{i}."
-                obj.load_state_dict({k[len(p):]: v for k, v in best.items() if k.startswith(p)})
-        info |= {"steps": step, "best_step": early.best_step or step,
-                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
-        save_student(out, model.student, list(model.objectives), store.tokenizer_dir(s.tokenizer),
-                     cfg.to_json() | {"resolved": info}, store.manifest.fingerprint, info)
-        plot_curve(out / METRICS, out / CURVE)
-    if d.world > 1:
-        import torch.distributed as dist
+def _maybe_log(run: _Run, st: TrainState, rep: _Report, epoch_end: bool) -> None:
+    """Every `log_every` steps, at epoch ends and at the last step: a metrics record of the mean losses."""
+    if not (st.step % run.cfg.log_every == 0 or epoch_end or st.step >= run.total):
+        rep.bar.update(st.step, rows=st.rows_seen)
+        return
+    mean = torch.stack(rep.window).mean(0).cpu()
+    rep.window.clear()
+    rps = (st.rows_seen - rep.rows0) / max(1e-9, time.perf_counter() - rep.t0)
+    rec = {"step": st.step, "epoch": st.epoch, "loss": float(mean.sum()), "lr": run.tr.opt.param_groups[0]["lr"],
+           "rows": st.rows_seen, "rows_per_s": rps}
+    rec |= {o.spec: float(v) for o, v in zip(run.tr.model.objectives, mean)}
+    run.metrics.log(rec)
+    rep.bar.update(st.step, rows=st.rows_seen, rows_per_s=round(rps), loss=rec["loss"])
 
-        dist.barrier()
-    return out
+
+def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
+    """Every `eval_every` steps (default: epoch ends) and at the last step: plateau, early stopping, best."""
+    cfg = run.cfg
+    if not run.has_val or not ((cfg.eval_every and st.step % cfg.eval_every == 0)
+                               or (not cfg.eval_every and epoch_end) or st.step >= run.total):
+        return
+    # the unwrapped model: ranks may hold different numbers of validation batches, and a DDP forward
+    # would start a collective (buffer broadcast) per batch that the other rank never joins
+    loss = evaluate(run.tr.model, run.val, run.d, st.step / run.total, run.autocast)
+    if loss is None:
+        return
+    run.metrics.log({"step": st.step, "epoch": st.epoch, "val_loss": loss})
+    if run.tr.plateau is not None:
+        run.tr.plateau.step(loss)
+    early = st.early
+    if loss < early.best - 1e-6:
+        early.best, early.best_step, early.bad = loss, st.step, 0
+        if run.d.main:
+            from safetensors.torch import save_file
+
+            save_file(weights_state(run.tr.model.student, list(run.tr.model.objectives)), str(run.out / BEST))
+    else:
+        early.bad += 1
+        early.stop = cfg.patience > 0 and early.bad >= cfg.patience
+
+
+def _save_checkpoint(run: _Run, st: TrainState) -> None:
+    rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
+    if run.d.main:
+        checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng)
+
+
+def _finish(run: _Run, st: TrainState) -> None:
+    """Rank 0 exports the student (the best validated weights, if validation ran) and plots loss.png."""
+    model, s, early = run.tr.model, run.s, st.early
+    if run.d.main:
+        if early.best_step and (run.out / BEST).exists():
+            _load_best(model, run.out / BEST)
+        info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
+                "total_steps": run.total, "world_size": run.d.world, "train_rows": run.plan.train_rows(),
+                "val_rows": run.plan.num_val, "steps": st.step, "best_step": early.best_step or st.step,
+                "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
+        save_student(run.out, model.student, list(model.objectives), s.store.tokenizer_dir(s.tokenizer),
+                     run.cfg.to_json() | {"resolved": info}, s.store.manifest.fingerprint, info)
+        plot_curve(run.out / METRICS, run.out / CURVE)
+    barrier(run.d)
+
+
+def _load_best(model: Distiller, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    best = load_file(str(path))
+    model.student.load_state_dict({k[8:]: v for k, v in best.items() if k.startswith("student.")})
+    for i, obj in enumerate(model.objectives):
+        p = f"objectives.{i}."
+        obj.load_state_dict({k[len(p):]: v for k, v in best.items() if k.startswith(p)})
 
 
 __all__ = ["EmbeddingInit", "Schedule", "TrainConfig", "evaluate", "setup", "train"]
