@@ -12,7 +12,6 @@ Target: ratio <= 1.2.
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile
@@ -22,15 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+# A fresh wrapper process per run: RUSAGE_CHILDREN is the max over every child a process ever waited
+# for, so measuring two runs from one parent would report the larger twice.
+WRAPPER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
 def peak_rss_mb(store: Path, out: Path, steps: int) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     cmd = [sys.executable, "-m", "cli", "train-student", "-s", str(store), "-o", str(out), "--max-steps", str(steps),
            "--objective", "cosine", "--objective", "contrastive:0.5", "--batch-size", "64", "--hidden-dim", "128",
            "--no-progress", "--eval-every", "1000000", "--patience", "0"]
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the max over all finished children: run the small store first.
-    return max(after, before) / 1024
+    res = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], check=True, cwd=ROOT, capture_output=True, text=True)
+    return int(res.stdout.split()[-1]) / 1024  # Linux reports KiB
 
 
 def main() -> None:
