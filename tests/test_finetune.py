@@ -171,6 +171,26 @@ def test_pair_regression_teacher_and_student(data, tiny_teacher, dse_student):
     assert abs(pred.mean() - y.mean()) < 0.75
 
 
+def test_single_text_classification_teacher_and_student(data, tiny_teacher, dse_student):
+    rng = np.random.default_rng(3)
+    lines = ["sentence\tsentiment"] + [
+        f"{' '.join(rng.choice(WORDS[20:40] if good else WORDS[40:], 4))}\t{'good' if good else 'bad'}"
+        for good in rng.random(64) < 0.5]
+    path = data["root"] / "sentiment.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    cols = dict(text_column="sentence", label_column="sentiment")
+    t = finetune_teacher(TeacherFinetuneConfig(str(tiny_teacher), "classification", str(path),
+                                               str(data["root"] / "clf"), max_steps=3, progress=False, **cols))
+    assert t.label_names == ["bad", "good"] and t.steps == 3
+    assert load_teacher(t.out).encode(["the cat"])["logits"].shape == (1, 2)
+    s = finetune(FinetuneConfig(str(dse_student[0]), "classification", str(path), str(data["root"] / "clf-st"),
+                                dev=str(path), epochs=4, lr=3e-3, batch_size=8, progress=False, **cols))
+    assert s.dev_metrics["accuracy"] >= 90, s.history
+    assert set(load_task_model(s.out).predict(["cat dog", "blue red"])) <= {"good", "bad"}
+    with pytest.raises(InputError, match="pass strings"):
+        load_task_model(s.out).predict([("a", "b")])
+
+
 def test_errors_are_clear(data, store, dse_student, tmp_path):
     with pytest.raises(InputError, match="no --pair-columns"):
         task_columns(Task.pair_regression)
