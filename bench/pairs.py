@@ -80,10 +80,11 @@ class BenchConfig:
     speed_pairs: int = 512  # test pairs timed for throughput (median of `repeats` runs)
     repeats: int = 5
     seed: int = 0
+    threads: int | None = None  # torch threads; default: 1 on a busy machine (apps.speed.pick_threads)
 
 
-QUICK = dict(train_rows=800, test_rows=400, teacher_epochs=1, teacher_lr=5e-5, corpus_rows=5000, hidden=256,
-             student_epochs=6, sra_epochs=4, finetune_epochs=3, ce_sample=128, speed_pairs=128, repeats=3)
+QUICK = dict(train_rows=1500, test_rows=400, teacher_epochs=2, teacher_lr=1e-4, corpus_rows=5000, hidden=256,
+             student_epochs=4, sra_epochs=4, finetune_epochs=3, ce_sample=128, speed_pairs=128, repeats=3)
 
 
 def log(msg: str) -> None:
@@ -271,7 +272,11 @@ def query_speedup(cfg: BenchConfig, ce: CrossEncoder, dse: ObjectiveHead, query:
 
 
 def run(cfg: BenchConfig) -> dict:
+    from apps.speed import pick_threads
+
     torch.manual_seed(cfg.seed)
+    # on a busy 2-core machine a second intra-op thread made MiniLM fine-tuning 5x slower, not faster
+    torch.set_num_threads(pick_threads(cfg.threads))
     work = Path(cfg.work)
     files = {}
     for key, (train_src, test_src, spec) in SOURCES.items():
@@ -302,7 +307,6 @@ def run(cfg: BenchConfig) -> dict:
             students[k]["dvbert"] = build_student(cfg, stores[k], work / f"dvbert-{k}", ["multi-teacher", "cosine"],
                                                   cfg.student_epochs)
     # evaluation
-    torch.set_num_threads(os.cpu_count() or 1)
     results: dict = {"config": asdict(cfg), "tasks": {}}
     for k, task in TASKS.items():
         test = read_task(str(files[k][1]), task, ColumnSpec(pair=("a", "b"), label="label"))
@@ -337,7 +341,8 @@ def run(cfg: BenchConfig) -> dict:
     results["speedup"] = query_speedup(cfg, CrossEncoder(ce["stsb"]["ce"]),
                                        ObjectiveHead(students["stsb"]["dse"], stores["stsb"], ObjectiveName.pair),
                                        stsb_test.texts[0][0])
-    results["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU threads, torch {torch.__version__}"
+    results["machine"] = (f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s), "
+                          f"load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}")
     results["date"] = datetime.date.today().isoformat()
     (work / "pairs.json").write_text(json.dumps(results, indent=1))
     return results

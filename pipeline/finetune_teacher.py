@@ -229,6 +229,8 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     ref, tok, model, max_length = _load(cfg, labels)
     if task.regression:
         start_at_mean(model, float(np.mean(y_train)))
+    args = asdict(cfg) | {"task": task.value, "base_path": ref.path, "max_length": max_length}
+    (out / ARGS_FILE).write_text(json.dumps(args, indent=1))  # first: marks the folder as this command's
     device = pick_device(cfg.device)
     model.to(device).train()
     use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -283,7 +285,5 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
                                      len(dev_rows) if dev_rows is not None else 0, step, 0.0, best_epoch, metrics,
                                      history)
     summary.seconds = time.perf_counter() - t0
-    args = asdict(cfg) | {"task": task.value, "base_path": ref.path, "max_length": max_length}
-    (out / ARGS_FILE).write_text(json.dumps(args, indent=1))
     (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
     return summary
