@@ -1,0 +1,37 @@
+"""Names users give to things inside a store (teachers, student tables, indexes) and path safety.
+
+- A name becomes a folder (`teachers/<name>/`) and a DuckDB view, so it is restricted to a safe
+  character set: a letter or digit first, then letters, digits, `_`, `-`, `.`; at most 64 characters;
+  never `.` or `..`. This rules out path traversal (`../../x`) and quoting trouble in SQL.
+- `inside` checks that a path built from a store root and parts resolves inside that root (symlinks
+  included), the second line of defence for every write.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from storage.errors import KdError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Return `name` if it is safe as a table/folder name, else raise KdError saying what to use."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in (".", "..") or ".." in name:
+        raise KdError(
+            f"invalid {what} {name!r}",
+            None,
+            "use 1-64 characters: letters, digits, '_', '-', '.', starting with a letter or digit (no '..')",
+        )
+    return name
+
+
+def inside(root: str, *parts: str) -> str:
+    """The real path of root/parts, refusing one that escapes root (e.g. through '..' or a symlink)."""
+    base = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(base, *parts))
+    if os.path.commonpath([base, target]) != base:
+        raise KdError("refusing to write outside the store", target, "use a plain name without '..' or '/'")
+    return target
