@@ -11,6 +11,7 @@ Every sample is drawn with a fixed seed, so two runs and two models see the same
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import re
@@ -26,6 +27,10 @@ from storage.errors import InputError
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+# The default evaluation sets ship with the package (built from ../shared/data by apps.eval_data), so
+# `kd eval` and `kd demo` work on any machine; other splits, sizes and seeds read the shared data.
+BUNDLE = Path(__file__).with_name("data") / "eval"
 
 
 def shared_data_dir() -> Path:
@@ -88,10 +93,16 @@ class ClusterTask:
     test_groups: np.ndarray
 
 
+def bundled(name: str) -> Path:
+    """A file of the evaluation sets shipped inside the package (apps/data/eval, see its README)."""
+    return BUNDLE / name
+
+
 def _read_tsv(path: Path) -> list[list[str]]:
     # Quoting off: STS-B and SST-2 contain unbalanced quotes that csv would otherwise join across lines.
     # utf-8-sig: MRPC starts with a byte-order mark that would otherwise stick to the first column name.
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
         return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
 
 
@@ -100,7 +111,10 @@ def load_stsb(split: str = "dev", path: str | Path | None = None) -> PairTask:
 
     Some rows carry two extra licence columns after sentence2; they are ignored.
     """
-    p = data_path(path or f"stsb/sts-{split}.csv")
+    if path is None and bundled(f"stsb-{split}.tsv.gz").exists():
+        p = bundled(f"stsb-{split}.tsv.gz")
+    else:
+        p = data_path(path or f"stsb/sts-{split}.csv")
     a, b, s = [], [], []
     for i, row in enumerate(_read_tsv(p)):
         if len(row) < 7:
@@ -163,12 +177,15 @@ def load_pairs(
     return PairTask(p.stem, a, b, scores)
 
 
-def load_sst2(train_rows: int = 4000, seed: int = 0) -> LabelledTexts:
+def load_sst2(train_rows: int = 4000, seed: int = 0, bundle: bool = True) -> LabelledTexts:
     """SST-2 (SentEval copy: `text TAB label`): a seeded sample of train, and the full dev split.
 
     The train split is phrase-level (67k rows); a few thousand are enough for a linear probe and
     keep the cost of encoding them small.
     """
+    if bundle and (train_rows, seed) == (4000, 0) and bundled("sst2-probe.tsv.gz").exists():
+        return _read_labelled(bundled("sst2-probe.tsv.gz"))
+
     def read(name: str) -> tuple[list[str], np.ndarray]:
         rows = _read_tsv(data_path(f"sst2/{name}"))
         return [r[0].strip() for r in rows], np.asarray([int(r[1]) for r in rows], dtype=np.int64)
@@ -253,7 +270,7 @@ def brown_genre_groups(passage: int = 5) -> dict[str, list[tuple[str, str]]]:
 
 
 def load_cluster_set(
-    name: ClusterSet | str = ClusterSet.news_articles, scale: float = 1.0, seed: int = 0
+    name: ClusterSet | str = ClusterSet.news_articles, scale: float = 1.0, seed: int = 0, bundle: bool = True
 ) -> ClusterTask:
     """Build a clustering set with dev/test splits that share no source document.
 
@@ -262,6 +279,8 @@ def load_cluster_set(
       group = genre (15 genres); files never straddle the split.
     """
     name = ClusterSet(name)
+    if bundle and (scale, seed) == (1.0, 0) and bundled(f"cluster-{name.value}.tsv.gz").exists():
+        return _read_cluster(name.value, bundled(f"cluster-{name.value}.tsv.gz"))
     if name is ClusterSet.news_articles:
         task = _split_groups(news_article_groups(), max(2, int(100 * scale)), max(2, int(200 * scale)), 6, seed)
         return ClusterTask(name.value, task.dev_texts, task.dev_groups, task.test_texts, task.test_groups)
@@ -282,3 +301,20 @@ def load_cluster_set(
             out[split][0].append(text)
             out[split][1].append(gid[g])
     return ClusterTask(name.value, out["dev"][0], np.asarray(out["dev"][1]), out["test"][0], np.asarray(out["test"][1]))
+
+
+def _split_rows(path: Path, splits: tuple[str, str]) -> list[tuple[list[str], np.ndarray]]:
+    """A bundled `split TAB label TAB text` file as (texts, int64 labels) for each of `splits`."""
+    rows = _read_tsv(path)
+    return [([r[2] for r in rows if r[0] == sp], np.asarray([int(r[1]) for r in rows if r[0] == sp], dtype=np.int64))
+            for sp in splits]
+
+
+def _read_labelled(path: Path) -> LabelledTexts:
+    (tr_x, tr_y), (te_x, te_y) = _split_rows(path, ("train", "test"))
+    return LabelledTexts("sst2", tr_x, tr_y, te_x, te_y)
+
+
+def _read_cluster(name: str, path: Path) -> ClusterTask:
+    (dev_x, dev_g), (te_x, te_g) = _split_rows(path, ("dev", "test"))
+    return ClusterTask(name, dev_x, dev_g, te_x, te_g)
