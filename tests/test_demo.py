@@ -29,3 +29,25 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path):
     assert rows["student"]["sent_per_s_b256"] > rows["minilm"]["sent_per_s_b256"]
     assert rows["student"]["params_m"] < rows["minilm"]["params_m"]
     assert f"{rows['student']['sts_spearman']:.2f}" in (out / "report.md").read_text()
+
+
+def test_demo_checks_its_inputs_before_any_stage(tmp_path, monkeypatch):
+    """A missing evaluation set stops the demo at once with exit 2, before a store is written."""
+    from apps import tasks
+
+    monkeypatch.setattr(tasks, "BUNDLE", tmp_path / "no-bundle")
+    monkeypatch.setenv("KD_SHARED", str(tmp_path / "no-shared"))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert "data file not found" in res.output and "stsb/sts-dev.csv" in res.output
+    assert not (out / "store").exists()
+
+
+def test_demo_refuses_a_file_as_output(tmp_path):
+    f = tmp_path / "taken"
+    f.write_text("mine")
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(f), "--no-progress"])
+    assert res.exit_code == 2 and "not a folder" in res.output
+    assert f.read_text() == "mine"
