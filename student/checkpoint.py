@@ -9,13 +9,20 @@
 - `save` writes to a temporary file, then renames it: a kill at any moment leaves the previous
   checkpoint or the new one, never half of one;
 - `load` refuses a checkpoint made with other options or another world size (only `resumable` options
-  may differ): resuming it would silently train some other model.
+  may differ), or on another store (its content fingerprint differs): resuming it would silently train
+  some other model;
+- `load` never runs code from the file: `torch.load(weights_only=True)` accepts tensors and plain
+  containers only, which is why RNG states are saved as tensors and tuples, not numpy objects. A
+  finished run deletes its checkpoint, so a student folder someone sends you holds no pickle at all.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+import pickle
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +33,7 @@ import torch
 from torch import nn
 
 from storage.errors import KdError
+from storage.manifest import Manifest
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -62,11 +70,25 @@ class Trainables:
     scaler: torch.amp.GradScaler
 
 
+def store_identity(manifest: Manifest, tables: list[str]) -> str:
+    """What a run trains on: the inputs' fingerprint and the checksum of every shard of the tables it reads.
+
+    Tables the run does not read (a teacher or student table added later) do not count, so adding one
+    does not block a resume; rebuilding or changing a read table does.
+    """
+    parts = {"fingerprint": manifest.fingerprint,
+             "tables": {t: [r.sha256 for _, r in sorted(manifest.tables[t].shards.items())]
+                        for t in sorted(tables) if t in manifest.tables}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state as tensors, strings and numbers (what `torch.load(weights_only=True)` accepts)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
         "python": random.getstate(),
     }
 
@@ -75,14 +97,16 @@ def set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     if s["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
-    np.random.set_state(s["numpy"])
+    name, keys, pos, has_gauss, cached = s["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(s["python"])
 
 
-def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trainables, rng: list[dict]) -> None:
+def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trainables, rng: list[dict],
+         store_id: str) -> None:
     """Write out/checkpoint.pt; `rng` holds every rank's `rng_state()`, in rank order."""
     state = {
-        "config": config, "world": world, "step": st.step, "epoch": st.epoch, "batch": st.batch_no,
+        "config": config, "world": world, "store": store_id, "step": st.step, "epoch": st.epoch, "batch": st.batch_no,
         "rows": st.rows_seen, "model": tr.model.state_dict(), "optimizer": tr.opt.state_dict(),
         "scheduler": tr.sched.state_dict(), "plateau": tr.plateau.state_dict() if tr.plateau else None,
         "scaler": tr.scaler.state_dict(), "early": asdict(st.early), "rng": rng,
@@ -92,9 +116,30 @@ def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trai
     os.replace(tmp, out / CHECKPOINT)  # a kill never leaves a half-written checkpoint
 
 
-def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int) -> dict[str, Any]:
-    """The checkpoint at `path`, if it was made with these options (bar `resumable`) and world size."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+def _read(path: Path) -> dict[str, Any]:
+    """torch.load restricted to tensors and plain containers; anything else is refused, never run."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise KdError("the checkpoint holds Python objects other than tensors; refusing to load it (loading "
+                      "could run code)", str(path), "delete it (a run from someone else cannot be resumed), or "
+                      "pass --overwrite") from e
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise KdError(f"the checkpoint cannot be read ({str(e).splitlines()[0][:120]}): truncated or not a kd "
+                      "checkpoint", str(path), "delete it to start over, or pass --overwrite") from e
+    if not isinstance(state, dict) or not {"config", "world", "model", "rng"} <= set(state):
+        raise KdError("the checkpoint is not a kd training checkpoint", str(path), "delete it, or pass --overwrite")
+    return state
+
+
+def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int, store_id: str
+         ) -> dict[str, Any]:
+    """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size and store."""
+    state = _read(path)
+    if state.get("store") != store_id:
+        raise KdError("the checkpoint was made on another store (the store at --shards was rebuilt or changed "
+                      "since); resuming would continue the old run on new data", str(path),
+                      "use a new --out, or pass --overwrite to start over on this store")
     saved = state["config"]
     diff = [k for k in config if k not in resumable and saved.get(k) != config[k]]
     if diff or state["world"] != world:

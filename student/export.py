@@ -91,9 +91,18 @@ class LoadedStudent:
         return (self.path / WEIGHTS).stat().st_size
 
     @torch.inference_mode()
-    def encode(self, texts: Sequence[str], batch_size: int = 128, normalize: bool = False) -> np.ndarray:
-        """Embed texts in length-sorted batches (less padding), returned in input order."""
+    def encode(self, texts: str | Sequence[str], batch_size: int = 128, normalize: bool = False) -> np.ndarray:
+        """Embed texts in length-sorted batches (less padding), returned in input order.
+
+        A single string gives one vector ([dim]), a list gives [n, dim].
+        """
+        if isinstance(texts, str):
+            return self.encode([texts], batch_size, normalize)[0]
         texts = list(texts)
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if bad:
+            raise InputError(f"encode() takes strings; item {bad[0]} is {type(texts[bad[0]]).__name__}",
+                             None, "pass a list of str (drop or replace missing texts first)")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -116,8 +125,12 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     if not cfg_file.exists():
         raise InputError("no trained student here (no config.json)", str(p),
                          "point at the --out folder of a finished kd train-student run")
-    info = json.loads(cfg_file.read_text())
-    if info.get("format") != FORMAT:
+    try:
+        info = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"config.json is not valid JSON ({e})", str(cfg_file),
+                         "the student folder is damaged: copy it again, or retrain with --overwrite") from e
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise InputError("config.json is not a kd student config", str(cfg_file),
                          "point at the --out folder of kd train-student")
     if info.get("format_version") != FORMAT_VERSION:
@@ -128,13 +141,55 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedStudent:
     """Rebuild a student from its folder (weights checked strictly against the config)."""
-    from transformers import AutoTokenizer  # a tokenizer only: students never load model classes
-
     p = Path(path)
     info = read_config(p)
-    model = build_student(StudentConfig.from_dict(info["student"]))
-    state = load_file(str(p / WEIGHTS))
-    model.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
-    dev = torch.device(device)
+    state = _verified_weights(p, info)
+    try:
+        model = build_student(StudentConfig.from_dict(info["student"]))
+        model.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"the weights do not fit the student described by config.json ({str(e)[:300]})",
+                         str(p), "config.json and model.safetensors come from different runs: copy the whole "
+                         "folder again") from e
+    dev = _device(device)
     model.to(dev).eval()
-    return LoadedStudent(p, model, AutoTokenizer.from_pretrained(p / TOKENIZER), info, dev)
+    return LoadedStudent(p, model, _tokenizer(p), info, dev)
+
+
+def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """model.safetensors, refused unless its sha256 is the one config.json recorded (damage, tampering)."""
+    w = p / WEIGHTS
+    if not w.is_file():
+        raise InputError("the student folder has no model.safetensors", str(p), "copy the whole folder again")
+    digest = hashlib.sha256()
+    with open(w, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if info.get("weights_sha256") and digest.hexdigest() != info["weights_sha256"]:
+        raise InputError("model.safetensors does not match the checksum in config.json (damaged or modified)",
+                         str(w), "copy the student folder again, or retrain it")
+    try:
+        return load_file(str(w))
+    except Exception as e:  # safetensors raises its own error types for truncated/garbled headers
+        raise InputError(f"model.safetensors cannot be read ({e})", str(w), "copy the folder again") from e
+
+
+def _tokenizer(p: Path):
+    from transformers import AutoTokenizer  # a tokenizer only: students never load model classes
+
+    if not (p / TOKENIZER).is_dir():
+        raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
+                         "copy the whole student folder (weights, config.json and tokenizer/)")
+    try:
+        return AutoTokenizer.from_pretrained(p / TOKENIZER)
+    except (OSError, ValueError, TypeError, json.JSONDecodeError) as e:
+        raise InputError(f"the student's tokenizer cannot be loaded ({str(e)[:200]})", str(p / TOKENIZER),
+                         "copy the whole student folder again") from e
+
+
+def _device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {device} was asked for, but this machine has no CUDA device", str(device),
+                         "use --device cpu (or leave --device unset)")
+    return dev

@@ -273,7 +273,7 @@ def make_amp(cfg: TrainConfig, d: Dist) -> tuple[Callable[[], contextlib.Abstrac
 # Output folder (its records: student.metrics)
 
 
-def _prepare_out(cfg: TrainConfig, d: Dist) -> tuple[Path, dict | None]:
+def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
     out = Path(cfg.out)
     ckpt = out / CHECKPOINT
@@ -283,7 +283,7 @@ def _prepare_out(cfg: TrainConfig, d: Dist) -> tuple[Path, dict | None]:
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
-        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world)
+        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists() or (out / METRICS).exists():
             raise KdError("the output folder holds a student (and no checkpoint to resume)", str(out),
@@ -314,6 +314,7 @@ class _Run:
     metrics: Metrics
     val: list[dict]  # this rank's validation batches (may be none, even when other ranks have some)
     has_val: bool  # the same on every rank
+    store_id: str  # checkpoint.store_identity of what this run reads
 
 
 @dataclass
@@ -383,7 +384,8 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
                          s.store.root, "raise --val-percent or use --schedule cosine")
     autocast, scaler = make_amp(cfg, d)
     tr = Trainables(model, opt, sched, plateau, scaler)
-    out, ckpt = _prepare_out(cfg, d)
+    store_id = checkpoint.store_identity(s.store.manifest, plan.columns.tables())
+    out, ckpt = _prepare_out(cfg, d, store_id)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks differ per rank
     np.random.seed(cfg.seed + d.rank)
     random.seed(cfg.seed + d.rank)
@@ -393,7 +395,7 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     val = D.validation_batches(s.store, plan, d.rank, d.world)
     has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
     metrics = Metrics(out / METRICS, d.main, st.step if ckpt is not None else None)
-    return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val), st
+    return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, store_id), st
 
 
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
@@ -484,7 +486,7 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
 def _save_checkpoint(run: _Run, st: TrainState) -> None:
     rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
     if run.d.main:
-        checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng)
+        checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng, run.store_id)
 
 
 def _finish(run: _Run, st: TrainState) -> None:
@@ -500,6 +502,9 @@ def _finish(run: _Run, st: TrainState) -> None:
         save_student(run.out, model.student, list(model.objectives), s.store.tokenizer_dir(s.tokenizer),
                      run.cfg.to_json() | {"resolved": info}, s.store.manifest.fingerprint, info)
         plot_curve(run.out / METRICS, run.out / CURVE)
+        # The run is complete: its checkpoint (torch's pickle-based format, even if loaded weights-only)
+        # is dropped so a student folder that travels holds safetensors and JSON only.
+        (run.out / CHECKPOINT).unlink(missing_ok=True)
     barrier(run.d)
 
 

@@ -97,7 +97,7 @@ def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_pa
     monkeypatch.setattr(T.D, "train_batches", crashing)
     with pytest.raises(KeyboardInterrupt):
         T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
-    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert (ckpt["step"], ckpt["epoch"], ckpt["batch"]) == (20, 1, 4) and not (out / "config.json").exists()
     monkeypatch.setattr(T.D, "train_batches", real)
     T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
@@ -314,6 +314,29 @@ def test_cli_errors_on_damaged_stores(tmp_path):
     assert res.exit_code == 2 and "format version 99" in res.output
 
 
-def test_resume_refuses_other_options(store_path, reference, tmp_path):
-    res = _cli("--shards", str(store_path), "--out", str(reference), "--lr", "0.5")
+def _killed_run(store_path: Path, out: Path, monkeypatch, after: int = 7) -> None:
+    """A run stopped after `after` steps, with a checkpoint (checkpoint_every=5) and no student yet."""
+    real = D.train_batches
+
+    def crashing(*a, **kw):
+        for i, b in enumerate(real(*a, **kw)):
+            if i >= after:
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(T.D, "train_batches", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+    monkeypatch.setattr(T.D, "train_batches", real)
+    assert (out / "checkpoint.pt").exists() and not (out / "config.json").exists()
+
+
+def test_resume_refuses_other_options(store_path, tmp_path, monkeypatch):
+    _killed_run(store_path, tmp_path / "out", monkeypatch)
+    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "out"), "--lr", "0.5")
     assert res.exit_code == 2 and "lr" in res.output and "--overwrite" in res.output
+
+
+def test_a_finished_student_folder_holds_no_pickle(reference):
+    assert not (reference / "checkpoint.pt").exists()
+    assert not [p for p in reference.rglob("*") if p.suffix in (".pt", ".pkl", ".bin", ".pickle")]

@@ -1,0 +1,147 @@
+"""Nothing from a received folder runs code, and a checkpoint only resumes the run it belongs to."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from student_stores import make_store
+from test_trainer import SMALL, _cli, _killed_run
+
+from student import trainer as T
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("safety")
+    return make_store(root / "store", rows=140, shards=2, tmp=root)
+
+MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / "kd-pwned-marker"
+
+
+class _Evil:
+    """Unpickling this runs `touch MARKER` (what a malicious checkpoint would do)."""
+
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+def test_a_malicious_checkpoint_is_refused_and_never_run(store_path, tmp_path):
+    MARKER.unlink(missing_ok=True)
+    out = tmp_path / "received"
+    out.mkdir()
+    torch.save({"config": {}, "world": 1, "model": {}, "rng": [], "evil": _Evil()}, out / "checkpoint.pt")
+    res = _cli("--shards", str(store_path), "--out", str(out), "--arch", "bilstm", "--max-steps", "2")
+    assert res.exit_code == 2, res.output
+    assert "refusing to load" in res.output and "checkpoint.pt" in res.output
+    assert not MARKER.exists()
+
+
+def test_a_truncated_checkpoint_is_a_clear_error(store_path, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _killed_run(store_path, out, monkeypatch)
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    assert res.exit_code == 2 and "cannot be read" in res.output and "checkpoint.pt" in res.output
+
+
+def test_resume_refuses_a_rebuilt_store(store_path, tmp_path, monkeypatch):
+    """Kill training, change the store at the same path, rerun: refused instead of mixing two datasets."""
+    store = tmp_path / "store"
+    shutil.copytree(store_path, store)
+    out = tmp_path / "out"
+    _killed_run(store, out, monkeypatch)
+    shutil.rmtree(store)
+    make_store(store, rows=140, shards=2, seed=1, tmp=tmp_path)  # rebuilt from other inputs, same path
+    with pytest.raises(Exception, match="another store"):
+        T.train(T.TrainConfig(str(store), str(out), **SMALL))
+    shutil.rmtree(store)
+    shutil.copytree(store_path, store)  # the original store again: the run resumes and finishes
+    T.train(T.TrainConfig(str(store), str(out), **SMALL))
+    assert (out / "config.json").exists() and not (out / "checkpoint.pt").exists()
+
+
+def _small_args() -> list[str]:
+    return ["--arch", "bilstm", "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2",
+            "--val-percent", "10"]
+
+
+@pytest.fixture(scope="module")
+def trained(store_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "student"
+    return T.train(T.TrainConfig(str(store_path), str(out), **(SMALL | {"epochs": 1, "max_steps": 3})))
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(trained, tmp_path / "copy"))
+
+
+def _load_error(folder: Path) -> str:
+    import student
+
+    with pytest.raises(Exception) as e:
+        student.load(folder)
+    assert type(e.value).__name__ == "InputError", repr(e.value)
+    return str(e.value)
+
+
+def test_flipped_weight_bytes_are_refused(trained, tmp_path):
+    f = _copy(trained, tmp_path)
+    data = bytearray((f / "model.safetensors").read_bytes())
+    data[-8:] = b"\xff" * 8  # the last values of a tensor: a NaN/garbage weight, header intact
+    (f / "model.safetensors").write_bytes(bytes(data))
+    assert "does not match the checksum" in _load_error(f)
+
+
+@pytest.mark.parametrize("damage,expect", [
+    ("no-weights", "no model.safetensors"),
+    ("no-tokenizer", "no tokenizer/"),
+    ("truncated-weights", "does not match the checksum"),
+    ("garbage-config", "not valid JSON"),
+    ("config-list", "not a kd student config"),
+    ("shape-mismatch", "do not fit the student"),
+])
+def test_damaged_student_folders_give_clear_errors(trained, tmp_path, damage, expect):
+    import json
+
+    f = _copy(trained, tmp_path)
+    if damage == "no-weights":
+        (f / "model.safetensors").unlink()
+    elif damage == "no-tokenizer":
+        shutil.rmtree(f / "tokenizer")
+    elif damage == "truncated-weights":
+        data = (f / "model.safetensors").read_bytes()
+        (f / "model.safetensors").write_bytes(data[: len(data) // 3])
+    elif damage == "garbage-config":
+        (f / "config.json").write_bytes(b"\x00{not json")
+    elif damage == "config-list":
+        (f / "config.json").write_text("[]")
+    else:
+        cfg = json.loads((f / "config.json").read_text())
+        cfg["student"]["hidden_dim"] = cfg["student"]["hidden_dim"] * 2
+        (f / "config.json").write_text(json.dumps(cfg))
+    assert expect in _load_error(f)
+
+
+def test_encode_takes_a_string_and_refuses_none(trained):
+    import student
+
+    s = student.load(trained)
+    one = s.encode("the market fell")
+    assert one.shape == (s.dim,)
+    assert torch.allclose(torch.from_numpy(one), torch.from_numpy(s.encode(["the market fell"])[0]))
+    with pytest.raises(Exception, match="item 1 is NoneType"):
+        s.encode(["fine", None])
+
+
+def test_cuda_without_cuda_is_a_clear_error(trained, monkeypatch):
+    import student
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(Exception, match="no CUDA device"):
+        student.load(trained, device="cuda")
