@@ -132,9 +132,10 @@ def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.T
     rec = existing.tables.get("texts")
     if rec is None or not all(k in rec.shards for k in owned):
         return None
-    import pyarrow.parquet as pq
+    from storage.store import Store
 
-    return pa.concat_tables([pq.read_table(loc.path(rec.shards[k].file), filesystem=loc.fs) for k in owned])
+    store = Store(loc, existing)  # verified reads: a tampered texts shard must not be encoded by a new teacher
+    return pa.concat_tables([store.read_shard("texts", k) for k in owned])
 
 
 def precompute(
@@ -227,6 +228,7 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
             texts = (list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs
                      else shard["text"].to_pylist())
             vecs, n_tokens = encode_all(t, texts, touts[t.name], batch_tokens, on_batch=bar.advance)
+            _refuse_non_finite(t.name, k, shard, texts, vecs, vdtype)
             trunc = n_tokens > t.max_length
             summary.truncated += int(trunc.sum())
             summary.rows_computed += len(texts)
@@ -244,18 +246,42 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
     return summary
 
 
+def _refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict, vdtype) -> None:
+    """Stop before committing NaN/Inf vectors (an fp16 overflow, a broken checkpoint): they would train an
+    all-NaN student without any error. Checked in the stored dtype, so float16 overflow is caught too."""
+    import numpy as np
+
+    for col, v in vecs.items():
+        bad = ~np.isfinite(np.asarray(v).astype(np.float16 if vdtype.value == "float16" else np.float32))
+        rows = np.nonzero(bad.reshape(len(bad), -1).any(axis=1))[0]
+        if len(rows):
+            ids = shard["id"].to_pylist()
+            show = "; ".join(f"id {ids[i]}: {str(texts[i])[:60]!r}" for i in rows[:3])
+            raise StoreError(
+                f"teacher {teacher!r} produced {len(rows)} non-finite (NaN/Inf) {col!r} vector(s) in shard {k} "
+                f"({show}); nothing of this shard was committed", teacher,
+                "use --precision fp32 (fp16/bf16 can overflow) and --dtype float32, or check the teacher checkpoint")
+
+
 def _save_teacher_files(writer, t: Teacher) -> None:
-    """Tokenizer files (no weights) and the input-embedding matrix, once per teacher."""
+    """Tokenizer files (no weights) and the input-embedding matrix, once per teacher, with their sha256
+    in the manifest (`extras.files`) so training refuses a damaged tokenizer instead of mis-tokenizing."""
     import os
     import tempfile
 
     from safetensors.torch import save
 
+    files: dict[str, bytes] = {}
     if not fs.exists(writer.loc, "tokenizers", t.name, "tokenizer_config.json"):
         with tempfile.TemporaryDirectory() as tmp:
             t.tokenizer.save_pretrained(tmp)
             for f in sorted(os.listdir(tmp)):
-                fs.atomic_write_bytes(writer.loc, open(os.path.join(tmp, f), "rb").read(), "tokenizers", t.name, f)
+                with open(os.path.join(tmp, f), "rb") as fh:
+                    files[f"tokenizers/{t.name}/{f}"] = fh.read()
     if not fs.exists(writer.loc, "teachers", t.name, "input_embeddings.safetensors"):
-        data = save({"weight": input_embeddings(t)})
-        fs.atomic_write_bytes(writer.loc, data, "teachers", t.name, "input_embeddings.safetensors")
+        files[f"teachers/{t.name}/input_embeddings.safetensors"] = save({"weight": input_embeddings(t)})
+    for rel, data in files.items():
+        fs.atomic_write_bytes(writer.loc, data, *rel.split("/"))
+    if files:
+        writer.set_extra("files", {**writer.manifest.extras.get("files", {}),
+                                   **{rel: fs.sha256(data) for rel, data in files.items()}})

@@ -21,6 +21,7 @@ from enum import Enum
 
 import faiss
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import fs
@@ -55,6 +56,7 @@ class IndexInfo:
     source: str  # hash of the source table's shard checksums (staleness check)
     metric: str = "cosine"
     device: str = "cpu"
+    ids_sha256: str = ""  # empty in stores indexed before it was recorded
 
     @classmethod
     def from_extra(cls, d: dict) -> IndexInfo:
@@ -176,7 +178,7 @@ def build_index(store_path: str | os.PathLike, table: str, column: str, kind: In
     info = IndexInfo(
         name=name, table=table, column=column, kind=IndexKind(kind).value, file=f"indexes/{name}.faiss",
         ids_file=f"indexes/{name}.ids.npy", rows=len(ids), dim=dim, sha256=fs.sha256(data),
-        source=_source_hash(store, table), device="gpu" if gpu else "cpu",
+        source=_source_hash(store, table), device="gpu" if gpu else "cpu", ids_sha256=fs.sha256(buf.getvalue()),
     )
     fs.atomic_write_bytes(store.loc, data, info.file)
     fs.atomic_write_bytes(store.loc, buf.getvalue(), info.ids_file)
@@ -225,13 +227,29 @@ def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
             store.root,
             f"rebuild it: kd index {store.root} --table {info.table} --column {info.column} --kind {info.kind}",
         )
-    data = fs.read_bytes(store.loc, info.file)
-    if fs.sha256(data) != info.sha256:
-        raise StoreError("index file does not match its manifest checksum", store.loc.path(info.file),
-                         "rebuild it with kd index")
+    data, id_bytes = verified_index_files(store, info)
     index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
-    ids = np.load(io.BytesIO(fs.read_bytes(store.loc, info.ids_file)))
+    ids = np.load(io.BytesIO(id_bytes), allow_pickle=False)
+    if len(ids) != info.rows or index.ntotal != info.rows:
+        raise StoreError(f"index {info.name} holds {index.ntotal} vectors and {len(ids)} ids, the manifest says "
+                         f"{info.rows}", store.loc.path(info.ids_file), "rebuild it with kd index")
     return index, ids
+
+
+def verified_index_files(store: Store, info: IndexInfo) -> tuple[bytes, bytes]:
+    """The index and ids files' bytes, refused when missing or unlike their recorded sha256."""
+    out = []
+    for rel, sha in ((info.file, info.sha256), (info.ids_file, info.ids_sha256)):
+        try:
+            data = fs.read_bytes(store.loc, rel)
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"index file is missing or unreadable ({e})", store.loc.path(rel),
+                             "rebuild it with kd index") from e
+        if sha and fs.sha256(data) != sha:
+            raise StoreError("index file does not match its manifest checksum (corrupt or modified)",
+                             store.loc.path(rel), "rebuild it with kd index")
+        out.append(data)
+    return out[0], out[1]
 
 
 def text_of(store: Store, ids: np.ndarray, column: str | None = None) -> dict[int, str]:

@@ -88,11 +88,16 @@ class Manifest:
         return json.dumps(d, indent=1, sort_keys=False)
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Manifest:
+    def from_json(cls, text: str | bytes, where: str) -> Manifest:
+        fix = ("delete this file if other manifests remain (manifest.json is rebuilt from manifests/*.json), "
+               "or run `kd validate STORE --repair`")
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise StoreError("the manifest is not valid JSON", where, "restore it or re-run the command") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(f"the manifest is not valid JSON ({e})", where, fix) from e
+        if not isinstance(d, dict) or not isinstance(d.get("inputs"), dict) \
+                or not isinstance(d.get("tables", {}), dict):
+            raise StoreError("this is not a kd store manifest (not a JSON object with inputs and tables)", where, fix)
         if d.get("format") != FORMAT_NAME:
             raise StoreError("this is not a kd store manifest", where, "point at a folder written by kd precompute")
         version = d.get("format_version")
@@ -102,7 +107,13 @@ class Manifest:
                 where,
                 "re-run kd precompute with this kd version, or use the kd version that wrote the store",
             )
-        tables = {k: TableRecord.from_json(v) for k, v in d.get("tables", {}).items()}
+        try:
+            tables = {k: TableRecord.from_json(v) for k, v in d.get("tables", {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise StoreError(f"the manifest's table records are damaged ({e!r})", where, fix) from e
+        for key in ("fingerprint", "num_shards"):
+            if key not in d["inputs"]:
+                raise StoreError(f"the manifest's inputs lack {key!r}", where, fix)
         return cls(d["inputs"], tables, d.get("versions", {}), d.get("extras", {}), version)
 
 
@@ -119,7 +130,16 @@ def merge(manifests: list[Manifest], where: str) -> Manifest:
                 where,
                 "a writer was started with other inputs or --shard-rows; remove the store and re-run",
             )
-        out.extras.update(m.extras)
+        if m.inputs != base.inputs:
+            # Same fingerprint, other row counts or plan: a hand-edited manifest.json (or fragment).
+            diff = sorted(k for k in set(m.inputs) | set(base.inputs) if m.inputs.get(k) != base.inputs.get(k))
+            raise StoreError(f"manifest.json and the fragments in manifests/ disagree on {diff}", where,
+                             "delete manifest.json (it is rebuilt from manifests/), or run "
+                             "`kd validate STORE --repair`")
+        # `files` (sha256 of tokenizer and embedding files) is a union over writers, not a replacement
+        out.extras.update({k: v for k, v in m.extras.items() if k != "files"})
+        if m.extras.get("files"):
+            out.extras.setdefault("files", {}).update(m.extras["files"])
         for name, rec in m.tables.items():
             have = out.tables.setdefault(name, TableRecord(rec.kind, dict(rec.columns), dict(rec.meta)))
             if rec.meta and have.meta and rec.meta != have.meta:
@@ -131,7 +151,10 @@ def merge(manifests: list[Manifest], where: str) -> Manifest:
             have.meta = have.meta or dict(rec.meta)
             have.columns = have.columns or dict(rec.columns)
             for k, shard in rec.shards.items():
-                if k in have.shards and have.shards[k].sha256 != shard.sha256:
-                    raise StoreError(f"shard {k} of {name!r} was committed twice with different contents", where)
+                if k in have.shards and have.shards[k] != shard:
+                    raise StoreError(f"shard {k} of {name!r} has two different records (file, rows, bytes or "
+                                     "checksum) in manifest.json and the fragments", where,
+                                     "delete manifest.json (it is rebuilt from manifests/), or run `kd validate "
+                                     "STORE --repair`")
                 have.shards[k] = shard
     return out

@@ -119,13 +119,19 @@ def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[
         yield f"{expr} AS {_ident(f.name if prefix is None else f'{prefix}_{f.name}')}"
 
 
-def connect(store_path: str | os.PathLike | Store, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", verify: bool = True
+            ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per table plus `outputs` (see module docstring).
 
+    - Every file a view reads is checked against its manifest sha256 first (DuckDB reads the files
+      itself, so this is the one chance); `verify=False` skips that on a store you just validated.
     - Tables with no committed shard get no view.
     - Local stores are read by path; remote ones (s3://...) through their pyarrow datasets.
     """
     store = store_path if isinstance(store_path, Store) else Store.open(store_path)
+    if verify:
+        for table in store.manifest.tables:
+            store.verify_files(table)
     con = duckdb.connect(database)
     names = view_names(store.manifest)
     schemas: dict[str, pa.Schema] = {}

@@ -12,6 +12,7 @@ Layout (see docs/store-format.md):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from storage.errors import StoreError
 from storage.manifest import Manifest, ShardRecord, TableRecord, merge
 
 MANIFEST = "manifest.json"
+REPAIR = "run `kd validate STORE --repair` to drop the damaged shards, then re-run the command that wrote them"
 FRAGMENTS = "manifests"
 LOCKS = "locks"
 
@@ -38,10 +40,10 @@ def load_manifest(loc: fs.Location) -> Manifest | None:
     """Merged manifest of a store, or None when the location holds no store."""
     found = []
     if fs.exists(loc, MANIFEST):
-        found.append(Manifest.from_json(fs.read_bytes(loc, MANIFEST).decode(), loc.path(MANIFEST)))
+        found.append(Manifest.from_json(fs.read_bytes(loc, MANIFEST), loc.path(MANIFEST)))
     for name in fs.list_files(loc, FRAGMENTS):
         if name.endswith(".json"):
-            found.append(Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, name).decode(), loc.path(FRAGMENTS, name)))
+            found.append(Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, name), loc.path(FRAGMENTS, name)))
     return merge(found, loc.root) if found else None
 
 
@@ -51,6 +53,7 @@ class Store:
 
     loc: fs.Location
     manifest: Manifest
+    _verified: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     @classmethod
     def open(cls, uri: str | os.PathLike) -> Store:
@@ -85,37 +88,88 @@ class Store:
             )
         return rec
 
-    def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = False) -> pa.Table:
-        """One shard of a table; with verify, its bytes are checked against the manifest's sha256."""
+    def shard_record(self, name: str, k: int) -> ShardRecord:
         rec = self.table(name).shards.get(k)
         if rec is None:
             raise StoreError(f"shard {k} of table {name!r} is not committed", self.root)
+        return rec
+
+    def read_verified(self, rec: ShardRecord) -> bytes:
+        """A committed file's bytes, hashed while read; a size or sha256 other than the manifest's is refused.
+
+        Every reader goes through here (or `verify_files`), so a flipped byte, a truncated or swapped file
+        is an error naming the file, never a different answer.
+        """
+        path = self.loc.path(rec.file)
+        digest, parts = hashlib.sha256(), []
+        try:
+            with self.loc.fs.open_input_stream(path) as f:
+                while block := f.read(1 << 22):
+                    digest.update(block)
+                    parts.append(block)
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"cannot read a committed file ({e})", path, REPAIR) from e
+        data = b"".join(parts)
+        if len(data) != rec.bytes or digest.hexdigest() != rec.sha256:
+            raise StoreError(
+                f"file does not match its checksum in the manifest ({len(data)} bytes, manifest says "
+                f"{rec.bytes}): corrupt or modified", path, REPAIR)
+        return data
+
+    def verify_files(self, name: str) -> list[str]:
+        """Check every committed shard of a table against the manifest (once per Store); returns their paths.
+
+        For readers that open the files themselves (DuckDB, pyarrow datasets); checked once per opened
+        Store, since a dataset is re-created for every lookup.
+        """
+        rec = self.table(name)
+        for k in sorted(rec.shards):
+            if (rec.shards[k].file, rec.shards[k].sha256) not in self._verified:
+                self.read_verified(rec.shards[k])
+                self._verified.add((rec.shards[k].file, rec.shards[k].sha256))
+        return [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+
+    def verify_folder(self, *parts: str) -> None:
+        """Check the files under a folder (or one file) against the sha256 the manifest records for them.
+
+        Stores written before checksums were recorded for these files pass unchecked.
+        """
+        known = self.manifest.extras.get("files", {})
+        prefix = "/".join(parts)
+        for rel, sha in sorted(known.items()):
+            if rel != prefix and not rel.startswith(prefix + "/"):
+                continue
+            try:
+                data = fs.read_bytes(self.loc, *rel.split("/"))
+            except (OSError, pa.ArrowException) as e:
+                raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
+                                 "re-run the kd precompute command that wrote this teacher") from e
+            if fs.sha256(data) != sha:
+                raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
+                                 self.loc.path(rel), "restore it, or re-run kd precompute for this teacher "
+                                 "into a new --out")
+
+    def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
+        """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""
+        rec = self.shard_record(name, k)
         path = self.loc.path(rec.file)
         try:
             if verify:
-                data = fs.read_bytes(self.loc, rec.file)
-                if fs.sha256(data) != rec.sha256:
-                    raise StoreError(
-                        "shard checksum does not match the manifest (corrupt or modified file)",
-                        path,
-                        "delete the file and re-run the command that wrote it (it will be recomputed)",
-                    )
-                return pq.read_table(pa.BufferReader(data), columns=columns)
+                return pq.read_table(pa.BufferReader(self.read_verified(rec)), columns=columns)
             return pq.read_table(path, columns=columns, filesystem=self.loc.fs)
         except StoreError:
             raise
         except (OSError, pa.ArrowException) as e:
-            raise StoreError(
-                f"cannot read shard ({e})", path, "delete the file and re-run the command that wrote it"
-            ) from e
+            raise StoreError(f"cannot read shard ({e})", path, REPAIR) from e
 
-    def read_table(self, name: str, columns: list[str] | None = None) -> pa.Table:
+    def read_table(self, name: str, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         rec = self.require_complete(name)
-        return pa.concat_tables([self.read_shard(name, k, columns) for k in sorted(rec.shards)])
+        return pa.concat_tables([self.read_shard(name, k, columns, verify) for k in sorted(rec.shards)])
 
-    def dataset(self, name: str) -> ds.Dataset:
+    def dataset(self, name: str, verify: bool = True) -> ds.Dataset:
+        """A pyarrow dataset over the committed shards (all verified first unless `verify=False`)."""
         rec = self.require_complete(name)
-        files = [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+        files = self.verify_files(name) if verify else [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
         return ds.dataset(files, format="parquet", filesystem=self.loc.fs)
 
     def local_dir(self, *parts: str) -> str:
@@ -187,7 +241,7 @@ def drop_table(loc: fs.Location, name: str) -> bool:
     for parts in paths:
         if not fs.exists(loc, *parts):
             continue
-        m = Manifest.from_json(fs.read_bytes(loc, *parts).decode(), loc.path(*parts))
+        m = Manifest.from_json(fs.read_bytes(loc, *parts), loc.path(*parts))
         if m.tables.pop(name, None) is not None:
             fs.atomic_write_bytes(loc, m.to_json().encode(), *parts)
             dropped = True
@@ -266,7 +320,7 @@ def open_writer(uri: str | os.PathLike, header: Manifest, writer_id: str, overwr
             existing = None
         own = None
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):
-            own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json").decode(), writer_id)
+            own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json"), writer_id)
         manifest = own or Manifest(dict(header.inputs), {}, dict(header.versions))
         manifest.inputs = dict(header.inputs)
         manifest.versions = dict(header.versions)

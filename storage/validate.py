@@ -41,7 +41,31 @@ def validate(store: Store) -> list[Problem]:
             problems.append(Problem(store.loc.path(name), f"{len(missing)} shard(s) missing: {missing[:5]}"))
         for k, shard in sorted(rec.shards.items()):
             problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
-    return problems
+    return problems + _check_files(store) + _check_indexes(store)
+
+
+def _check_files(store: Store) -> list[Problem]:
+    """Tokenizer and embedding files whose sha256 the manifest records."""
+    out = []
+    for rel in sorted(store.manifest.extras.get("files", {})):
+        try:
+            store.verify_folder(*rel.split("/"))
+        except StoreError as e:
+            out.append(Problem(e.where or rel, e.what))
+    return out
+
+
+def _check_indexes(store: Store) -> list[Problem]:
+    """Every faiss index the manifest lists: files present, checksums, row counts, not stale."""
+    from storage.index import list_indexes, load_index
+
+    out = []
+    for info in list_indexes(store):
+        try:
+            load_index(store, info)
+        except StoreError as e:
+            out.append(Problem(e.where or store.loc.path(info.file), e.what))
+    return out
 
 
 def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str], text_ids) -> list[Problem]:
@@ -64,12 +88,38 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
             out.append(Problem(path, f"column {col!r} missing"))
         elif have[col] != typ:
             out.append(Problem(path, f"column {col!r} is {have[col]}, manifest says {typ}"))
+    out += _non_finite(table, path)
     if "id" in have:
         ids = table["id"].combine_chunks()
         if name == "texts":
             text_ids[k] = ids
         elif k in text_ids and not ids.equals(text_ids[k]):
             out.append(Problem(path, f"ids are not aligned with texts shard {k}"))
+    return out
+
+
+def _non_finite(table: pa.Table, path: str) -> list[Problem]:
+    """NaN/Inf in float vector columns (what an fp16 overflow writes): flagged with the first bad rows."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    out = []
+    for f in table.schema:
+        col = table[f.name]
+        while pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+            col = pc.list_flatten(col)
+        if not pa.types.is_floating(col.type):
+            continue
+        if f.name == "label":
+            continue
+        flat = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        if np.isfinite(flat).all():
+            continue
+        per_row = max(1, len(flat) // max(1, table.num_rows))
+        rows = np.unique(np.nonzero(~np.isfinite(flat))[0] // per_row)
+        ids = table["id"].to_pylist() if "id" in table.column_names else list(range(table.num_rows))
+        out.append(Problem(path, f"column {f.name!r} has non-finite (NaN/Inf) values in {len(rows)} row(s), "
+                                 f"first ids {[ids[i] for i in rows[:3]]}"))
     return out
 
 

@@ -176,8 +176,10 @@ def canonical_order(batches: list[int]) -> list[int]:
 def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     """Read the `id` column of every shard once: train/val counts, and a footer check of every table read.
 
-    Truncated or foreign shards fail here, in the main process, with the file named.
+    Truncated or foreign shards fail here, in the main process, with the file named; so does a damaged
+    tokenizer file (checked against its manifest sha256: it would otherwise mis-tokenize silently).
     """
+    store.verify_folder("tokenizers", cfg.tokenizer)
     cols = resolve_columns(store, cfg.columns)
     for t in cols.tables():
         store.require_complete(t)
@@ -197,12 +199,13 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     return Plan(cfg, cols, world, counts, num_val)
 
 
-def _open(store: Store, table: str, k: int) -> pq.ParquetFile:
-    rec = store.table(table).shards.get(k)
-    if rec is None:
-        raise StoreError(f"shard {k} of table {table!r} is not committed", store.root)
+def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFile:
+    """Shard k of a table; its bytes are checked against the manifest (sha256) unless only the footer is read."""
+    rec = store.shard_record(table, k)
     path = store.loc.path(rec.file)
     try:
+        if verify:
+            return pq.ParquetFile(pa.BufferReader(store.read_verified(rec)))
         return pq.ParquetFile(store.loc.fs.open_input_file(path))
     except (OSError, pa.ArrowException) as e:
         raise StoreError(
@@ -212,7 +215,7 @@ def _open(store: Store, table: str, k: int) -> pq.ParquetFile:
 
 
 def _check_footer(store: Store, table: str, k: int, columns: list[str]) -> None:
-    pf = _open(store, table, k)
+    pf = _open(store, table, k, verify=False)  # footer only: the data is verified when it is read
     path = store.loc.path(store.table(table).shards[k].file)
     want = store.table(table).shards[k].rows
     if pf.metadata.num_rows != want:

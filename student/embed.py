@@ -115,7 +115,7 @@ def _drop_table(path: str, table: str, writer_id: str) -> None:
     loc = fs.resolve(path)
     for parts in (("manifest.json",), ("manifests", f"{writer_id}.json")):
         if fs.exists(loc, *parts):
-            m = Manifest.from_json(fs.read_bytes(loc, *parts).decode(), loc.path(*parts))
+            m = Manifest.from_json(fs.read_bytes(loc, *parts), loc.path(*parts))
             m.tables.pop(table, None)
             fs.atomic_write_bytes(loc, m.to_json().encode(), *parts)
 

@@ -187,6 +187,7 @@ def setup(cfg: TrainConfig) -> Setup:
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
                       "re-run kd precompute for this teacher (it saves the tokenizer files)")
+    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")  # (tokenizer: D.build_plan)
     vocab, pad = _tokenizer_size(tok_dir)
     emb = _embeddings_matrix(store, teacher) if cfg.init_embeddings is not EmbeddingInit.random else None
     if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
@@ -430,6 +431,12 @@ def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
     tr = run.tr
     with run.autocast():
         loss, parts = run.ddp(batch, st.step / run.total)
+    if not torch.isfinite(loss.detach()).item():
+        # NaN/Inf targets (a store written in fp16 that overflowed) or a diverged model: stop before the
+        # weights become NaN and a useless student is saved with exit 0. torchrun stops the other ranks.
+        losses = ", ".join(f"{o.spec} {v:.3g}" for o, v in zip(run.s.objectives, parts.tolist()))
+        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses})", run.cfg.store,
+                      "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr")
     tr.opt.zero_grad(set_to_none=True)
     tr.scaler.scale(loss).backward()
     if run.cfg.clip > 0:

@@ -64,3 +64,13 @@ def sentences() -> list[str]:
     """Real sentences from the shared Leipzig news corpus."""
     lines = (DATA / "corpus" / "eng_news_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
     return [line.split("\t", 1)[1] for line in lines[:300]]
+
+
+def precompute_news(root: Path, teacher: Path, sentences: list[str], rows: int, shard_rows: int) -> Path:
+    """A real store: the first `rows` news sentences through `teacher` (named "tiny"), at root/store."""
+    from pipeline.precompute import precompute
+
+    src = root / "news.txt"
+    src.write_text("\n".join(sentences[:rows]) + "\n", encoding="utf-8")
+    precompute([str(src)], str(root / "store"), [f"tiny={teacher}"], shard_rows=shard_rows, progress=False)
+    return root / "store"

@@ -161,9 +161,22 @@ def test_id_mismatch_names_the_shard(tmp_path):
     bad = store.read_shard(f"teachers/{TEACHER}", 1)
     ids = bad.column("id").to_numpy().copy()
     ids[[3, 4]] = ids[[4, 3]]
-    # rewritten behind the manifest's back (same row count, so only the id check can notice)
-    pq.write_table(bad.set_column(0, "id", pa.array(ids)), path / "teachers" / TEACHER / "part-00001.parquet")
+    f = path / "teachers" / TEACHER / "part-00001.parquet"
+    pq.write_table(bad.set_column(0, "id", pa.array(ids)), f)
     plan = D.build_plan(store, cfg(path, val_percent=0.0))
+    # rewritten behind the manifest's back: the checksum check names the file
+    with pytest.raises(StoreError, match="does not match its checksum") as e:
+        list(D.train_batches(store, plan, 0, 0))
+    assert "teachers/tiny/part-00001.parquet" in str(e.value)
+    # committed with a matching checksum (a buggy writer): only the id check can notice
+    import hashlib
+
+    from storage.manifest import ShardRecord
+
+    data = f.read_bytes()
+    rec = store.manifest.tables[f"teachers/{TEACHER}"].shards[1]
+    store.manifest.tables[f"teachers/{TEACHER}"].shards[1] = ShardRecord(rec.file, rec.rows, len(data),
+                                                                         hashlib.sha256(data).hexdigest())
     with pytest.raises(StoreError) as e:
         list(D.train_batches(store, plan, 0, 0))
     assert "shard 1" in str(e.value) and "other ids" in str(e.value)

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import precompute_news
 
-from pipeline.precompute import precompute
 from storage.store import Store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, tiny_teacher, sentences) -> Store:
-    root = tmp_path_factory.mktemp("eco")
-    src = root / "news.txt"
-    src.write_text("\n".join(sentences[:120]) + "\n", encoding="utf-8")
-    precompute([str(src)], str(root / "st"), [f"tiny={tiny_teacher}"], shard_rows=50, progress=False)
-    return Store.open(root / "st")
+    return Store.open(precompute_news(tmp_path_factory.mktemp("eco"), tiny_teacher, sentences, 120, 50))
 
 
 def shard_files(store: Store, table: str) -> list[str]:

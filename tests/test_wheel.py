@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -32,9 +33,14 @@ def _fresh_venv(base: Path) -> Path:
 
 @pytest.mark.slow
 def test_wheel_runs_the_quick_demo_without_shared_data(tmp_path):
-    dist = tmp_path / "dist"
+    dist, src = tmp_path / "dist", tmp_path / "src"
+    # Build from a copy of the tracked files: setuptools writes build/ into the source folder.
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    for f in files:
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, src / f)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-                    str(ROOT)], check=True)
+                    str(src)], check=True)
     wheel = next(dist.glob("kd-*.whl"))
     py = _fresh_venv(tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel)],

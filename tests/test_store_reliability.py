@@ -1,0 +1,100 @@
+"""Silent wrong results, one test each: NaN vectors, hand-edited manifests, a manifest that is not one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import precompute_news
+from typer.testing import CliRunner
+
+import pipeline.precompute as P
+from cli import app
+from storage.errors import KdError, StoreError
+from storage.store import Store
+from storage.validate import check
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, tiny_teacher, sentences):
+    return precompute_news(tmp_path_factory.mktemp("rel"), tiny_teacher, sentences, 90, 30)
+
+
+def test_precompute_refuses_non_finite_vectors(tmp_path, tiny_teacher, sentences, monkeypatch):
+    real = P.encode_all
+
+    def overflowing(*a, **kw):
+        vecs, n = real(*a, **kw)
+        vecs["mean"][5] = np.inf  # what an fp16 overflow produces
+        return vecs, n
+
+    monkeypatch.setattr(P, "encode_all", overflowing)
+    with pytest.raises(StoreError) as e:
+        precompute_news(tmp_path, tiny_teacher, sentences, 60, 30)
+    msg = str(e.value)
+    assert "non-finite" in msg and "'mean'" in msg and "--precision fp32" in msg and "tiny" in msg
+    assert not Store.open(tmp_path / "store").manifest.tables["teachers/tiny"].shards  # nothing committed
+
+
+def test_validate_and_training_stop_on_nan_vectors(clean, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage import fs
+
+    store = shutil.copytree(clean, tmp_path / "store")
+    f = store / "teachers" / "tiny" / "part-00001.parquet"
+    t = pq.read_table(f)
+    mean = np.stack(t["mean"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    mean[3] = np.nan
+    t = t.set_column(t.schema.get_field_index("mean"), "mean",
+                     pa.FixedSizeListArray.from_arrays(pa.array(mean.ravel()), mean.shape[1]))
+    data = fs.parquet_bytes(t)
+    f.write_bytes(data)
+    # committed as a writer would (checksums agree): only the finiteness checks can notice
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"]["teachers/tiny"]["shards"]["1"].update(bytes=len(data), sha256=fs.sha256(data))
+        m.write_text(json.dumps(d))
+    _, problems = check(str(store))
+    assert any("non-finite" in str(p) and "'mean'" in str(p) and "part-00001" in str(p) for p in problems)
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "s"),
+                                   "--target", "tiny.mean", "--max-steps", "20", "--batch-size", "90",
+                                   "--val-percent", "0", "--no-progress"])
+    assert res.exit_code == 2 and "not finite" in res.output, res.output
+    assert not (tmp_path / "s" / "model.safetensors").exists()
+
+
+def test_hand_edited_row_counts_are_refused(clean, tmp_path):
+    store = shutil.copytree(clean, tmp_path / "store")
+    d = json.loads((store / "manifest.json").read_text())
+    d["inputs"]["num_rows"] = 60
+    (store / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(StoreError, match="disagree on \\['num_rows'\\]"):
+        Store.open(store)
+    res = CliRunner().invoke(app, ["validate", str(store)])
+    assert res.exit_code != 0 and "num_rows" in res.output
+
+
+def test_a_dropped_shard_record_is_refused(clean, tmp_path):
+    store = shutil.copytree(clean, tmp_path / "store")
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"]["teachers/tiny"]["shards"]["2"]["rows"] = 10  # a record that lies about its rows
+        m.write_text(json.dumps(d))
+    _, problems = check(str(store))
+    assert any("rows" in str(p) for p in problems)
+
+
+@pytest.mark.parametrize("content", ["[]", "3", '{"format": "kd-store"}', "\x00\xff"])
+def test_a_manifest_that_is_not_one_is_a_clear_error(clean, tmp_path, content):
+    store = shutil.copytree(clean, tmp_path / "store")
+    shutil.rmtree(store / "manifests")
+    (store / "manifest.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(KdError) as e:
+        Store.open(store)
+    assert "manifest.json" in str(e.value)
+    res = CliRunner().invoke(app, ["validate", str(store)])
+    assert res.exit_code == 2 and "manifest" in res.output
