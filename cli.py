@@ -42,7 +42,7 @@ def precompute(
     inputs: Annotated[list[str], typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
     out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
     teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
-    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits (default: all available)")] = None,  # noqa: E501
+    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab (default: all available but vocab)")] = None,  # noqa: E501
     segment: Annotated[str, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
     spacy_model: Annotated[str | None, typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
     text_column: Annotated[str | None, typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
@@ -77,6 +77,8 @@ def precompute(
     if s.nothing_to_do:
         term.print(f"store {s.store} is already complete for {', '.join(s.teachers)}: nothing to do")
         return
+    if s.vocab_written:
+        term.print(f"wrote the vocab output (one vector per vocabulary token) of {', '.join(s.vocab_written)}")
     term.print(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
         f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
@@ -117,20 +119,20 @@ def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) 
 def train_student(
     shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
-    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer")] = "bilstm",
+    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static")] = "bilstm",
     objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
-    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width))")] = None,  # noqa: E501
+    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)")] = None,  # noqa: E501
     hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)")] = None,
     layers: Annotated[int, typer.Option(help="Encoder layers")] = 1,
     pooling: Annotated[str, typer.Option(help="mean | max | attentive | cls")] = "mean",
-    dropout: Annotated[float, typer.Option()] = 0.1,
+    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]")] = None,
     max_length: Annotated[int, typer.Option(help="Student tokens per text")] = 128,
-    epochs: Annotated[int, typer.Option()] = 3,
+    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
-    batch_size: Annotated[int, typer.Option()] = 64,
-    lr: Annotated[float, typer.Option()] = 1e-3,
-    weight_decay: Annotated[float, typer.Option()] = 0.01,
+    batch_size: Annotated[int | None, typer.Option(help="[default: 64; static 256]")] = None,
+    lr: Annotated[float | None, typer.Option(help="[default: 1e-3; static 5e-3]")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="[default: 0.01; static 0]")] = None,
     warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1)")] = 0.05,
     schedule: Annotated[str, typer.Option(help="cosine | plateau | constant")] = "cosine",
     clip: Annotated[float, typer.Option(help="Max gradient norm (0: off)")] = 1.0,
@@ -142,7 +144,8 @@ def train_student(
     workers: Annotated[int, typer.Option(help="DataLoader worker processes (read + tokenize)")] = 0,
     shuffle_buffer: Annotated[int, typer.Option(help="Rows in the shuffle buffer")] = 10000,
     val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash)")] = 2.0,
-    init_embeddings: Annotated[str, typer.Option(help="auto | teacher | random")] = "auto",
+    init_embeddings: Annotated[str, typer.Option(help="auto | teacher | vocab | random")] = "auto",
+    token_weights: Annotated[str, typer.Option(help="Static students: sif | none")] = "sif",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     amp: Annotated[bool, typer.Option(help="Mixed precision on CUDA")] = True,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
@@ -150,16 +153,18 @@ def train_student(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from student.trainer import TrainConfig, train
+    from student.trainer import TrainConfig, arch_defaults, train
 
     try:
+        tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
+                                         lr=lr, weight_decay=weight_decay))
         cfg = TrainConfig(
-            shards, out, arch=arch, objectives=objective or ["cosine"], target=target, embed_dim=embed_dim,
-            hidden_dim=hidden_dim, num_layers=layers, pooling=pooling, dropout=dropout, max_length=max_length,
-            epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay, warmup=warmup,
+            shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
+            num_layers=layers, pooling=pooling, max_length=max_length, max_steps=max_steps, **tuned, warmup=warmup,
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
-            val_percent=val_percent, init_embeddings=init_embeddings, device=device, amp=amp, resume=resume,
+            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights, device=device,
+            amp=amp, resume=resume,
             overwrite=overwrite, progress=progress,
         )
         path = train(cfg)
@@ -385,7 +390,7 @@ def finetune_teacher_cmd(
     train: Annotated[list[str], typer.Option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder: a Hugging Face checkpoint")],
     dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
-    epochs: Annotated[int, typer.Option()] = 3,
+    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
     lr: Annotated[float, typer.Option()] = 2e-5,
     batch_size: Annotated[int, typer.Option()] = 16,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
@@ -426,12 +431,12 @@ def finetune_cmd(
     kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
     kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher")] = 1.0,
     kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
-    epochs: Annotated[int, typer.Option()] = 3,
+    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
     lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev")] = 5e-4,
     batch_size: Annotated[int, typer.Option()] = 32,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
     hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer")] = 256,
-    dropout: Annotated[float, typer.Option()] = 0.1,
+    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]")] = None,
     text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
     pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks")] = None,
     label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,

@@ -48,10 +48,11 @@ class PrecomputeSummary:
     seconds: float = 0.0
     bytes_written: int = 0
     teachers: list[str] = field(default_factory=list)
+    vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
 
     @property
     def nothing_to_do(self) -> bool:
-        return self.shards_written == 0
+        return self.shards_written == 0 and not self.vocab_written
 
     @property
     def rate(self) -> float:
@@ -92,7 +93,7 @@ def _teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
         try:
             out = Output(o)
         except ValueError:
-            choices = ", ".join(x.value for x in Output)
+            choices = ", ".join([x.value for x in Output] + ["vocab"])
             raise InputError(f"unknown output {o!r}", "--outputs", f"choose from {choices}") from None
         if out not in t.available():
             why = ("it has no classification head (fine-tune one with kd finetune-teacher)" if out is Output.logits
@@ -164,10 +165,16 @@ def precompute(
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
-    touts = {t.name: _teacher_outputs(t, outputs) for t in loaded}  # fail on bad --outputs before reading
+    # `vocab` is per teacher, not per row: computed apart from the row outputs, and on its own (no row
+    # recompute) when it is the only output asked of a teacher the store already has.
+    want_vocab = bool(outputs) and "vocab" in outputs
+    row_outputs = [o for o in outputs if o != "vocab"] if outputs else None
+    touts = {t.name: _teacher_outputs(t, row_outputs) for t in loaded}  # fail on bad --outputs before reading
 
     loc = fs.resolve(out)
     existing = load_manifest(loc) if fs.exists(loc) else None
+    if want_vocab and not row_outputs and existing is not None:
+        touts = {t.name: _stored_outputs(existing, t, touts[t.name]) for t in loaded}
     same = existing is not None and existing.fingerprint == header_inputs["fingerprint"]
     rows = None
     if same:
@@ -184,10 +191,36 @@ def precompute(
                        "num_shards": plan.num_shards, "counts": counts.__dict__}, versions=package_versions())
     writer = open_writer(out, header, f"writer-{index:05d}-of-{count:05d}", overwrite)
     try:
-        return _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
-                      counts, progress, t0)
+        summary = _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
+                         counts, progress, t0)
+        if want_vocab and index == 0:
+            summary.vocab_written = [t.name for t in loaded if _write_vocab(writer, t, progress)]
+            writer.publish()
+            summary.seconds = time.perf_counter() - t0
+        return summary
     finally:
         writer.close()
+
+
+def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> list[Output]:
+    """The row outputs the store already holds for teacher `t` (so `--outputs vocab` changes nothing else)."""
+    rec = existing.tables.get(f"teachers/{t.name}")
+    stored = (rec.meta.get("outputs") if rec else None) or []
+    return [Output(o) for o in stored] or default
+
+
+def _write_vocab(writer, t: Teacher, progress: bool) -> bool:
+    """Write teachers/<name>/vocab.safetensors once (with its sha256 in the manifest); False if present."""
+    from pipeline.vocab import VOCAB_FILE, vocab_bytes
+
+    rel = f"teachers/{t.name}/{VOCAB_FILE}"
+    if rel in writer.manifest.extras.get("files", {}) and fs.exists(writer.loc, *rel.split("/")):
+        return False
+    with Bar(f"vocab {t.name}", len(t.tokenizer), "tokens", progress) as bar:
+        data = vocab_bytes(t, on_batch=bar.advance)
+    fs.atomic_write_bytes(writer.loc, data, *rel.split("/"))
+    writer.set_extra("files", {**writer.manifest.extras.get("files", {}), rel: fs.sha256(data)})
+    return True
 
 
 def _span(plan: ShardPlan, k: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from storage.errors import InputError
-from student.models import Student, StudentConfig, build_student
+from student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"
 FORMAT_VERSION = 1
@@ -106,17 +106,37 @@ class LoadedStudent:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        enc = self.tokenizer(texts, truncation=True, max_length=self.config.max_length,
-                             return_token_type_ids=False, verbose=False)
-        order = np.argsort([len(x) for x in enc["input_ids"]], kind="stable")
-        for s in range(0, len(order), batch_size):
-            idx = order[s : s + batch_size]
-            batch = self.tokenizer.pad([{k: enc[k][i] for k in enc} for i in idx], return_tensors="pt")
-            emb = self.model(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)).embedding
-            out[idx] = emb.float().cpu().numpy()
+        ids = self.tokenizer(texts, truncation=True, max_length=self.config.max_length, return_attention_mask=False,
+                             return_token_type_ids=False, verbose=False)["input_ids"]
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        if self.config.arch is Arch.static:
+            self._encode_bags(ids, lengths, batch_size, out)
+        else:
+            self._encode_padded(ids, lengths, batch_size, out)
         if normalize:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
         return out
+
+
+    def _encode_padded(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:
+        order = np.argsort(lengths, kind="stable")  # similar lengths together: less padding
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            # Padding by hand into one numpy block: tokenizer.pad on a list of dicts is slow.
+            width = int(lengths[idx].max())
+            block = np.full((len(idx), width), self.config.pad_id, dtype=np.int64)
+            for row, i in enumerate(idx):
+                block[row, : lengths[i]] = ids[i]
+            mask = (torch.arange(width)[None, :] < torch.from_numpy(lengths[idx])[:, None]).long()
+            emb = self.model(torch.from_numpy(block).to(self.device), mask.to(self.device), layers=False).embedding
+            out[idx] = emb.float().cpu().numpy()
+
+    def _encode_bags(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:
+        for s in range(0, len(ids), batch_size):
+            part = ids[s : s + batch_size]
+            flat = torch.from_numpy(np.fromiter((t for row in part for t in row), dtype=np.int64))
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[s : s + batch_size])[:-1]]))
+            out[s : s + len(part)] = self.model.embed_bags(flat.to(self.device), offsets.to(self.device)).float().cpu()
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from storage.errors import KdError
 from student.pooling import Pool, Pooling, masked_mean
+from student.static import StaticEncoder
 
 __all__ = [
     "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "pca_embeddings",
@@ -42,6 +43,7 @@ class Arch(str, Enum):
     cnn = "cnn"
     ffn = "ffn"
     transformer = "transformer"
+    static = "static"  # one vector per token, averaged (student.static)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,6 +104,8 @@ class StudentConfig:
     @property
     def width(self) -> int:
         """Width of the encoder's token states (what pooling sees)."""
+        if self.arch is Arch.static:
+            return self.embed_dim
         return 2 * self.hidden_dim if self.arch in (Arch.bilstm, Arch.bigru) else self.hidden_dim
 
     @property
@@ -112,7 +116,8 @@ class StudentConfig:
         the right so the stack is one dense tensor (a linear map of the flattened stack, which is what
         CoDIR applies, is unaffected: padded inputs are constant zeros).
         """
-        return self.num_layers + 1, max(self.embed_dim, self.width)
+        encoder_layers = 1 if self.arch is Arch.static else self.num_layers  # static: one "layer", the tokens
+        return encoder_layers + 1, max(self.embed_dim, self.width)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -134,7 +139,7 @@ class StudentOutput:
     """embedding [B, out_dim]; layers [B, num_layers + 1, H], masked-mean state of each layer."""
 
     embedding: Tensor
-    layers: Tensor
+    layers: Tensor | None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,6 +263,7 @@ _ENCODERS: dict[Arch, type[nn.Module]] = {
     Arch.cnn: ConvEncoder,
     Arch.ffn: FeedForwardEncoder,
     Arch.transformer: TransformerEncoder,
+    Arch.static: StaticEncoder,
 }
 
 
@@ -278,11 +284,13 @@ class Student(nn.Module):
             # lie in (-1, 1); the cosine loss tolerates the few that do not.
             self.head: nn.Module = nn.Sequential(nn.Linear(cfg.width, cfg.out_dim, bias=False), nn.Tanh())
         elif cfg.width != cfg.out_dim:
-            self.head = nn.Linear(cfg.width, cfg.out_dim)
+            # static students: bias-free, so a text's vector stays linear in its tokens' vectors
+            self.head = nn.Linear(cfg.width, cfg.out_dim, bias=cfg.arch is not Arch.static)
         else:
             self.head = nn.Identity()
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> StudentOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, layers: bool = True) -> StudentOutput:
+        """`layers=False` skips the per-layer summaries (only CoDIR's objective reads them)."""
         cfg = self.config
         # cut to max_length so learned positions stay in range (tokenizers should already have)
         ids = input_ids[:, : cfg.max_length]
@@ -290,7 +298,13 @@ class Student(nn.Module):
         tokens = self.embed(ids)
         states = self.encoder(self.drop(tokens), mask)
         embedding = self.head(self.pool(states[-1], mask))
-        return StudentOutput(embedding, self._summarise([tokens, *states], mask))
+        return StudentOutput(embedding, self._summarise([tokens, *states], mask) if layers else None)
+
+    def embed_bags(self, flat_ids: Tensor, offsets: Tensor) -> Tensor:
+        """Static students at inference: mean of each text's token vectors with no padding at all
+        (one embedding_bag over the concatenated ids), then the head. Equals `forward` without dropout."""
+        assert self.config.arch is Arch.static
+        return self.head(F.embedding_bag(flat_ids, self.embed.weight, offsets, mode="mean"))
 
     def _summarise(self, states: list[Tensor], mask: Tensor) -> Tensor:
         """Masked mean of every layer, zero-padded to a common width -> [B, L + 1, H]."""

@@ -49,6 +49,7 @@ from student.metrics import CURVE, METRICS, Metrics, plot_curve
 from student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
 from student.objectives import build_objectives, required_columns
 from student.objectives.base import Context
+from student.static import sif_weights, static_init, token_counts
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
 
@@ -60,9 +61,24 @@ class Schedule(str, Enum):
 
 
 class EmbeddingInit(str, Enum):
-    auto = "auto"  # the teacher's input embeddings (PCA) when the store has them, else random
-    teacher = "teacher"  # required: fail if the store has none
+    auto = "auto"  # static: the vocab output if stored; else the teacher's input embeddings (PCA); else random
+    teacher = "teacher"  # the teacher's input embeddings, required
+    vocab = "vocab"  # the teacher's output for each token alone (`kd precompute --outputs vocab`), required
     random = "random"
+
+
+# Defaults that differ by arch, applied where the user gave no value (`arch_defaults`). A static student
+# has far fewer computations per parameter: large batches and a high rate, no dropout on its only layer.
+ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
+}
+
+
+def arch_defaults(arch: str, given: dict[str, Any]) -> dict[str, Any]:
+    """`given` with the arch's defaults filled in for every key whose value is None."""
+    base = {"batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3, "weight_decay": 0.01}
+    base |= ARCH_DEFAULTS.get(arch, {})
+    return {k: (base.get(k) if v is None else v) for k, v in given.items()}
 
 
 @dataclass
@@ -101,6 +117,7 @@ class TrainConfig:
     device: str = "auto"
     amp: bool = True  # autocast on CUDA only (bf16 where supported, else fp16 + GradScaler)
     init_embeddings: EmbeddingInit = EmbeddingInit.auto
+    token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     resume: bool = True
     overwrite: bool = False
     progress: bool = True
@@ -116,6 +133,8 @@ class TrainConfig:
             raise InputError("batch size, epochs and max steps must be >= 1", "train-student options")
         if not self.objectives:
             raise InputError("no objective given", "--objective", "e.g. --objective cosine")
+        if self.token_weights not in ("sif", "none"):
+            raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -401,11 +420,49 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
 
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     student = build_student(s.student_cfg)
-    if cfg.init_embeddings is not EmbeddingInit.random:
+    vocab = _vocab_matrix(s.store, s.tokenizer) if cfg.init_embeddings in (EmbeddingInit.auto,
+                                                                             EmbeddingInit.vocab) else None
+    if cfg.init_embeddings is EmbeddingInit.vocab and vocab is None:
+        raise KdError(f"the store has no vocab output for teacher {s.tokenizer!r}", s.store.root,
+                      "add it (no row is recomputed): kd precompute <same inputs and options> --outputs vocab")
+    if vocab is not None and (cfg.init_embeddings is EmbeddingInit.vocab or s.student_cfg.arch == "static"):
+        weights = _sif(s, len(vocab)) if cfg.token_weights == "sif" and s.student_cfg.arch == "static" else None
+        student.init_embeddings(_fit_rows(static_init(vocab, s.student_cfg.embed_dim, weights,
+                                                      s.student_cfg.pad_id), s.student_cfg.vocab_size))
+    elif cfg.init_embeddings is not EmbeddingInit.random:
         matrix = _embeddings_matrix(s.store, s.tokenizer)
         if matrix is not None:
             init_embeddings(student, matrix, cfg.seed)
     return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
+
+
+def _vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
+    """The teacher's `vocab` output ([vocab, dim]), verified against its manifest checksum."""
+    rel = f"teachers/{teacher}/vocab.safetensors"
+    if rel not in store.manifest.extras.get("files", {}) or not store.loc.is_local:
+        return None
+    store.verify_folder(*rel.split("/"))
+    from safetensors.numpy import load_file
+
+    return load_file(store.local_dir(rel))["vectors"]
+
+
+def _sif(s: Setup, vocab_size: int) -> np.ndarray:
+    """SIF weights from token counts over every text of the store (streamed shard by shard)."""
+    from transformers import AutoTokenizer  # tokenizer only
+
+    tok = AutoTokenizer.from_pretrained(s.store.tokenizer_dir(s.tokenizer))
+    cols = ["text_a", "text_b"] if s.store.manifest.pairs else ["text"]
+    shards = (t for k in sorted(s.store.table("texts").shards)
+              for t in s.store.read_shard("texts", k, cols).to_pydict().values())
+    return sif_weights(token_counts(shards, tok, vocab_size))
+
+
+def _fit_rows(m: np.ndarray, rows: int) -> np.ndarray:
+    """A matrix with exactly `rows` rows (tokens beyond the vocab output's: zeros)."""
+    out = np.zeros((rows, m.shape[1]), dtype=np.float32)
+    out[: min(rows, len(m))] = m[:rows]
+    return out
 
 
 def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:

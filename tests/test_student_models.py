@@ -37,7 +37,7 @@ def test_shapes_and_padding_invariance(arch: Arch, pooling: Pooling) -> None:
     ids, mask = batch()
     out = model(ids, mask)
     assert out.embedding.shape == (4, 10)
-    assert out.layers.shape == (4, *cfg.layers_shape) == (4, 3, max(8, cfg.width))
+    assert out.layers.shape == (4, *cfg.layers_shape) == (4, 2 if arch is Arch.static else 3, max(8, cfg.width))
     # 5 more padding columns, and a row-order shuffle, must not change any row's output
     pad_ids = torch.cat([ids, torch.zeros(4, 5, dtype=ids.dtype)], 1)
     pad_mask = torch.cat([mask, torch.zeros(4, 5, dtype=mask.dtype)], 1)
@@ -69,6 +69,7 @@ def test_all_padding_row_is_finite(arch: Arch) -> None:
 
 
 def test_sra_head_is_bias_free_tanh_and_default_for_bilstm() -> None:
+    torch.manual_seed(0)  # the saturation check depends on the random recurrent weights
     cfg = tiny(Arch.bilstm)
     assert cfg.sra_head is True and tiny(Arch.bigru).sra_head is False
     model = build_student(cfg)
