@@ -146,6 +146,7 @@ def train_student(
     val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash)")] = 2.0,
     init_embeddings: Annotated[str, typer.Option(help="auto | teacher | vocab | random")] = "auto",
     token_weights: Annotated[str, typer.Option(help="Static students: sif | none")] = "sif",
+    exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     amp: Annotated[bool, typer.Option(help="Mixed precision on CUDA")] = True,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
@@ -163,7 +164,8 @@ def train_student(
             num_layers=layers, pooling=pooling, max_length=max_length, max_steps=max_steps, **tuned, warmup=warmup,
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
-            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights, device=device,
+            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights,
+            exclude_ids=exclude_ids, device=device,
             amp=amp, resume=resume,
             overwrite=overwrite, progress=progress,
         )
@@ -174,6 +176,30 @@ def train_student(
         _fail(KdError(str(e)))
     if int(os.environ.get("RANK", "0")) == 0:
         term.print(f"student written to {path}")
+
+
+@app.command()
+def leakage(
+    store: Annotated[str, typer.Argument(help="Store written by kd precompute")],
+    exclude_out: Annotated[str | None, typer.Option(help="Write the overlapping rows' ids here (for train-student --exclude-ids)")] = None,  # noqa: E501
+) -> None:
+    """Check a store against the evaluation sets: which rows are STS-B / SST-2 / clustering texts?"""
+    from rich.table import Table
+
+    from apps.leakage import check_store
+
+    try:
+        res = check_store(store)
+    except KdError as e:
+        _fail(e)
+    table = Table("evaluation set", "texts", "found in the store", "store rows")
+    for name, (n, found, rows) in res.sets.items():
+        table.add_row(name, f"{n:,}", f"{found:,} ({100 * found / max(1, n):.1f} %)", f"{rows:,}")
+    term.print(table)
+    term.print(f"{len(res.ids):,} of {res.rows:,} store rows overlap an evaluation set")
+    if exclude_out:
+        res.write_ids(exclude_out)
+        term.print(f"their ids are in {exclude_out}: kd train-student ... --exclude-ids {exclude_out}")
 
 
 @app.command()

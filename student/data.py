@@ -43,6 +43,15 @@ def is_validation(ids: np.ndarray, val_percent: float) -> np.ndarray:
     return (h % np.uint64(10000)) < np.uint64(round(val_percent * 100))
 
 
+def split_rows(ids: np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) masks; rows whose id is in `cfg.exclude` (e.g. evaluation sentences) are in neither."""
+    val = is_validation(ids, cfg.val_percent)
+    if cfg.exclude:
+        out = np.isin(np.asarray(ids, dtype=np.int64), np.asarray(cfg.exclude, dtype=np.int64))
+        return ~val & ~out, val & ~out
+    return ~val, val
+
+
 @dataclass(frozen=True)
 class Columns:
     """What to read: text columns, label, and per-teacher-table vector columns."""
@@ -116,6 +125,7 @@ class DataConfig:
     seed: int = 0
     num_workers: int = 0
     chunk_rows: int = 4_096
+    exclude: tuple[int, ...] = ()  # ids never trained or validated on (`kd leakage --exclude-out`)
 
 
 @dataclass
@@ -193,8 +203,8 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
             need = ["id", *cols.teachers[t]]
             _check_footer(store, t, k, need)
         ids = _open(store, "texts", k).read(columns=["id"]).column("id").to_numpy()
-        train = ~is_validation(ids, cfg.val_percent)
-        num_val += int((~train).sum())
+        train, val = split_rows(ids, cfg)
+        num_val += int(val.sum())
         counts[k] = np.bincount(np.nonzero(train)[0] % stripes, minlength=stripes)
     return Plan(cfg, cols, world, counts, num_val)
 
@@ -332,7 +342,7 @@ def shuffled_rows(store: Store, plan: Plan, units: list[tuple[int, int]], rng: n
             n = _rows(chunk)
             pos = np.arange(offset, offset + n)
             offset += n
-            keep = ~is_validation(chunk["id"], cfg.val_percent) & (pos % plan.stripes == p)
+            keep = split_rows(chunk["id"], cfg)[0] & (pos % plan.stripes == p)
             pool = _concat(pool, _select(chunk, np.nonzero(keep)[0]))
             perm = rng.permutation(_rows(pool))  # indices, not a permuted copy: rows are copied once
             take = max(0, (_rows(pool) - cfg.shuffle_buffer) // bs) * bs
@@ -438,7 +448,7 @@ def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1) 
         if _rows(rows) >= cfg.max_val_rows or plan.num_val == 0:
             break
         for chunk in read_aligned(store, plan.columns, k, cfg.chunk_rows):
-            rows = _concat(rows, _select(chunk, np.nonzero(is_validation(chunk["id"], cfg.val_percent))[0]))
+            rows = _concat(rows, _select(chunk, np.nonzero(split_rows(chunk["id"], cfg)[1])[0]))
             if _rows(rows) >= cfg.max_val_rows:
                 break
     if not _rows(rows):

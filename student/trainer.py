@@ -118,6 +118,7 @@ class TrainConfig:
     amp: bool = True  # autocast on CUDA only (bf16 where supported, else fp16 + GradScaler)
     init_embeddings: EmbeddingInit = EmbeddingInit.auto
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
+    exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
     resume: bool = True
     overwrite: bool = False
     progress: bool = True
@@ -227,9 +228,29 @@ def setup(cfg: TrainConfig) -> Setup:
     data = D.DataConfig(
         cfg.store, columns, teacher, batch_size=cfg.batch_size, max_length=cfg.max_length,
         shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
-        seed=cfg.seed, num_workers=cfg.num_workers,
+        seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
     )
     return Setup(store, student_cfg, objectives, keys, teacher, data)
+
+
+def read_ids(path: str) -> tuple[int, ...]:
+    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read the id file ({e})", path,
+                         "write it with kd leakage STORE --exclude-out FILE") from e
+    ids = []
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            ids.append(int(text))
+        except ValueError:
+            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", path,
+                             "one id a line, as kd leakage --exclude-out writes") from None
+    return tuple(sorted(set(ids)))
 
 
 def init_embeddings(student: Student, matrix: np.ndarray, seed: int) -> None:
