@@ -42,7 +42,7 @@ def precompute(
     inputs: Annotated[list[str], typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
     out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
     teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
-    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab (default: all available but vocab)")] = None,  # noqa: E501
+    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab,init (default: all but vocab, init)")] = None,  # noqa: E501
     segment: Annotated[str, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
     spacy_model: Annotated[str | None, typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
     text_column: Annotated[str | None, typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
@@ -60,6 +60,7 @@ def precompute(
     device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
     from pipeline.precompute import precompute as run
@@ -69,7 +70,8 @@ def precompute(
                 spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns,
                 label_column=label_column, delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens,
                 max_length=max_length, shard_rows=shard_rows, num_shards=num_shards, shard_index=shard_index,
-                dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress)
+                dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress,
+                keep_layers=keep_layers)
     except KdError as e:
         _fail(e)
     except ValueError as e:  # bad enum values (dtype, precision, shard index)
@@ -78,7 +80,7 @@ def precompute(
         term.print(f"store {s.store} is already complete for {', '.join(s.teachers)}: nothing to do")
         return
     if s.vocab_written:
-        term.print(f"wrote the vocab output (one vector per vocabulary token) of {', '.join(s.vocab_written)}")
+        term.print(f"wrote the per-teacher outputs (vocab / init) of {', '.join(s.vocab_written)}")
     term.print(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
         f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
@@ -119,7 +121,7 @@ def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) 
 def train_student(
     shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
-    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static")] = "bilstm",
+    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")] = "bilstm",  # noqa: E501
     objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
     embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)")] = None,  # noqa: E501
@@ -147,6 +149,7 @@ def train_student(
     init_embeddings: Annotated[str, typer.Option(help="auto | teacher | vocab | random")] = "auto",
     token_weights: Annotated[str, typer.Option(help="Static students: sif | none")] = "sif",
     exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
+    init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     amp: Annotated[bool, typer.Option(help="Mixed precision on CUDA")] = True,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
@@ -165,7 +168,7 @@ def train_student(
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
             val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights,
-            exclude_ids=exclude_ids, device=device,
+            exclude_ids=exclude_ids, init_layers=init_layers, device=device,
             amp=amp, resume=resume,
             overwrite=overwrite, progress=progress,
         )

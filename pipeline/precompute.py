@@ -93,7 +93,7 @@ def _teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
         try:
             out = Output(o)
         except ValueError:
-            choices = ", ".join([x.value for x in Output] + ["vocab"])
+            choices = ", ".join([x.value for x in Output] + ["vocab", "init"])
             raise InputError(f"unknown output {o!r}", "--outputs", f"choose from {choices}") from None
         if out not in t.available():
             why = ("it has no classification head (fine-tune one with kd finetune-teacher)" if out is Output.logits
@@ -146,6 +146,7 @@ def precompute(
     dedup: bool = False, batch_tokens: int = 16384, max_length: int | None = None, shard_rows: int = 20000,
     num_shards: int | None = None, shard_index: int | None = None, dtype: str = "float32",
     precision: str = "auto", device: str | None = None, overwrite: bool = False, progress: bool = True,
+    keep_layers: str | None = None,
 ) -> PrecomputeSummary:
     """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring."""
     t0 = time.perf_counter()
@@ -168,12 +169,13 @@ def precompute(
     # `vocab` is per teacher, not per row: computed apart from the row outputs, and on its own (no row
     # recompute) when it is the only output asked of a teacher the store already has.
     want_vocab = bool(outputs) and "vocab" in outputs
-    row_outputs = [o for o in outputs if o != "vocab"] if outputs else None
+    want_init = bool(outputs) and "init" in outputs
+    row_outputs = [o for o in outputs if o not in ("vocab", "init")] if outputs else None
     touts = {t.name: _teacher_outputs(t, row_outputs) for t in loaded}  # fail on bad --outputs before reading
 
     loc = fs.resolve(out)
     existing = load_manifest(loc) if fs.exists(loc) else None
-    if want_vocab and not row_outputs and existing is not None:
+    if (want_vocab or want_init) and not row_outputs and existing is not None:
         touts = {t.name: _stored_outputs(existing, t, touts[t.name]) for t in loaded}
     same = existing is not None and existing.fingerprint == header_inputs["fingerprint"]
     rows = None
@@ -195,6 +197,10 @@ def precompute(
                          counts, progress, t0)
         if want_vocab and index == 0:
             summary.vocab_written = [t.name for t in loaded if _write_vocab(writer, t, progress)]
+        if want_init and index == 0:
+            summary.vocab_written += [f"{t.name} layers {keep_layers or 'default'}" for t in loaded
+                                      if _write_init(writer, t, keep_layers)]
+        if (want_vocab or want_init) and index == 0:
             writer.publish()
             summary.seconds = time.perf_counter() - t0
         return summary
@@ -207,6 +213,22 @@ def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> li
     rec = existing.tables.get(f"teachers/{t.name}")
     stored = (rec.meta.get("outputs") if rec else None) or []
     return [Output(o) for o in stored] or default
+
+
+def _write_init(writer, t: Teacher, keep_layers: str | None) -> bool:
+    """Write teachers/<name>/init-<layers>/ (embeddings + kept layers, config) once, checksummed."""
+    from pipeline.keep_layers import folder_name, init_files, parse_layers
+
+    layers = parse_layers(keep_layers, t.num_layers)
+    base = f"teachers/{t.name}/{folder_name(layers)}"
+    known = writer.manifest.extras.get("files", {})
+    if all(f"{base}/{f}" in known for f in ("model.safetensors", "config.json")):
+        return False
+    files = {f"{base}/{name}": data for name, data in init_files(t, layers).items()}
+    for rel, data in files.items():
+        fs.atomic_write_bytes(writer.loc, data, *rel.split("/"))
+    writer.set_extra("files", {**known, **{rel: fs.sha256(data) for rel, data in files.items()}})
+    return True
 
 
 def _write_vocab(writer, t: Teacher, progress: bool) -> bool:

@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from storage.errors import KdError
 from student.pooling import Pool, Pooling, masked_mean
 from student.static import StaticEncoder
+from student.transformer_init import TransformerInitEncoder
 
 __all__ = [
     "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "pca_embeddings",
@@ -44,6 +45,7 @@ class Arch(str, Enum):
     ffn = "ffn"
     transformer = "transformer"
     static = "static"  # one vector per token, averaged (student.static)
+    transformer_init = "transformer-init"  # k of the teacher's layers (student.transformer_init)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -74,6 +76,7 @@ class StudentConfig:
     ffn_dim: int = 1024  # transformer feed-forward width (news paper: 1024)
     kernel_sizes: tuple[int, ...] = (3, 4, 5)  # cnn: one convolution per width in every layer
     attention_dim: int = 128  # attentive pooling's scorer width
+    bert: dict[str, Any] | None = None  # transformer-init: the stored BERT config of the kept layers
 
     def __post_init__(self) -> None:
         try:
@@ -93,6 +96,11 @@ class StudentConfig:
         if bad or not 0.0 <= self.dropout < 1.0 or not 0 <= self.pad_id < self.vocab_size:
             raise KdError(f"invalid student config: {bad or [f'dropout={self.dropout}', f'pad_id={self.pad_id}']}",
                           "student config", "sizes are >= 1, 0 <= dropout < 1, 0 <= pad_id < vocab_size")
+        if self.arch is Arch.transformer_init and self.bert:
+            # the teacher fixes the widths: token table and states are its hidden size
+            self.embed_dim = self.hidden_dim = int(self.bert["hidden_size"])
+            self.num_layers = int(self.bert["num_hidden_layers"])
+            self.max_length = min(self.max_length, int(self.bert.get("max_position_embeddings", self.max_length)))
         if self.arch is Arch.transformer and self.hidden_dim % self.num_heads:
             raise KdError(f"hidden_dim {self.hidden_dim} is not divisible by num_heads {self.num_heads}",
                           "student config", "pick a hidden_dim that is a multiple of num_heads")
@@ -264,6 +272,7 @@ _ENCODERS: dict[Arch, type[nn.Module]] = {
     Arch.ffn: FeedForwardEncoder,
     Arch.transformer: TransformerEncoder,
     Arch.static: StaticEncoder,
+    Arch.transformer_init: TransformerInitEncoder,
 }
 
 

@@ -50,6 +50,7 @@ from student.models import Student, StudentConfig, StudentOutput, build_student,
 from student.objectives import build_objectives, required_columns
 from student.objectives.base import Context
 from student.static import sif_weights, static_init, token_counts
+from student.transformer_init import bert_config, load_init_weights
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
 
@@ -71,6 +72,8 @@ class EmbeddingInit(str, Enum):
 # has far fewer computations per parameter: large batches and a high rate, no dropout on its only layer.
 ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
+    # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only
+    "transformer-init": {"batch_size": 64, "lr": 1e-4, "dropout": 0.0, "epochs": 1, "weight_decay": 0.01},
 }
 
 
@@ -119,6 +122,7 @@ class TrainConfig:
     init_embeddings: EmbeddingInit = EmbeddingInit.auto
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
+    init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
     resume: bool = True
     overwrite: bool = False
     progress: bool = True
@@ -216,6 +220,8 @@ def setup(cfg: TrainConfig) -> Setup:
     extra = dict(cfg.student)
     if cfg.hidden_dim is not None:
         extra["hidden_dim"] = cfg.hidden_dim
+    if cfg.arch == "transformer-init":
+        extra["bert"] = bert_config(init_folder(store, teacher, cfg.init_layers))
     embed_dim = cfg.embed_dim or min(probe.embed_dim, emb.shape[1] if emb is not None else probe.embed_dim)
     student_cfg = StudentConfig(
         arch=cfg.arch, vocab_size=max(vocab, emb.shape[0] if emb is not None else 0), pad_id=pad,
@@ -439,8 +445,26 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, store_id), st
 
 
+def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
+    """The store's `init` output for `teacher` (checksums verified): the one asked for, or the only one."""
+    known = sorted({rel.rsplit("/", 1)[0] for rel in store.manifest.extras.get("files", {})
+                    if rel.startswith(f"teachers/{teacher}/init-")})
+    if layers:
+        known = [k for k in known if k.endswith("init-" + "-".join(x.strip() for x in layers.split(",")))]
+    if len(known) != 1:
+        have = ", ".join(k.rsplit("init-", 1)[1].replace("-", ",") for k in known) or "none"
+        raise KdError(f"the store has {len(known)} matching init outputs for teacher {teacher!r} (kept layers: {have})",
+                      store.root, "add one: kd precompute <same inputs and options> --outputs init --keep-layers 2,5;"
+                      " pick one with --init-layers")
+    store.verify_folder(*known[0].split("/"))
+    return Path(store.local_dir(known[0]))
+
+
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     student = build_student(s.student_cfg)
+    if s.student_cfg.arch == "transformer-init":
+        load_init_weights(student, init_folder(s.store, s.tokenizer, cfg.init_layers))
+        return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
     vocab = _vocab_matrix(s.store, s.tokenizer) if cfg.init_embeddings in (EmbeddingInit.auto,
                                                                              EmbeddingInit.vocab) else None
     if cfg.init_embeddings is EmbeddingInit.vocab and vocab is None:

@@ -1,0 +1,63 @@
+"""Teacher-initialised Transformer students: the teacher's embeddings and k of its layers, read from
+the store's `init` output (written by `kd precompute --outputs init`), then trained on the store.
+
+The encoder is a Hugging Face `BertModel` built from the stored config (never `from_pretrained`: the
+teacher is never loaded), fed the student's token embeddings (`Student.embed`, which holds the
+teacher's word embeddings), so positions, token types, LayerNorm and the kept layers run exactly as
+in the teacher. With every layer kept and no training, the student's mean-pooled output equals the
+teacher's `mean` output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+class TransformerInitEncoder(nn.Module):
+    """BERT embeddings (positions, token types, LayerNorm) and k layers; token states of every layer."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        if not cfg.bert:
+            from storage.errors import KdError
+
+            raise KdError("a transformer-init student needs the teacher's stored config", "student config",
+                          "train it from a store with the init output (kd precompute --outputs init)")
+        self.bert = BertModel(BertConfig(**cfg.bert), add_pooling_layer=False)
+        # The word embeddings live in Student.embed; a 1-row placeholder keeps the module's structure
+        # without a second copy of the table.
+        self.bert.embeddings.word_embeddings = nn.Embedding(1, self.bert.config.hidden_size)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        out = self.bert(inputs_embeds=x, attention_mask=mask.long(), output_hidden_states=True, return_dict=True)
+        return list(out.hidden_states[1:])
+
+
+def bert_config(folder: Path) -> dict:
+    """The stored BERT config (teacher's, with num_hidden_layers = k), minus kd's own keys."""
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("kept_layers", "teacher_layers", "architectures", "transformers_version", "_name_or_path"):
+        cfg.pop(key, None)
+    return cfg
+
+
+def load_init_weights(student: nn.Module, folder: Path) -> None:
+    """Copy the stored embeddings and kept layers into a transformer-init student."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    with torch.no_grad():
+        student.embed.weight.copy_(state.pop("embeddings.word_embeddings.weight"))
+    missing, unexpected = student.encoder.bert.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("embeddings.word_embeddings")]
+    if missing or unexpected:
+        from storage.errors import KdError
+
+        raise KdError(f"the stored init weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})",
+                      str(folder), "re-run kd precompute --outputs init with this kd version")

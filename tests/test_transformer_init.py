@@ -1,0 +1,95 @@
+"""Teacher-initialised Transformer students: the stored kept layers are the teacher's, and they train."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import precompute_news
+from typer.testing import CliRunner
+
+from cli import app
+from pipeline.keep_layers import default_layers
+from pipeline.precompute import precompute
+from storage.validate import check
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_teacher, sentences) -> Path:
+    root = tmp_path_factory.mktemp("tinit")
+    path = precompute_news(root, tiny_teacher, sentences, 160, 80)
+    for layers in ("0,1", "1"):
+        s = precompute([str(root / "news.txt")], str(path), [f"tiny={tiny_teacher}"], outputs=["init"],
+                       shard_rows=80, keep_layers=layers, progress=False)
+        assert s.shards_written == 0 and s.vocab_written
+    return path
+
+
+def test_default_layers_are_evenly_spaced_and_end_at_the_top():
+    assert default_layers(6) == [1, 3, 5] and default_layers(6, 2) == [2, 5] and default_layers(12, 4) == [2, 5, 8, 11]
+    assert default_layers(6, 6) == list(range(6))
+
+
+def test_init_output_is_validated_and_holds_only_the_kept_layers(store, tmp_path):
+    from safetensors import safe_open
+
+    assert check(str(store))[1] == []
+    with safe_open(str(store / "teachers/tiny/init-1/model.safetensors"), "np") as f:
+        keys = list(f.keys())
+    assert any(k.startswith("encoder.layer.0.") for k in keys) and not any(k.startswith("encoder.layer.1.") for k in keys)
+    cfg = json.loads((store / "teachers/tiny/init-1/config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["kept_layers"] == [1]
+    broken = Path(shutil.copytree(store, tmp_path / "s"))
+    f = broken / "teachers/tiny/init-1/model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert any("init-1" in str(p) for p in check(str(broken))[1])
+
+
+def _train(store: Path, out: Path, layers: str, steps: int) -> CliRunner:
+    return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--arch",
+                                    "transformer-init", "--init-layers", layers, "--target", "tiny.mean",
+                                    "--max-steps", str(steps), "--lr", "1e-3", "--val-percent", "0",
+                                    "--log-every", "1", "--batch-size", "16", "--no-progress"])
+
+
+def test_all_layers_kept_reproduce_the_teacher(store, tmp_path, tiny_teacher, sentences):
+    import student
+    from transformers import AutoTokenizer, BertModel
+
+    res = _train(store, tmp_path / "st", "0,1", 1)
+    assert res.exit_code == 0, res.output
+    # undo the one step: reload the stored weights into the saved student's architecture
+    from student.transformer_init import load_init_weights
+
+    s = student.load(tmp_path / "st")
+    load_init_weights(s.model, store / "teachers/tiny/init-0-1")
+    texts = sentences[:20]
+    got = s.encode(texts)
+    tok = AutoTokenizer.from_pretrained(tiny_teacher)
+    enc = tok(texts, padding=True, truncation=True, max_length=s.config.max_length, return_tensors="pt")
+    with torch.no_grad():
+        h = BertModel.from_pretrained(tiny_teacher).eval()(**enc).last_hidden_state
+    m = enc["attention_mask"].unsqueeze(-1).float()
+    want = ((h * m).sum(1) / m.sum(1)).numpy()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.9999
+
+
+def test_a_one_layer_student_trains_without_the_teacher(store, tmp_path, monkeypatch):
+    import transformers
+
+    def refuse(*a, **kw):
+        raise AssertionError("training loaded a model checkpoint")
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
+    res = _train(store, tmp_path / "st1", "1", 30)
+    assert res.exit_code == 0, res.output
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "st1/metrics.jsonl").read_text().splitlines()
+              if '"loss"' in x]
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
