@@ -126,6 +126,7 @@ class DataConfig:
     num_workers: int = 0
     chunk_rows: int = 4_096
     exclude: tuple[int, ...] = ()  # ids never trained or validated on (`kd leakage --exclude-out`)
+    bucket: bool = False  # batches of similar length within the shuffle buffer (less padding); trainer: on
 
 
 @dataclass
@@ -346,12 +347,32 @@ def shuffled_rows(store: Store, plan: Plan, units: list[tuple[int, int]], rng: n
             pool = _concat(pool, _select(chunk, np.nonzero(keep)[0]))
             perm = rng.permutation(_rows(pool))  # indices, not a permuted copy: rows are copied once
             take = max(0, (_rows(pool) - cfg.shuffle_buffer) // bs) * bs
-            for s in range(0, take, bs):
-                yield _select(pool, perm[s : s + bs])
+            for batch in _bucketed(pool, perm[:take], bs, plan.columns, rng) if cfg.bucket else \
+                    (perm[s : s + bs] for s in range(0, take, bs)):
+                yield _select(pool, batch)
             pool = _select(pool, perm[take:])
     if _rows(pool):
-        for s in range(0, _rows(pool), bs):
-            yield _select(pool, np.arange(s, min(s + bs, _rows(pool))))
+        rest = np.arange(_rows(pool))
+        for batch in _bucketed(pool, rest, bs, plan.columns, rng) if cfg.bucket else \
+                (rest[s : s + bs] for s in range(0, len(rest), bs)):
+            yield _select(pool, batch)
+
+
+def _bucketed(pool: dict[str, np.ndarray], rows: np.ndarray, bs: int, cols: Columns,
+              rng: np.random.Generator) -> list[np.ndarray]:
+    """Length buckets: the rows about to be emitted, sorted by text length, cut into batches, the batches
+    in random order. Padding (a batch is as long as its longest text) shrinks while each batch is still
+    a draw from the same buffer; only the batch order and membership depend on length, not the rows used.
+    """
+    if len(rows) <= bs:
+        return [rows] if len(rows) else []
+    lengths = np.zeros(len(rows), dtype=np.int64)
+    for c in cols.texts:  # characters: free to measure here, and close to the token count
+        lengths = np.maximum(lengths, np.fromiter((len(t) for t in pool[c][rows]), dtype=np.int64, count=len(rows)))
+    by_length = rows[np.argsort(lengths, kind="stable")]
+    batches = [by_length[s : s + bs] for s in range(0, len(by_length), bs)]
+    full = [b for b in batches if len(b) == bs]  # a partial batch stays last, as without buckets
+    return [full[i] for i in rng.permutation(len(full))] + [b for b in batches if len(b) < bs]
 
 
 class Tokenize:

@@ -123,6 +123,7 @@ class TrainConfig:
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
     init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
+    bucket: bool = True  # length-bucketed batches inside the shuffle buffer (student.data._bucketed)
     resume: bool = True
     overwrite: bool = False
     progress: bool = True
@@ -235,6 +236,7 @@ def setup(cfg: TrainConfig) -> Setup:
         cfg.store, columns, teacher, batch_size=cfg.batch_size, max_length=cfg.max_length,
         shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
         seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
+        bucket=cfg.bucket,
     )
     return Setup(store, student_cfg, objectives, keys, teacher, data)
 
@@ -372,6 +374,7 @@ class _Report:
     t0: float
     rows0: int
     window: list[Tensor] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=lambda: [0, 0])  # real, padded token slots since the last record
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -519,6 +522,9 @@ def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
         st.step, st.batch_no = st.step + 1, st.batch_no + 1
         st.rows_seen += len(batch["id"]) * run.d.world
         rep.window.append(parts)
+        for key in [k for k in batch if k.endswith("attention_mask")]:
+            rep.tokens[0] += int(batch[key].sum())
+            rep.tokens[1] += batch[key].numel()
         epoch_end = st.batch_no >= n_batches
         _maybe_log(run, st, rep, epoch_end)
         _maybe_validate(run, st, epoch_end)
@@ -559,11 +565,14 @@ def _maybe_log(run: _Run, st: TrainState, rep: _Report, epoch_end: bool) -> None
     mean = torch.stack(rep.window).mean(0).cpu()
     rep.window.clear()
     rps = (st.rows_seen - rep.rows0) / max(1e-9, time.perf_counter() - rep.t0)
+    # padding: the share of the student's token slots that are padding (what bucketing cuts)
+    padding = 1.0 - rep.tokens[0] / max(1, rep.tokens[1])
+    rep.tokens[:] = [0, 0]
     rec = {"step": st.step, "epoch": st.epoch, "loss": float(mean.sum()), "lr": run.tr.opt.param_groups[0]["lr"],
-           "rows": st.rows_seen, "rows_per_s": rps}
+           "rows": st.rows_seen, "rows_per_s": rps, "padding": round(padding, 4)}
     rec |= {o.spec: float(v) for o, v in zip(run.tr.model.objectives, mean)}
     run.metrics.log(rec)
-    rep.bar.update(st.step, rows=st.rows_seen, rows_per_s=round(rps), loss=rec["loss"])
+    rep.bar.update(st.step, rows=st.rows_seen, rows_per_s=round(rps), loss=rec["loss"], padding=f"{padding:.0%}")
 
 
 def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:

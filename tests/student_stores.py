@@ -104,3 +104,10 @@ def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, n
     shutil.copytree(tok_dir, path / "tokenizers" / TEACHER, dirs_exist_ok=True)
     save_file({"weight": emb}, str(path / "teachers" / TEACHER / "input_embeddings.safetensors"))
     return path
+
+
+def tiny_bert_config(hidden: int = 8, layers: int = 2, vocab: int = 64, max_length: int = 32) -> dict:
+    """A BERT config dict for transformer-init students in unit tests (random weights, no store)."""
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                intermediate_size=2 * hidden, max_position_embeddings=max_length, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
+from student_stores import tiny_bert_config
 
 from storage.errors import KdError
 from storage.manifest import Manifest, TableRecord
@@ -81,8 +82,10 @@ def make_batch(m: Manifest, seed: int = 0, ids: torch.Tensor | None = None) -> d
 
 
 def student_cfg(arch: Arch = Arch.bigru, out_dim: int = D) -> StudentConfig:
+    bert = tiny_bert_config(8, 1, VOCAB, T) if arch is Arch.transformer_init else None
     return StudentConfig(arch=arch, vocab_size=VOCAB, embed_dim=8, hidden_dim=8, num_layers=1, out_dim=out_dim,
-                         dropout=0.0, max_length=T, num_heads=2, ffn_dim=16, attention_dim=4, kernel_sizes=(3,))
+                         dropout=0.0, max_length=T, num_heads=2, ffn_dim=16, attention_dim=4, kernel_sizes=(3,),
+                         bert=bert)
 
 
 def run(model, batch):
@@ -104,6 +107,8 @@ CASES = {  # objective spec -> store it needs
     "logits:1:mode=mse": dict(pairs=False),
     "pair": dict(pairs=True),
     "multi-teacher": dict(pairs=True),
+    "relational": dict(pairs=False),
+    "relational:1:mode=kl:tau=0.1": dict(pairs=True),
 }
 
 

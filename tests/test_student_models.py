@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
+from student_stores import tiny_bert_config
 
 from storage.errors import KdError
 from student.models import Arch, Pooling, StudentConfig, build_student, pca_embeddings
@@ -16,7 +17,8 @@ VOCAB = 40
 
 def tiny(arch: Arch, pooling: Pooling = Pooling.mean, **kw) -> StudentConfig:
     base = dict(arch=arch, vocab_size=VOCAB, embed_dim=8, hidden_dim=12, num_layers=2, pooling=pooling, out_dim=10,
-                dropout=0.0, max_length=32, num_heads=2, ffn_dim=16, attention_dim=6, kernel_sizes=(2, 3))
+                dropout=0.0, max_length=32, num_heads=2, ffn_dim=16, attention_dim=6, kernel_sizes=(2, 3),
+                bert=tiny_bert_config(8, 2, VOCAB, 32) if arch is Arch.transformer_init else None)
     return StudentConfig(**{**base, **kw})
 
 

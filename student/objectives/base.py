@@ -34,6 +34,7 @@ class ObjectiveName(str, Enum):
     logits = "logits"
     pair = "pair"
     multi_teacher = "multi-teacher"
+    relational = "relational"
 
 
 class LabelKind(str, Enum):

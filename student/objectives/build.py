@@ -25,9 +25,10 @@ from student.objectives.base import Batch, Context, Objective, ObjectiveName, Ob
 from student.objectives.contrastive import Contrastive
 from student.objectives.embedding import Cosine, Mse
 from student.objectives.logits import Logits, MultiTeacher, Pair
+from student.objectives.relational import Relational
 
 REGISTRY: dict[ObjectiveName, type[Objective]] = {
-    cls.name: cls for cls in (Cosine, Mse, Contrastive, Logits, Pair, MultiTeacher)
+    cls.name: cls for cls in (Cosine, Mse, Contrastive, Logits, Pair, MultiTeacher, Relational)
 }
 
 
