@@ -291,12 +291,12 @@ def eval_(
 def demo(
     out: Annotated[str, typer.Option("--out", "-o", help="Folder for everything the demo writes")] = "kd-demo",
     quick: Annotated[bool, typer.Option(help="Tiny corpus slice and a few training steps (smoke test)")] = False,
-    epochs: Annotated[int, typer.Option(help="Training epochs of the student")] = 5,
+    epochs: Annotated[int, typer.Option(help="Training epochs of the BiLSTM tier")] = 4,
     threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
-    """Precompute MiniLM on a bundled corpus, train a BiLSTM student, evaluate both on STS-B dev."""
+    """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
     from apps.demo import DemoConfig, run_demo
 
     try:
@@ -306,8 +306,8 @@ def demo(
         _fail(e)
     _wide().print(res.report.rich_table())
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
-    term.print(f"demo finished ({secs}); everything is in [bold]{res.out}[/]: store/, student/, report.md, "
-               "report.json, plots/")
+    term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
+               f"[bold]{res.out}[/]: store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/")
 
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------

@@ -17,18 +17,24 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path):
     res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     assert str(out) in res.output.replace("\n", "")  # the folder is named at the end
-    for part in ("corpus/leipzig-news.txt", "store/manifest.json", "student/model.safetensors", "report.json",
-                 "report.md", "plots/sts_scatter.png", "plots/quality_speed.png"):
+    for part in ("corpus/leipzig-news.txt", "store/manifest.json", "students/static/model.safetensors",
+                 "students/bilstm/model.safetensors", "report.json", "report.md", "plots/sts_scatter.png",
+                 "plots/quality_speed.png"):
         assert (out / part).exists(), part
     assert check(str(out / "store"))[1] == []  # a valid store
-    rows = {m["name"]: m["metrics"] for m in json.loads((out / "report.json").read_text())["models"]}
-    assert set(rows) == {"minilm", "student"}
-    # MiniLM on the first 200 STS-B dev pairs (easy captions) scores ~93; a 30-step student is well below.
+    report = json.loads((out / "report.json").read_text())
+    rows = {m["name"]: m["metrics"] for m in report["models"]}
+    assert set(rows) == {"minilm", "static", "bilstm"}
+    # MiniLM on the first 200 STS-B dev pairs (easy captions) scores ~93; 30-step students are well below.
     assert rows["minilm"]["sts_spearman"] > 85
-    assert 0 < rows["student"]["sts_spearman"] < rows["minilm"]["sts_spearman"]
-    assert rows["student"]["sent_per_s_b256"] > rows["minilm"]["sent_per_s_b256"]
-    assert rows["student"]["params_m"] < rows["minilm"]["params_m"]
-    assert f"{rows['student']['sts_spearman']:.2f}" in (out / "report.md").read_text()
+    for tier in ("static", "bilstm"):
+        assert 0 < rows[tier]["sts_spearman"] < rows["minilm"]["sts_spearman"]
+        assert rows[tier]["sent_per_s_b256"] > rows["minilm"]["sent_per_s_b256"]
+        assert rows[tier]["params_m"] < rows["minilm"]["params_m"]
+        assert f"{rows[tier]['sts_spearman']:.2f}" in (out / "report.md").read_text()
+    best = max(("static", "bilstm"), key=lambda t: rows[t]["sts_spearman"])
+    said = " ".join(res.output.split())
+    assert report["info"]["demo_pick"] == best and f"best STS-B dev: the {best} student" in said
 
 
 def test_demo_checks_its_inputs_before_any_stage(tmp_path, monkeypatch):
