@@ -104,3 +104,21 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def exclusive_lock(path: str):
+    """An exclusive, non-blocking flock on `path` (created if needed), or None when someone holds it.
+
+    The kernel releases a flock when its holder dies, even by SIGKILL, so a killed run leaves no stale
+    lock. Keep the returned file open for as long as the lock is needed.
+    """
+    import fcntl
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    f = open(path, "w")  # noqa: SIM115 - held by the caller
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f

@@ -41,6 +41,11 @@ class ColumnSpec:
         return cls(text_column, parse_pair_columns(pair_columns), label_column, delimiter)
 
     @property
+    def texts(self) -> list[str]:
+        """The columns that hold text (one, or the two of a pair)."""
+        return list(self.pair) if self.pair else [self.text or "text"]
+
+    @property
     def wanted(self) -> list[str]:
         cols = list(self.pair) if self.pair else [self.text or "text"]
         return cols + ([self.label] if self.label else [])
@@ -115,7 +120,9 @@ def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
 def _text_lines(path: str) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
-            yield n, _decode(raw, path, n).rstrip("\r\n")
+            line = _decode(raw, path, n).rstrip("\r\n")
+            # A byte-order mark is encoding, not text: kept, it would give the first line another id.
+            yield n, line.removeprefix("\ufeff") if n == 1 else line
 
 
 def _decode(raw: bytes, path: str, line: int) -> str:
@@ -143,17 +150,31 @@ def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         if missing:
             raise InputError(f"column {missing[0]!r} not in this line (keys: {', '.join(obj)})", f"{path}:{n}",
                              "pass --text-column / --pair-columns / --label-column with one of those keys")
+        bad = [c for c in spec.texts if obj[c] is not None and not isinstance(obj[c], str)]
+        if bad:
+            raise InputError(f"the text field {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a string",
+                             f"{path}:{n}", "quote it in the JSON, or pick the text column with --text-column")
         yield n, [obj[c] if obj[c] is not None else "" for c in spec.wanted]
 
 
 def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"not a readable Parquet file ({e})", path, "check the file (truncated or not Parquet)") from e
+    names = schema.names
     missing = [c for c in spec.wanted if c not in names]
     if missing:
         raise InputError(f"column {missing[0]!r} not found (columns: {', '.join(names)})", path,
                          "pass --text-column / --pair-columns / --label-column with one of those")
+    for c in spec.texts:
+        t = schema.field(c).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+            raise InputError(f"the text column {c!r} has type {t}, not string", path,
+                             "pick a string column with --text-column, or cast it to string first")
     cols = pq.read_table(path, columns=spec.wanted).to_pydict()
     for i in range(len(cols[spec.wanted[0]])):
         yield i + 1, [cols[c][i] if cols[c][i] is not None else "" for c in spec.wanted]

@@ -256,19 +256,13 @@ def _acquire_lock(loc: fs.Location, writer_id: str):
     """
     if not loc.is_local:
         return None
-    import fcntl
-
-    os.makedirs(loc.path(LOCKS), exist_ok=True)
-    f = open(loc.path(LOCKS, f"{writer_id}.lock"), "w")  # noqa: SIM115 - held for the writer's lifetime
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
+    f = fs.exclusive_lock(loc.path(LOCKS, f"{writer_id}.lock"))
+    if f is None:
         raise StoreError(
             f"another kd process is writing this store (lock {writer_id} is held)",
             loc.path(LOCKS, f"{writer_id}.lock"),
             "wait for it to finish, or use a different --out",
-        ) from None
+        )
     return f
 
 

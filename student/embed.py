@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from storage import fs
 from storage.errors import InputError, StoreError
 from storage.manifest import Manifest
+from storage.names import check_name
 from storage.progress import Bar
 from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from storage.store import Store, open_writer
@@ -60,50 +61,60 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
           device: str = "cpu", progress: bool = True) -> EmbedSummary:
     """Embed a store (into `students/<name>` of that store) or a text file (into Parquet at `out`)."""
     t0 = time.perf_counter()
-    st = load(student, device=device)
     if _is_store(input):
         if out is not None and fs.resolve(out) != fs.resolve(input):
             raise InputError("a store's student vectors are written into that store", out,
                              f"leave --out off, or pass --out {input}")
-        return _embed_store(st, input, name or Path(student).resolve().name, batch_size, overwrite, progress, t0)
+        table_name = check_name(name or Path(student).resolve().name, "student table name (--name)")
+        st = load(student, device=device)
+        return _embed_store(st, input, table_name, batch_size, overwrite, progress, t0)
     if out is None:
         raise InputError("--out is needed for a file input (a Parquet file to write)", input,
                          "pass --out vectors.parquet")
+    check_output_file(out, [input], overwrite)
     texts = read_texts(input, text_column)
+    st = load(student, device=device)
     vecs = st.encode(texts, batch_size=batch_size)
     table = pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int64)), "text": pa.array(texts),
                       "embedding": vectors_to_arrow(vecs, VectorDType.float32)})
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out, compression="zstd")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:  # temp file + rename: an interrupted run never leaves half a Parquet file under the final name
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return EmbedSummary(out, None, len(texts), 1, 0, time.perf_counter() - t0)
 
 
+def check_output_file(out: str, inputs: list[str], overwrite: bool) -> None:
+    """Refuse an --out that is a folder, one of the inputs, or an existing file (unless `overwrite`)."""
+    p = Path(out)
+    if p.is_dir():
+        raise InputError("--out is an existing folder; a file input is embedded into one Parquet file", out,
+                         "pass a file path, e.g. --out vectors.parquet")
+    if any(p.exists() and Path(i).exists() and os.path.samefile(p, i) for i in inputs):
+        raise InputError("--out is the input file; it would be overwritten", out, "write the vectors elsewhere")
+    if p.exists() and not overwrite:
+        raise InputError("--out already exists", out, "pass another path, or --overwrite to replace it")
+
+
 def read_texts(path: str, text_column: str | None = None) -> list[str]:
-    """Texts of a .txt (one per line, blanks skipped), .jsonl, .csv or .parquet file."""
+    """Texts of a .txt (one per line, blanks skipped), .jsonl, .csv/.tsv or .parquet file.
+
+    Read by `storage.inputs` (what precompute uses): non-UTF-8 bytes, malformed JSON lines and missing
+    columns are errors naming the file and line.
+    """
+    from storage.inputs import ColumnSpec, read_inputs
+
     p = Path(path)
     if not p.exists():
         raise InputError("input not found (neither a kd store nor a file)", path,
                          "pass a store folder written by kd precompute, or a .txt/.jsonl/.csv/.parquet file")
-    suffix = p.suffix.lower()
-    if suffix in (".txt", ".text", ""):
-        return [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if suffix == ".parquet":
-        table = pq.read_table(p)
-    elif suffix in (".jsonl", ".json"):
-        import pyarrow.json as pj
-
-        table = pj.read_json(p)
-    elif suffix in (".csv", ".tsv"):
-        import pyarrow.csv as pc
-
-        table = pc.read_csv(p, parse_options=pc.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","))
-    else:
-        raise InputError(f"unsupported input type {suffix!r}", path, "use .txt, .jsonl, .csv, .tsv or .parquet")
-    col = text_column or "text"
-    if col not in table.column_names:
-        raise InputError(f"the input has no column {col!r} (columns: {table.column_names})", path,
-                         "pass --text-column NAME")
-    return [str(t) for t in table.column(col).to_pylist() if t is not None]
+    if p.is_dir():
+        raise InputError("the input is a folder but not a kd store", path, "pass a store or a file")
+    texts = read_inputs([path], ColumnSpec(text=text_column)).texts
+    return [t.lstrip("\ufeff") for t in texts if isinstance(t, str) and t.strip()]
 
 
 def _writer_id(name: str) -> str:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from storage import fs
 from storage.errors import InputError, KdError
 from storage.progress import Bar
 from storage.store import Store
@@ -322,10 +323,22 @@ def make_amp(cfg: TrainConfig, d: Dist) -> tuple[Callable[[], contextlib.Abstrac
 # Output folder (its records: student.metrics)
 
 
+_HELD_LOCKS: list = []  # output-folder locks of runs in this process (released when it exits)
+
+
 def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
     out = Path(cfg.out)
     ckpt = out / CHECKPOINT
+    if out.exists() and not out.is_dir():
+        raise KdError("--out is an existing file, not a folder", str(out), "pass a folder path for the student")
+    if d.main:
+        # Two runs into one folder would interleave metrics and race on every rename: the second stops.
+        lock = fs.exclusive_lock(str(out / ".kd-train.lock"))
+        if lock is None:
+            raise KdError("another kd train-student is writing this output folder", str(out),
+                          "wait for it to finish, or use a different --out")
+        _HELD_LOCKS.append(lock)
     if d.main and cfg.overwrite and out.exists():
         for name in (CHECKPOINT, BEST, METRICS, CURVE, "config.json", "model.safetensors", "training_args.json"):
             (out / name).unlink(missing_ok=True)
@@ -402,6 +415,8 @@ def train(cfg: TrainConfig) -> Path:
     try:
         return _train(cfg, d)
     finally:
+        while _HELD_LOCKS:
+            _HELD_LOCKS.pop().close()
         shutdown(d)
 
 

@@ -145,3 +145,78 @@ def test_cuda_without_cuda_is_a_clear_error(trained, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(Exception, match="no CUDA device"):
         student.load(trained, device="cuda")
+
+
+def test_a_second_run_into_the_same_folder_is_refused(store_path, tmp_path):
+    """Two train-student processes into one --out: the second stops at once, naming the lock."""
+    import subprocess
+    import sys
+
+    from storage import fs
+
+    out = tmp_path / "out"
+    held = fs.exclusive_lock(str(out / ".kd-train.lock"))  # what a running first process holds
+    assert held is not None
+    code = ("import sys; from typer.testing import CliRunner; from cli import app; "
+            "r = CliRunner().invoke(app, sys.argv[1:]); print(r.output); sys.exit(r.exit_code)")
+    res = subprocess.run([sys.executable, "-c", code, "train-student", "--shards", str(store_path), "--out", str(out),
+                          "--max-steps", "2", "--no-progress"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    held.close()
+    assert res.returncode == 2 and "another kd train-student" in res.stdout, res.stdout + res.stderr
+    assert not (out / "model.safetensors").exists()
+    T.train(T.TrainConfig(str(store_path), str(out), **(SMALL | {"epochs": 1, "max_steps": 2})))  # free again
+    assert (out / "model.safetensors").exists()
+
+
+def test_out_that_is_a_file_is_refused(store_path, tmp_path):
+    f = tmp_path / "taken.txt"
+    f.write_text("mine")
+    res = _cli("--shards", str(store_path), "--out", str(f))
+    assert res.exit_code == 2 and "existing file" in res.output and f.read_text() == "mine"
+
+
+def _embed(*args: str):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    return CliRunner().invoke(app, ["embed", *args, "--no-progress"])
+
+
+def test_embed_never_overwrites_inputs_or_files(trained, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\ufeffthe market fell\nthe dog runs\n", encoding="utf-8")
+    res = _embed(str(src), "--student", str(trained), "--out", str(src), "--overwrite")
+    assert res.exit_code == 2 and "is the input" in res.output
+    assert src.read_text(encoding="utf-8").startswith("\ufeffthe market")
+    other = tmp_path / "mine.parquet"
+    other.write_text("not yours")
+    res = _embed(str(src), "--student", str(trained), "--out", str(other))
+    assert res.exit_code == 2 and "already exists" in res.output and other.read_text() == "not yours"
+    res = _embed(str(src), "--student", str(trained), "--out", str(tmp_path))
+    assert res.exit_code == 2 and "existing folder" in res.output
+    res = _embed(str(src), "--student", str(trained), "--out", str(other), "--overwrite")
+    assert res.exit_code == 0, res.output
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(other)["text"].to_pylist() == ["the market fell", "the dog runs"]  # BOM dropped
+
+
+@pytest.mark.parametrize("content,expect", [
+    (b"caf\xe9 au lait\n", "not UTF-8"),
+    (b'{"text": "fine"}\n{"text": broken\n', "invalid JSON"),
+    (b'{"text": 42}\n', "not a string"),
+])
+def test_embed_bad_inputs_name_the_line(trained, tmp_path, content, expect):
+    src = tmp_path / ("in.jsonl" if content.startswith(b"{") else "in.txt")
+    src.write_bytes(content)
+    res = _embed(str(src), "--student", str(trained), "--out", str(tmp_path / "v.parquet"))
+    assert res.exit_code == 2 and expect in res.output and str(src.name) in res.output, res.output
+    assert not (tmp_path / "v.parquet").exists()
+
+
+def test_embed_refuses_a_path_traversing_name(trained, store_path):
+    res = _embed(str(store_path), "--student", str(trained), "--name", "../../x")
+    assert res.exit_code == 2 and "invalid student table name" in res.output
+    assert not (Path(store_path).parent.parent / "x").exists()
