@@ -34,6 +34,8 @@ class ShardPlan:
 
 def writer_rank(num_shards: int | None, shard_index: int | None) -> tuple[int, int]:
     """(index, count) from explicit options, else from torchrun's RANK/WORLD_SIZE, else (0, 1)."""
+    if num_shards is not None and num_shards < 1:
+        raise ValueError(f"--num-shards {num_shards} must be >= 1 (the number of writers)")
     if num_shards is not None or shard_index is not None:
         n, i = num_shards or 1, shard_index or 0
     else:

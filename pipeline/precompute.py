@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -150,6 +151,12 @@ def precompute(
 ) -> PrecomputeSummary:
     """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring."""
     t0 = time.perf_counter()
+    # Options first: nothing may be read, loaded or created before they are known to be usable.
+    for flag, value in (("--shard-rows", shard_rows), ("--batch-tokens", batch_tokens), ("--max-length", max_length)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} {value} must be >= 1", flag, "pass a positive number")
+    if os.path.isfile(out):
+        raise InputError("--out is an existing file, not a store folder", out, "pass a folder path")
     if segment not in ("none", "sentences"):
         raise InputError(f"unknown --segment {segment!r}", None, "use none (whole documents) or sentences")
     if not teachers:

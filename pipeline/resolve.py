@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.errors import KdError
+from storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
 
@@ -42,9 +43,7 @@ def resolve_teacher(spec: str) -> TeacherRef:
     name, _, target = spec.partition("=") if "=" in spec else ("", "", spec)
     path = _resolve_path(target)
     name = name or _default_name(target)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise KdError(f"teacher name {name!r} is not a valid table name", spec,
-                      "use NAME=PATH with letters, digits, '_', '-', '.' in NAME")
+    check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".
     return TeacherRef(name, path, target)
 
 

@@ -84,7 +84,27 @@ def weights_sha256(path: str) -> str:
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The asked device, or CUDA when present. Under torchrun each rank takes its own GPU: cuda:LOCAL_RANK
+    (modulo the visible devices), so N ranks on one node never share GPU 0."""
+    import os
+
+    from storage.errors import KdError
+
+    if device is None or device == "cuda":
+        if not torch.cuda.is_available():
+            if device == "cuda":
+                raise KdError("--device cuda was asked for, but this machine has no CUDA device", "--device",
+                              "use --device cpu, or leave --device unset")
+            return torch.device("cpu")
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        return torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise KdError(f"unknown --device {device!r}", "--device", "use cpu, cuda or cuda:N") from e
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise KdError(f"--device {device} is not available on this machine", "--device", "use cpu or a visible GPU")
+    return dev
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:

@@ -165,6 +165,11 @@ def build_index(store_path: str | os.PathLike, table: str, column: str, kind: In
     - Writes index and ids atomically, then the extras entry through a StoreWriter ("index"),
       and publishes the merged manifest.
     """
+    try:
+        kind = IndexKind(kind)
+    except ValueError:
+        raise InputError(f"unknown index kind {kind!r}", "--kind",
+                         f"use one of {', '.join(k.value for k in IndexKind)}") from None
     store = Store.open(store_path)
     table = resolve_table(store, table)
     dim = vector_column(store, table, column)

@@ -140,6 +140,11 @@ class TrainConfig:
             raise InputError("batch size, epochs and max steps must be >= 1", "train-student options")
         if not self.objectives:
             raise InputError("no objective given", "--objective", "e.g. --objective cosine")
+        if not 0.0 <= self.val_percent < 100.0:
+            raise InputError(f"--val-percent {self.val_percent} must be in [0, 100)", "--val-percent",
+                             "e.g. --val-percent 2 (0 turns validation off)")
+        if self.max_length < 1:
+            raise InputError(f"--max-length {self.max_length} must be >= 1", "--max-length", "e.g. --max-length 128")
         if self.token_weights not in ("sif", "none"):
             raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
 
