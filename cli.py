@@ -101,10 +101,23 @@ def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> N
 
 
 @app.command()
-def validate(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
+def validate(
+    store: Annotated[str, typer.Argument(help="Store folder or URI")],
+    repair: Annotated[bool, typer.Option(help="Drop damaged shards from the record (re-run precompute to redo them)")] = False,  # noqa: E501
+) -> None:
     """Re-check checksums, schemas and id alignment of every shard; exit 1 on any problem."""
     from storage.validate import check
 
+    if repair:
+        from storage.repair import describe
+        from storage.repair import repair as run_repair
+
+        try:
+            lines = describe(run_repair(store))
+        except KdError as e:
+            _fail(e)
+        for line in lines:
+            term.print(f"[yellow]repair[/] {line}")
     try:
         _, problems = check(store)
     except KdError as e:

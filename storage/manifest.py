@@ -117,6 +117,9 @@ class Manifest:
         return cls(d["inputs"], tables, d.get("versions", {}), d.get("extras", {}), version)
 
 
+PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")
+
+
 def merge(manifests: list[Manifest], where: str) -> Manifest:
     """Union of manifests that describe the same inputs (a pure function; order does not matter)."""
     if not manifests:
@@ -130,9 +133,10 @@ def merge(manifests: list[Manifest], where: str) -> Manifest:
                 where,
                 "a writer was started with other inputs or --shard-rows; remove the store and re-run",
             )
-        if m.inputs != base.inputs:
-            # Same fingerprint, other row counts or plan: a hand-edited manifest.json (or fragment).
-            diff = sorted(k for k in set(m.inputs) | set(base.inputs) if m.inputs.get(k) != base.inputs.get(k))
+        # Same fingerprint, other row counts or plan: a hand-edited manifest.json (or fragment). File paths
+        # may differ (the same content moved), so only the row plan is compared.
+        diff = [k for k in PLAN_KEYS if m.inputs.get(k) != base.inputs.get(k)]
+        if diff:
             raise StoreError(f"manifest.json and the fragments in manifests/ disagree on {diff}", where,
                              "delete manifest.json (it is rebuilt from manifests/), or run "
                              "`kd validate STORE --repair`")
