@@ -153,7 +153,25 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
             con.execute(f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident(view)}")
     if "texts" in schemas:
         con.execute(f"CREATE VIEW outputs AS {_outputs_sql(names, schemas)}")
+    _status(con, store)
     return con
+
+
+def _status(con: duckdb.DuckDBPyConnection, store: Store) -> None:
+    """A `kd_status` table (table, shards committed, shards expected, complete), and a warning on stderr when
+    any table is incomplete: a query then answers from the committed part only."""
+    import sys
+
+    n = store.manifest.num_shards
+    rows = [(t, len(r.shards), n, len(r.shards) == n) for t, r in sorted(store.manifest.tables.items())]
+    con.execute("CREATE TABLE kd_status (tbl VARCHAR, shards_committed INTEGER, shards_expected INTEGER, "
+                "complete BOOLEAN)")
+    if rows:
+        con.executemany("INSERT INTO kd_status VALUES (?, ?, ?, ?)", rows)
+    partial = [f"{t} ({c}/{e} shards)" for t, c, e, ok in rows if not ok]
+    if partial:
+        print(f"warning: the store is incomplete, queries see only committed rows: {', '.join(partial)} "
+              "(see the kd_status table; re-run kd precompute to finish it)", file=sys.stderr)
 
 
 def _outputs_sql(names: dict[str, str], schemas: dict[str, pa.Schema]) -> str:

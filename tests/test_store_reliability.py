@@ -98,3 +98,18 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(clean, tmp_path, content):
     assert "manifest.json" in str(e.value)
     res = CliRunner().invoke(app, ["validate", str(store)])
     assert res.exit_code == 2 and "manifest" in res.output
+
+
+def test_queries_on_an_incomplete_store_say_so(clean, tmp_path, capsys):
+    from storage.query import connect
+
+    store = shutil.copytree(clean, tmp_path / "store")
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"]["teachers/tiny"]["shards"].pop("2")  # a writer that has not finished shard 2
+        m.write_text(json.dumps(d))
+    con = connect(store)
+    assert "incomplete" in capsys.readouterr().err
+    status = dict(con.sql("SELECT tbl, complete FROM kd_status").fetchall())
+    assert status == {"texts": True, "teachers/tiny": False}
+    assert con.sql("SELECT count(*) FROM tiny").fetchall()[0][0] == 60  # the committed part only, and it says so
