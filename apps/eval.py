@@ -104,6 +104,16 @@ class ModelResult:
     kind: str
     metrics: dict[str, float | None] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    empty: dict[str, str] = field(default_factory=dict)  # metric key -> why its cell is empty
+
+    def put(self, key: str, value: float, *vectors: np.ndarray) -> None:
+        """Record one measure; when it is NaN, record why (non-finite vectors, or an undefined measure)."""
+        self.metrics[key] = value
+        if isinstance(value, float) and math.isnan(value):
+            bad = sum(int((~np.isfinite(v)).any(axis=-1).sum()) for v in vectors)
+            rows = sum(len(v) for v in vectors)
+            self.empty[key] = (f"{bad} of {rows} vectors are NaN/Inf (a damaged model or store: kd validate)"
+                               if bad else "undefined on these vectors (constant vectors or similarities)")
 
 
 @dataclass
@@ -114,14 +124,28 @@ class EvalReport:
     sts_sims: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # for plots, not JSON
 
     def cell(self, row: ModelResult, col: Column) -> str:
+        """The formatted value, or "—" with the number of the note saying why it is empty."""
         v = row.metrics.get(col.key)
-        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else col.fmt.format(v)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            return col.fmt.format(v)
+        why = _why(row, col)
+        return f"— [{self.empty_notes().index((row.name, why)) + 1}]" if why else "—"
+
+    def empty_notes(self) -> list[tuple[str, str]]:
+        """(model, reason) for every empty cell that has a reason, numbered in table order."""
+        out: list[tuple[str, str]] = []
+        for m in self.models:
+            for c in self.columns:
+                why = _why(m, c)
+                if why and (m.name, why) not in out:
+                    out.append((m.name, why))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
             "columns": [{"key": c.key, "header": c.header, "measure": c.measure.value} for c in self.columns],
-            "models": [{"name": m.name, "kind": m.kind, "metrics": m.metrics, "details": m.details}
-                       for m in self.models],
+            "models": [{"name": m.name, "kind": m.kind, "metrics": _finite(m.metrics), "details": m.details,
+                        "empty": m.empty} for m in self.models],
             "info": self.info,
         }
 
@@ -131,6 +155,7 @@ class EvalReport:
         for m in self.models:
             lines.append("| " + " | ".join([m.name, m.kind, *[self.cell(m, c) for c in self.columns]]) + " |")
         notes = [f"- {k}: {v}" for k, v in self.info.items() if isinstance(v, str)]
+        notes += [f"- [{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)]
         return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
     def rich_table(self):  # -> rich.table.Table (rich imported lazily)
@@ -143,7 +168,22 @@ class EvalReport:
             t.add_column(c.header, justify="right")
         for m in self.models:
             t.add_row(m.name, m.kind, *[self.cell(m, c) for c in self.columns])
+        t.caption = "\n".join(f"[{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)) or None
         return t
+
+
+def _why(row: ModelResult, col: Column) -> str | None:
+    """Why this cell is empty: a NaN measure's reason, or the note of a measure that did not run."""
+    v = row.metrics.get(col.key)
+    if v is not None and not (isinstance(v, float) and math.isnan(v)):
+        return None
+    note = row.details.get(col.measure.value)  # e.g. details["speed"] = "not measured: ..."
+    return row.empty.get(col.key) or (note if isinstance(note, str) else None)
+
+
+def _finite(metrics: dict[str, float | None]) -> dict[str, float | None]:
+    """NaN as null: JSON has no NaN (json.dumps would write an invalid token); the reason is in "empty"."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
 class _Bars:
@@ -290,7 +330,7 @@ def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
     tv, src = teacher.vectors(texts, bars, task.name)
     info["sts"] = f"{task.name}, {n} pairs, teacher vectors from the {src}"
     for m, vecs in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
-        rows[m.name].metrics["sts_spearman"] = metrics.sts_spearman(vecs[:n], vecs[n:], task.scores)
+        rows[m.name].put("sts_spearman", metrics.sts_spearman(vecs[:n], vecs[n:], task.scores), vecs)
         sims[m.name] = metrics.rowwise_cosine(vecs[:n], vecs[n:])
     sims["_gold"] = task.scores
 
@@ -303,8 +343,8 @@ def _probe(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
     info["probe"] = (f"SST-2: logistic regression on {n} train sentences, accuracy on {len(task.test_texts)} dev; "
                      f"teacher vectors from the {src}")
     for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, "sst2")) for o in others]]:
-        rows[m.name].metrics["probe_accuracy"] = metrics.probe_accuracy(v[:n], task.train_labels, v[n:],
-                                                                       task.test_labels)
+        rows[m.name].put("probe_accuracy", metrics.probe_accuracy(v[:n], task.train_labels, v[n:],
+                                                                 task.test_labels), v)
 
 
 def _cluster(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
@@ -343,9 +383,9 @@ def _agreement(cfg, teacher: _Teacher, others, rows, info, bars, measures) -> No
     for m in [teacher.model, *others]:
         v = tv if m is teacher.model else bars.encode(m, texts, "agreement texts")
         if Measure.agreement in measures:
-            rows[m.name].metrics["cos_to_teacher"] = metrics.mean_cosine_agreement(v, tv)
+            rows[m.name].put("cos_to_teacher", metrics.mean_cosine_agreement(v, tv), v, tv)
         if Measure.neighbours in measures:
-            rows[m.name].metrics["neighbour_recall"] = metrics.neighbour_recall(tv, v, k)
+            rows[m.name].put("neighbour_recall", metrics.neighbour_recall(tv, v, k), v, tv)
 
 
 def _speed(cfg, models: list[EvalModel], rows, info, bars) -> None:

@@ -220,3 +220,30 @@ def test_embed_refuses_a_path_traversing_name(trained, store_path):
     res = _embed(str(store_path), "--student", str(trained), "--name", "../../x")
     assert res.exit_code == 2 and "invalid student table name" in res.output
     assert not (Path(store_path).parent.parent / "x").exists()
+
+
+def test_eval_says_why_a_cell_is_empty():
+    import json
+
+    import numpy as np
+
+    from apps import metrics
+    from apps.eval import COLUMNS, EvalReport, ModelResult
+
+    rng = np.random.default_rng(0)
+    tv = rng.normal(size=(20, 8)).astype(np.float32)
+    sv = tv.copy()
+    sv[3] = np.nan  # what a student trained on overflowed fp16 targets gives
+    teacher, student = ModelResult("teacher", "teacher"), ModelResult("s1", "student")
+    teacher.put("cos_to_teacher", metrics.mean_cosine_agreement(tv, tv), tv, tv)
+    student.put("cos_to_teacher", metrics.mean_cosine_agreement(sv, tv), sv, tv)
+    student.details["speed"] = "not measured: weights file missing"
+    cols = [c for c in COLUMNS if c.key in ("cos_to_teacher", "latency_ms")]
+    report = EvalReport([teacher, student], cols, {})
+    assert report.cell(teacher, cols[0]) == "1.000"
+    assert report.cell(student, cols[0]) == "— [1]" and report.cell(student, cols[1]) == "— [2]"
+    md = report.markdown()
+    assert "[1] s1: 1 of 40 vectors are NaN/Inf" in md and "[2] s1: not measured: weights file missing" in md
+    out = json.loads(json.dumps(report.to_json(), allow_nan=False))  # valid JSON: no NaN token
+    row = out["models"][1]
+    assert row["metrics"]["cos_to_teacher"] is None and "NaN/Inf" in row["empty"]["cos_to_teacher"]
