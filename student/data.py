@@ -35,6 +35,8 @@ from storage.store import Store
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 LABEL = "label"
+# Pseudo-column: each row's ordinal in the store (shard offset + row in shard); keys CoDIR's memory bank.
+POS = "pos"
 
 
 def is_validation(ids: np.ndarray, val_percent: float) -> np.ndarray:
@@ -60,6 +62,7 @@ class Columns:
     label: bool
     teachers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> columns
     label_names: tuple[str, ...] | None = None  # string labels -> index in a teacher's label_names
+    pos: bool = False  # add POS: every row's ordinal in the store (0 .. num_rows - 1)
 
     @property
     def pairs(self) -> bool:
@@ -86,8 +89,11 @@ def resolve_columns(store: Store, specs: list[str]) -> Columns:
     texts = store.table("texts")
     text_cols = ("text_a", "text_b") if store.manifest.pairs else ("text",)
     teachers: dict[str, list[str]] = {}
-    label = False
+    label = pos = False
     for spec in dict.fromkeys(specs):
+        if spec == POS:
+            pos = True
+            continue
         if spec == LABEL:
             if LABEL not in texts.columns:
                 raise InputError(
@@ -107,7 +113,7 @@ def resolve_columns(store: Store, specs: list[str]) -> Columns:
         teachers.setdefault(f"teachers/{teacher}", []).append(col)
     names = next((tuple(store.table(t).meta["label_names"]) for t in teachers
                   if store.table(t).meta.get("label_names")), None)
-    return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names)
+    return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names, pos)
 
 
 @dataclass
@@ -249,6 +255,7 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
     wanted = {"texts": ["id", *cols.texts, *([LABEL] if cols.label else [])]}
     wanted.update({t: ["id", *c] for t, c in cols.teachers.items()})
     iters = {t: _batches(store, t, k, wanted[t], chunk_rows) for t in tables}
+    row0 = sum(store.table("texts").shards[j].rows for j in range(k))  # POS of the next row
     pending: dict[str, pa.RecordBatch | None] = dict.fromkeys(tables)
     while True:
         for t in tables:
@@ -264,6 +271,9 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
         pending = {t: pending[t].slice(n) for t in tables}
         ids = parts["texts"].column("id").to_numpy()
         chunk: dict[str, np.ndarray] = {"id": ids}
+        if cols.pos:
+            chunk[POS] = np.arange(row0, row0 + n, dtype=np.int64)
+            row0 += n
         for c in cols.texts:
             chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
         if cols.label:

@@ -63,12 +63,19 @@ def wrap(model: nn.Module, d: Dist) -> nn.Module:
     """The model for the training forward: itself, or under DDP its DistributedDataParallel wrapper."""
     if d.world == 1:
         return model
+    # No buffer broadcast: the only changing buffers are memory banks, which every rank updates from
+    # the same gathered rows (`gather_rows`), so they stay equal and rank 0's checkpoint restores every
+    # rank exactly; broadcasting a bank of all N rows each step would cost N x m floats per step, and
+    # would overwrite the other ranks' updates if a bank were ever updated from one rank's rows only.
+    # Every student and objective parameter takes part in every loss: no search for unused parameters.
+    import inspect
+
     from torch.nn.parallel import DistributedDataParallel
 
-    # broadcast_buffers (default): every rank starts each step with rank 0's buffers (memory banks),
-    # so the checkpoint, written by rank 0, restores all ranks exactly. Every student and objective
-    # parameter takes part in every loss, so no search for unused parameters is needed.
-    return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    no_sync = ({"forward_sync_buffers": False}  # torch >= 2.13 name (still syncs once at init: banks start equal)
+               if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+               else {"broadcast_buffers": False})
+    return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None, **no_sync)
 
 
 def barrier(d: Dist) -> None:
@@ -98,3 +105,29 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)  # gloo and nccl (values are tiny; CPU tensors are fine for gloo)
     return t.tolist()
+
+
+def gather_rows(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's rows from every rank, concatenated in rank order (the tensors themselves outside DDP).
+
+    - Ranks may hold different row counts (a last partial batch): the counts are exchanged first,
+      every tensor is zero-padded to the largest, gathered with all_gather, and cut back.
+    - No gradient flows through the result (it feeds memory-bank updates only).
+    """
+    import torch.distributed as dist
+
+    if not tensors or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return tensors
+    world, dev = dist.get_world_size(), tensors[0].device
+    count = torch.tensor([tensors[0].shape[0]], dtype=torch.long, device=dev)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    out = []
+    for x in tensors:
+        padded = x.new_zeros((max(sizes), *x.shape[1:]))
+        padded[: x.shape[0]] = x.detach()
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded)
+        out.append(torch.cat([p[:n] for p, n in zip(parts, sizes)]))
+    return out

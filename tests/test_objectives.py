@@ -12,6 +12,7 @@ from single_thread import one_thread  # noqa: F401  (autouse: this module runs o
 from student_stores import tiny_bert_config
 
 from storage.errors import KdError
+from storage.ids import row_ids
 from storage.manifest import Manifest, TableRecord
 from storage.schema import VectorDType, vector_type
 from student.models import Arch, StudentConfig, build_student
@@ -58,11 +59,18 @@ def manifest(*, pairs: bool = False, label: str | None = "int64", cross_encoders
     return Manifest(inputs, tables)
 
 
-def make_batch(m: Manifest, seed: int = 0, ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def hash_ids(n: int, start: int = 0) -> torch.Tensor:
+    """Real row ids: 64-bit content hashes of distinct texts (storage.ids), not 0, 1, 2, ..."""
+    return torch.from_numpy(row_ids([f"sentence number {i} of the corpus" for i in range(start, start + n)]))
+
+
+def make_batch(m: Manifest, seed: int = 0, pos: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """A batch as student.data yields it: hash ids, row positions `pos` (default 0..B-1), tokens, columns."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < lengths[:, None]).long()
-    batch = {"id": torch.arange(B) if ids is None else ids}
+    pos = torch.arange(B) if pos is None else pos
+    batch = {"id": hash_ids(B, int(pos[0])), "pos": pos}
     for side in ("a.", "b.") if m.pairs else ("",):
         batch[f"{side}input_ids"] = torch.randint(1, VOCAB, (B, T), generator=g) * mask
         batch[f"{side}attention_mask"] = mask
@@ -109,6 +117,7 @@ CASES = {  # objective spec -> store it needs
     "multi-teacher": dict(pairs=True),
     "relational": dict(pairs=False),
     "relational:1:mode=kl:tau=0.1": dict(pairs=True),
+    "label": dict(pairs=False),
 }
 
 
@@ -180,13 +189,13 @@ def test_memory_bank_is_a_ring_with_momentum() -> None:
 
 
 def test_contrastive_uses_the_bank_for_other_rows_only() -> None:
-    m = manifest()
+    m = manifest(label=None)
     (obj,) = build_objectives(["contrastive:1:negatives=3"], student_cfg(), m)
     assert isinstance(obj, Contrastive) and obj.bank.vectors.shape == (64, 128)
     model = build_student(student_cfg())
     obj(run(model, make_batch(m)), make_batch(m), 0.0)
     assert obj.bank.filled.sum().item() == B  # training mode writes this batch's slots
-    other = make_batch(m, seed=1, ids=torch.arange(B, 2 * B))
+    other = make_batch(m, seed=1, pos=torch.arange(B, 2 * B))
     seen = []
     orig = obj.bank.sample
     obj.bank.sample = lambda k, exclude: seen.append(orig(k, exclude)) or seen[-1]  # type: ignore[method-assign]
@@ -260,7 +269,7 @@ def test_projection_when_widths_differ_and_pair_store_columns() -> None:
     assert same.proj is None and proj.proj.weight.shape == (D, 4)
     assert same.columns() == ["bi.sentence_a", "bi.sentence_b"] and proj.columns() == ["bi.mean_a", "bi.mean_b"]
     (con,) = build_objectives(["contrastive"], student_cfg(), m)
-    assert con.columns() == ["bi.layers_a", "bi.layers_b"] and con.bank.vectors.shape[0] == 128  # 2 sides x 64
+    assert con.columns() == ["bi.layers_a", "bi.layers_b", "pos"] and con.bank.vectors.shape[0] == 128  # 2 sides x 64
     assert con.phi_t.in_features == L * D  # embeddings layer left out by default
     (pair,) = build_objectives(["pair"], student_cfg(), m)
     assert pair.columns() == ["ce0.logits", "label"]
@@ -309,3 +318,27 @@ def test_specs_round_trip_and_total_loss() -> None:
     total, parts = total_loss(objs, out, batch, 0.0)
     assert set(parts) == {"cosine:0.5", "contrastive:0.1:tau=0.2:negatives=16"}
     torch.testing.assert_close(total, 0.5 * objs[0].loss(out, batch, 0) + 0.1 * objs[1].loss(out, batch, 0))
+
+
+def test_label_objective_and_codir_fine_tuning_stage() -> None:
+    """--objective label --objective logits --objective contrastive: CoDIR eq. 1, CE + a1 KD + a2 CRD."""
+    m = manifest(label="int64")
+    label, logits, crd = build_objectives(["label", "logits:0.7", "contrastive:0.1:negatives=4"], student_cfg(), m)
+    assert label.columns() == ["label"] and label.head.out_features == N_LABELS  # from ce0's label names
+    assert set(required_columns([label, logits, crd])) == {"label", "ce0.logits", "bi.layers", "pos"}
+    model = build_student(student_cfg())
+    batch = make_batch(m)
+    out = run(model, batch)
+    torch.testing.assert_close(label(out, batch, 0.0), F.cross_entropy(label.head(out.embedding), batch["label"]))
+    for o in (label, logits, crd):
+        o.eval()
+    total, _ = total_loss([label, logits, crd], out, batch, 0.0)
+    torch.testing.assert_close(total, label.loss(out, batch, 0) + 0.7 * logits.loss(out, batch, 0)
+                               + 0.1 * crd.loss(out, batch, 0))
+    batch["label"][0] = -1  # unlabelled rows are left out of the cross-entropy
+    torch.testing.assert_close(label(out, batch, 0.0),
+                               F.cross_entropy(label.head(out.embedding)[1:], batch["label"][1:]))
+    with pytest.raises(KdError, match="no label column"):
+        build_objectives(["label"], student_cfg(), manifest(label=None))
+    (score,) = build_objectives(["label"], student_cfg(), manifest(label="double"))
+    assert score.head.out_features == 1

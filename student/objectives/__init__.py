@@ -9,6 +9,7 @@
 | pair | DSE eq. 2-3 | `<ce>.logits` (+ label) | f(u, v) MLP |
 | multi-teacher | DvBERT | `<ce_k>.logits` for >= 2 teachers (+ label) | linear pair head |
 | relational | RKD (Park et al. 2019) | `<t>.sentence` (or the target column) | nothing: in-batch similarity structure |
+| label | CoDIR eq. 1 (L_CE) | `label` | linear classifier (or score) head |
 
 In pair stores the embedding and contrastive objectives use each side's columns (`sentence_a`,
 `sentence_b`, `layers_a`, `layers_b`); the logit objectives score the pair from both embeddings.
@@ -26,11 +27,11 @@ from student.objectives.base import (
 from student.objectives.build import REGISTRY, build_objectives, required_columns, total_loss
 from student.objectives.contrastive import Contrastive, MemoryBank, info_nce
 from student.objectives.embedding import Cosine, Mse, cosine_loss, mse_loss
-from student.objectives.logits import Logits, LogitsMode, MultiTeacher, Pair, annealing_weight, soft_kl
+from student.objectives.logits import Label, Logits, LogitsMode, MultiTeacher, Pair, annealing_weight, soft_kl
 from student.objectives.relational import Relational, relational_loss
 
 __all__ = [
-    "REGISTRY", "Context", "Contrastive", "Cosine", "LabelKind", "Logits", "LogitsMode", "MemoryBank", "Mse",
+    "REGISTRY", "Context", "Contrastive", "Cosine", "Label", "LabelKind", "Logits", "LogitsMode", "MemoryBank", "Mse",
     "MultiTeacher", "Objective", "ObjectiveName", "ObjectiveSpec", "Pair", "Relational", "annealing_weight",
     "build_objectives", "cosine_loss", "info_nce", "mse_loss", "pair_features", "parse_objective",
     "relational_loss", "required_columns", "soft_kl", "total_loss",

@@ -35,6 +35,7 @@ class ObjectiveName(str, Enum):
     pair = "pair"
     multi_teacher = "multi-teacher"
     relational = "relational"
+    label = "label"
 
 
 class LabelKind(str, Enum):

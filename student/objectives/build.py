@@ -24,11 +24,11 @@ from student.models import StudentConfig
 from student.objectives.base import Batch, Context, Objective, ObjectiveName, ObjectiveSpec, Out, parse_objective
 from student.objectives.contrastive import Contrastive
 from student.objectives.embedding import Cosine, Mse
-from student.objectives.logits import Logits, MultiTeacher, Pair
+from student.objectives.logits import Label, Logits, MultiTeacher, Pair
 from student.objectives.relational import Relational
 
 REGISTRY: dict[ObjectiveName, type[Objective]] = {
-    cls.name: cls for cls in (Cosine, Mse, Contrastive, Logits, Pair, MultiTeacher, Relational)
+    cls.name: cls for cls in (Cosine, Mse, Contrastive, Logits, Pair, MultiTeacher, Relational, Label)
 }
 
 

@@ -9,6 +9,11 @@
 - multi-teacher (DvBERT): p = softmax(W [u, v, |u-v|]); loss = sum over teachers k of
   KL(target_k || p) with target_k = lambda * onehot(gold) + (1 - lambda) * softmax(z_k) and lambda =
   training progress, rising 0 -> 1 (teacher annealing). Rows without a gold label keep lambda = 0.
+  One-logit (regression) teachers: the STS stage of the paper, y = w^T [u, v, |u-v|] and loss = sum
+  over k of (y - target_k)^2 with target_k = lambda * gold score + (1 - lambda) * z_k.
+- label (CoDIR eq. 1's L_CE): the store's gold labels through a linear head on the embedding ([u, v,
+  u*v, |u-v|] in pair stores): cross-entropy on classes, squared error on scores. With logits and
+  contrastive it is CoDIR's fine-tuning objective CE + a1 KD + a2 CRD.
 """
 
 from __future__ import annotations
@@ -62,11 +67,18 @@ class Logits(Objective):
         self.head = nn.Linear(width, n)
 
     @classmethod
-    def build(cls, ctx: Context, weight: float, teacher: str | None = None, mode: LogitsMode = LogitsMode.kl,
+    def build(cls, ctx: Context, weight: float, teacher: str | None = None, mode: LogitsMode | None = None,
               rho: float = 2.0) -> Logits:
+        """mode: kl (default) or mse; a one-logit (score) teacher defaults to mse, and kl is refused for it."""
         t = ctx.pick_teacher("logits", False, teacher, "the logits objective")
-        return cls(weight, [f"{t}.logits"], head_width(ctx.student.out_dim, ctx.pairs), _num_logits(ctx, t),
-                   LogitsMode(mode), rho)
+        n = _num_logits(ctx, t)
+        if mode is None:
+            mode = LogitsMode.kl if n > 1 else LogitsMode.mse
+        if n == 1 and LogitsMode(mode) is LogitsMode.kl:
+            # softmax over one logit is 1 whatever the logit: the loss and its gradient would be 0
+            raise KdError(f"teacher {t!r} has one logit (a score): its KL loss is always 0", ctx.where,
+                          "use --objective logits:1:mode=mse (the default for one-logit teachers)")
+        return cls(weight, [f"{t}.logits"], head_width(ctx.student.out_dim, ctx.pairs), n, LogitsMode(mode), rho)
 
     def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
         zs = self.head(head_input(out))
@@ -116,6 +128,7 @@ class MultiTeacher(Objective):
         super().__init__(weight, columns)
         self.teacher_columns = [c for c in columns if c != "label"]
         self.anneal = anneal and "label" in columns
+        self.regression = n == 1  # one-logit teachers score pairs: softmax over one logit is always 1
         self.head = nn.Linear(width, n)
 
     @classmethod
@@ -131,12 +144,15 @@ class MultiTeacher(Objective):
         if len(set(sizes.values())) != 1:
             raise KdError(f"the teachers' logits have different sizes {sizes}", ctx.where,
                           "use teachers trained on the same label set")
-        # soft targets are distributions over classes: score labels cannot be mixed in
-        labels = ["label"] if ctx.label is LabelKind.classes else []
+        n = sizes[names[0]]
+        _check_gold(ctx, n, names)
+        labels = ["label"] if ctx.label is not None else []
         return cls(weight, [f"{t}.logits" for t in names] + labels,
-                   head_width(ctx.student.out_dim, ctx.pairs, product=False), sizes[names[0]], anneal)
+                   head_width(ctx.student.out_dim, ctx.pairs, product=False), n, anneal)
 
     def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        if self.regression:
+            return self._regression_loss(out, batch, progress)
         s = self.head(head_input(out, product=False))
         lam = torch.zeros(s.shape[0], 1, device=s.device, dtype=s.dtype)
         gold = torch.zeros_like(s)
@@ -150,3 +166,63 @@ class MultiTeacher(Objective):
             soft = F.softmax(batch[key].to(s.dtype), -1)
             total = total + soft_kl(s, lam * gold + (1.0 - lam) * soft)
         return total
+
+    def _regression_loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        """Sum over teachers of mean (y - (lambda * gold + (1 - lambda) * z_k))^2; lambda 0 where unlabelled."""
+        y = self.head(head_input(out, product=False))[:, 0]
+        lam = torch.zeros_like(y)
+        gold = torch.zeros_like(y)
+        if self.anneal:
+            label = batch["label"].to(y.dtype)
+            keep = labelled_rows(label, LabelKind.regression)
+            lam[keep] = annealing_weight(progress)
+            gold[keep] = label[keep]
+        total = y.new_zeros(())
+        for key in self.teacher_columns:
+            target = lam * gold + (1.0 - lam) * batch[key][:, 0].to(y.dtype)
+            total = total + F.mse_loss(y, target)
+        return total
+
+
+def _check_gold(ctx: Context, n: int, teachers: list[str]) -> None:
+    """The gold labels must be of the teachers' kind: scores for one-logit teachers, classes otherwise."""
+    if n == 1 and ctx.label is LabelKind.classes:
+        raise KdError(f"teachers {teachers} give one score per pair, and the store's labels are classes: "
+                      "a score cannot be annealed toward a class", ctx.where,
+                      "precompute the pairs with score labels (STS), or with classifier teachers (NLI)")
+    if n > 1 and ctx.label is LabelKind.regression:
+        raise KdError(f"teachers {teachers} give {n} class logits, and the store's labels are scores: "
+                      "a class distribution cannot be annealed toward a score", ctx.where,
+                      "precompute the pairs with class labels, or with one-logit (regression) teachers")
+
+
+class Label(Objective):
+    name = ObjectiveName.label
+
+    def __init__(self, weight: float, width: int, n: int, kind: LabelKind) -> None:
+        super().__init__(weight, ["label"])
+        self.kind = kind
+        self.head = nn.Linear(width, n)
+
+    @classmethod
+    def build(cls, ctx: Context, weight: float, classes: int = 0) -> Label:
+        """classes: the number of classes (default: a teacher's label names, else its logits' width)."""
+        if ctx.label is None:
+            raise KdError("the label objective needs gold labels, and the store's texts have no label column",
+                          ctx.where, "precompute with --label-column, or drop --objective label")
+        n = 1 if ctx.label is LabelKind.regression else classes or _class_count(ctx)
+        return cls(weight, head_width(ctx.student.out_dim, ctx.pairs), n, ctx.label)
+
+    def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
+        return label_loss(self.head(head_input(out)), batch["label"], self.kind)
+
+
+def _class_count(ctx: Context) -> int:
+    """Classes of a class-label store: a teacher's label names, else a teacher's number of logits."""
+    for teacher, meta in ctx.meta.items():
+        if meta.get("label_names"):
+            return len(meta["label_names"])
+        if ctx.keys(teacher, "logits", False):
+            return _num_logits(ctx, teacher)
+    raise KdError("the number of classes is unknown (no teacher in the store has label names or logits)",
+                  ctx.where, "give it: --objective label:1:classes=N")

@@ -1,0 +1,87 @@
+"""DvBERT with one-logit (regression) cross-encoders: the STS stage, never an identically zero loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
+from test_objectives import make_batch, manifest, run, student_cfg
+
+from storage.errors import KdError
+from storage.manifest import Manifest
+from storage.schema import VectorDType, vector_type
+from student.models import build_student
+from student.objectives import MultiTeacher, build_objectives
+
+
+def score_store(label: str | None = "double") -> Manifest:
+    """Pairs scored by two regression cross-encoders (one logit each), with STS-like score labels."""
+    m = manifest(pairs=True, label=label)
+    for k in range(2):
+        m.tables[f"teachers/ce{k}"].columns["logits"] = str(vector_type((1,), VectorDType.float32))
+        m.tables[f"teachers/ce{k}"].meta["label_names"] = None
+    return m
+
+
+def score_batch(m: Manifest) -> dict[str, torch.Tensor]:
+    batch = make_batch(m)
+    for k in range(2):
+        batch[f"ce{k}.logits"] = batch[f"ce{k}.logits"][:, :1]
+    if "label" in batch:
+        batch["label"] = 5 * batch["label"]  # STS-B scores lie in [0, 5]
+        batch["label"][0] = float("nan")  # an unlabelled pair keeps the teachers' scores
+    return batch
+
+
+def test_one_logit_teachers_give_a_nonzero_loss_and_gradient() -> None:
+    m = score_store()
+    (obj,) = build_objectives(["multi-teacher"], student_cfg(), m)
+    assert isinstance(obj, MultiTeacher) and obj.regression and obj.columns() == ["ce0.logits", "ce1.logits", "label"]
+    model = build_student(student_cfg())
+    batch = score_batch(m)
+    out = run(model, batch)
+    loss = obj(out, batch, 0.0)
+    loss.backward()
+    assert loss.item() > 0.1
+    assert obj.head.weight.grad.abs().sum() > 0
+    assert sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None) > 0  # reaches the student
+    u, v = (o.embedding.detach() for o in out)
+    y = obj.head(torch.cat([u, v, (u - v).abs()], -1))[:, 0].detach()
+    with torch.no_grad():
+        # progress 0: the teachers' scores only
+        expect0 = sum(F.mse_loss(y, batch[f"ce{k}.logits"][:, 0]) for k in range(2))
+        torch.testing.assert_close(obj(out, batch, 0.0), expect0)
+        # progress 1: the gold score, except the unlabelled row 0 which keeps each teacher's score
+        gold = batch["label"].float()
+        expect1 = sum(F.mse_loss(y, torch.cat([batch[f"ce{k}.logits"][:1, 0], gold[1:]])) for k in range(2))
+        torch.testing.assert_close(obj(out, batch, 1.0), expect1)
+        # half way: the annealed mix (lambda = 0.5)
+        mix = [torch.cat([batch[f"ce{k}.logits"][:1, 0], 0.5 * gold[1:] + 0.5 * batch[f"ce{k}.logits"][1:, 0]])
+               for k in range(2)]
+        torch.testing.assert_close(obj(out, batch, 0.5), sum(F.mse_loss(y, t) for t in mix))
+
+
+def test_one_logit_teachers_without_labels_still_learn_from_the_scores() -> None:
+    m = score_store(label=None)
+    (obj,) = build_objectives(["multi-teacher"], student_cfg(), m)
+    assert obj.columns() == ["ce0.logits", "ce1.logits"]
+    batch = score_batch(m)
+    assert obj(run(build_student(student_cfg()), batch), batch, 1.0).item() > 0.1
+
+
+def test_gold_labels_of_the_wrong_kind_are_clear_errors() -> None:
+    with pytest.raises(KdError, match="score cannot be annealed toward a class"):
+        build_objectives(["multi-teacher"], student_cfg(), score_store(label="int64"))
+    with pytest.raises(KdError, match="class distribution cannot be annealed toward a score"):
+        build_objectives(["multi-teacher"], student_cfg(), manifest(pairs=True, label="double"))
+
+
+def test_logits_with_a_one_logit_teacher_is_never_a_zero_kl() -> None:
+    m = score_store(label=None)
+    (obj,) = build_objectives(["logits"], student_cfg(), m)
+    assert obj.mode.value == "mse"
+    batch = score_batch(m)
+    assert obj(run(build_student(student_cfg()), batch), batch, 0.0).item() > 0.01
+    with pytest.raises(KdError, match="always 0"):
+        build_objectives(["logits:1:mode=kl"], student_cfg(), m)
