@@ -19,9 +19,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
-import os
 import pickle
 import random
 from dataclasses import asdict, dataclass, field
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from storage import fs
 from storage.errors import KdError
 from storage.manifest import Manifest
 
@@ -111,9 +112,11 @@ def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trai
         "scheduler": tr.sched.state_dict(), "plateau": tr.plateau.state_dict() if tr.plateau else None,
         "scaler": tr.scaler.state_dict(), "early": asdict(st.early), "rng": rng,
     }
-    tmp = out / (CHECKPOINT + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, out / CHECKPOINT)  # a kill never leaves a half-written checkpoint
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    # Written by Python (torch's zip writer reports a full disk as an opaque RuntimeError); atomic, so
+    # a kill or a full disk never leaves a half-written checkpoint.
+    fs.atomic_write_bytes(fs.resolve(str(out)), buf.getvalue(), CHECKPOINT)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from storage import fs
 from storage.errors import InputError
 from student.models import Arch, Student, StudentConfig, build_student
 
@@ -33,9 +35,18 @@ WEIGHTS, CONFIG, TOKENIZER, ARGS = "model.safetensors", "config.json", "tokenize
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    fs.atomic_write_bytes(fs.resolve(str(path.parent)), json.dumps(obj, indent=1, default=str).encode(), path.name)
+
+
+def write_weights(path: Path, state: dict[str, torch.Tensor]) -> str:
+    """Write a safetensors file atomically; return its sha256.
+
+    - Serialised in memory, then written by Python: a full disk is an OSError (ENOSPC) here, where
+      safetensors' own file writer can fail without raising; the old file stays whole until the rename.
+    """
+    data = safetensors_bytes(state, metadata={"format": FORMAT})
+    fs.atomic_write_bytes(fs.resolve(str(path.parent)), data, path.name)
+    return hashlib.sha256(data).hexdigest()
 
 
 def weights_state(model: Student, objectives: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
@@ -52,9 +63,7 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
     """Write a loadable student folder (weights, tokenizer, arguments; config.json last)."""
     out = Path(dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(weights_state(model, objectives), str(tmp), metadata={"format": FORMAT})
-    os.replace(tmp, out / WEIGHTS)
+    weights_sha256 = write_weights(out / WEIGHTS, weights_state(model, objectives))
     shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
     _atomic_json(out / ARGS, train_args)
     config = {
@@ -63,7 +72,7 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
         "student": model.config.to_dict(),
         "num_parameters": model.num_parameters(),
         "store_fingerprint": store_fingerprint,
-        "weights_sha256": hashlib.sha256((out / WEIGHTS).read_bytes()).hexdigest(),
+        "weights_sha256": weights_sha256,
         **(info or {}),
     }
     _atomic_json(out / CONFIG, config)

@@ -21,6 +21,8 @@ its records, then the loop (`train` -> `_start` -> `_run_epoch` -> `_train_step`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import functools
 import math
 import os
@@ -45,7 +47,7 @@ from student import checkpoint
 from student import data as D
 from student.checkpoint import CHECKPOINT, Trainables, TrainState
 from student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
-from student.export import save_student, weights_state
+from student.export import save_student, weights_state, write_weights
 from student.metrics import CURVE, METRICS, Metrics, plot_curve
 from student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
 from student.objectives import build_objectives, required_columns
@@ -96,6 +98,8 @@ class TrainConfig:
     target: str | None = None  # "<teacher>.<column>"; default: the teacher's default_target
     embed_dim: int | None = None  # default: min(300, the teacher's input-embedding width)
     hidden_dim: int | None = None  # None: StudentConfig's default
+    out_dim: int | None = None  # embedding width; None: the target's width (no target: the encoder's width)
+    init: str | None = None  # a trained student folder to start from (same arch and tokenizer)
     num_layers: int = 1
     pooling: str = "mean"
     dropout: float = 0.1
@@ -212,8 +216,9 @@ def setup(cfg: TrainConfig) -> Setup:
     store = Store.open(cfg.store)
     store.require_complete("texts")
     probe = StudentConfig()
-    keys = Context.from_manifest(store.manifest, probe, cfg.target).embedding_target()
-    teacher = keys[0].split(".", 1)[0]
+    ctx = Context.from_manifest(store.manifest, probe, cfg.target)
+    keys = _target_keys(ctx)
+    teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
     tok_dir = store.tokenizer_dir(teacher)
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
@@ -227,15 +232,19 @@ def setup(cfg: TrainConfig) -> Setup:
     extra = dict(cfg.student)
     if cfg.hidden_dim is not None:
         extra["hidden_dim"] = cfg.hidden_dim
-    if cfg.arch == "transformer-init":
+    if cfg.arch == "transformer-init" and not cfg.init:  # (with --init the source student fixes the shape)
         extra["bert"] = bert_config(init_folder(store, teacher, cfg.init_layers))
     embed_dim = cfg.embed_dim or min(probe.embed_dim, emb.shape[1] if emb is not None else probe.embed_dim)
+    out_dim = cfg.out_dim or (ctx.shape(keys[0])[0] if keys else None)
     student_cfg = StudentConfig(
         arch=cfg.arch, vocab_size=max(vocab, emb.shape[0] if emb is not None else 0), pad_id=pad,
-        embed_dim=embed_dim, num_layers=cfg.num_layers, pooling=cfg.pooling,
-        out_dim=Context.from_manifest(store.manifest, probe, cfg.target).shape(keys[0])[0],
+        embed_dim=embed_dim, num_layers=cfg.num_layers, pooling=cfg.pooling, out_dim=out_dim or 1,
         dropout=cfg.dropout, max_length=cfg.max_length, **extra,
     )
+    if out_dim is None:  # nothing fixes the width (DSE from a cross-encoder alone): the encoder's own
+        student_cfg = dataclasses.replace(student_cfg, out_dim=student_cfg.width)
+    if cfg.init:
+        student_cfg = init_config(cfg, tok_dir)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     columns = required_columns(objectives)
     data = D.DataConfig(
@@ -245,6 +254,43 @@ def setup(cfg: TrainConfig) -> Setup:
         bucket=cfg.bucket,
     )
     return Setup(store, student_cfg, objectives, keys, teacher, data)
+
+
+def _target_keys(ctx: Context) -> list[str]:
+    """The embedding target's batch keys; [] when no teacher has an embedding column and none was asked for
+    (a store of cross-encoders only: DSE's pair objective needs no target, objectives that do say so)."""
+    try:
+        return ctx.embedding_target()
+    except KdError:
+        if ctx.target_teacher is None and not any(ctx.keys(t, c, True) for t in ctx.shapes
+                                                  for c in ("sentence", "mean", "cls")):
+            return []
+        raise
+
+
+def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
+    """The --init student's config (its shape wins; dropout is this run's), checked against this run.
+
+    - the arch must be the one asked for (--arch), else the weights would not fit;
+    - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
+      text), else every embedding row would mean another token.
+    """
+    from transformers import AutoTokenizer  # tokenizer only
+
+    from student.export import TOKENIZER, read_config
+
+    source = StudentConfig.from_dict(read_config(cfg.init)["student"])
+    if source.arch.value != cfg.arch:
+        raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
+                      f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
+    mine = AutoTokenizer.from_pretrained(Path(cfg.init) / TOKENIZER)
+    store = AutoTokenizer.from_pretrained(tokenizer_dir)
+    probe = "The quick brown fox, 1999: naïve café-au-lait!"
+    if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
+        raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
+                      "precompute the store with a teacher that shares the student's tokenizer, or train from "
+                      "scratch (no --init)")
+    return dataclasses.replace(source, dropout=cfg.dropout)
 
 
 def read_ids(path: str) -> tuple[int, ...]:
@@ -331,6 +377,12 @@ def make_amp(cfg: TrainConfig, d: Dist) -> tuple[Callable[[], contextlib.Abstrac
 _HELD_LOCKS: list = []  # output-folder locks of runs in this process (released when it exits)
 
 
+def _remove_temps(out: Path) -> None:
+    """Delete the temporary files of interrupted atomic writes (`NAME.tmp` / `NAME.tmp-XXXX`)."""
+    for tmp in out.glob("*.tmp*") if out.is_dir() else []:
+        tmp.unlink(missing_ok=True)
+
+
 def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
     out = Path(cfg.out)
@@ -344,6 +396,7 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
             raise KdError("another kd train-student is writing this output folder", str(out),
                           "wait for it to finish, or use a different --out")
         _HELD_LOCKS.append(lock)
+        _remove_temps(out)  # left by a run that died mid-write (disk full, kill -9): never read
     if d.main and cfg.overwrite and out.exists():
         for name in (CHECKPOINT, BEST, METRICS, CURVE, "config.json", "model.safetensors", "training_args.json"):
             (out / name).unlink(missing_ok=True)
@@ -419,6 +472,13 @@ def train(cfg: TrainConfig) -> Path:
     d = init_dist(cfg.device)
     try:
         return _train(cfg, d)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _remove_temps(Path(cfg.out))
+        raise KdError(f"the disk is full: {e.strerror} while writing {e.filename or 'the output'}", str(cfg.out),
+                      "free some space (or use --out on another disk) and rerun: training resumes from the "
+                      "last checkpoint; no student was written (config.json marks a finished one)") from e
     finally:
         while _HELD_LOCKS:
             _HELD_LOCKS.pop().close()
@@ -485,6 +545,11 @@ def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
 
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     student = build_student(s.student_cfg)
+    if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
+        from student.export import load
+
+        student.load_state_dict(load(cfg.init).model.state_dict())
+        return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
     if s.student_cfg.arch == "transformer-init":
         load_init_weights(student, init_folder(s.store, s.tokenizer, cfg.init_layers))
         return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
@@ -603,6 +668,8 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
         return
     # the unwrapped model: ranks may hold different numbers of validation batches, and a DDP forward
     # would start a collective (buffer broadcast) per batch that the other rank never joins
+    # at the final progress (lambda = 1 for annealed objectives), whatever the step: every checkpoint is
+    # judged by one loss, so early stopping and the best checkpoint compare like with like
     loss = evaluate(run.tr.model, run.val, run.d, st.step / run.total, run.autocast)
     if loss is None:
         return
@@ -613,9 +680,7 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
     if loss < early.best - 1e-6:
         early.best, early.best_step, early.bad = loss, st.step, 0
         if run.d.main:
-            from safetensors.torch import save_file
-
-            save_file(weights_state(run.tr.model.student, list(run.tr.model.objectives)), str(run.out / BEST))
+            write_weights(run.out / BEST, weights_state(run.tr.model.student, list(run.tr.model.objectives)))
     else:
         early.bad += 1
         early.stop = cfg.patience > 0 and early.bad >= cfg.patience

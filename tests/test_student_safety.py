@@ -247,3 +247,27 @@ def test_eval_says_why_a_cell_is_empty():
     out = json.loads(json.dumps(report.to_json(), allow_nan=False))  # valid JSON: no NaN token
     row = out["models"][1]
     assert row["metrics"]["cos_to_teacher"] is None and "NaN/Inf" in row["empty"]["cos_to_teacher"]
+
+
+def test_disk_full_while_saving_the_student_is_a_clear_error(store_path, tmp_path, monkeypatch):
+    """ENOSPC mid-write: exit 2 naming the disk, no (half-written) model, temp files removed; a rerun finishes."""
+    import errno
+
+    out = tmp_path / "out"
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:  # the bytes went to the page cache; the disk refuses them at fsync
+        if "model.safetensors.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    assert res.exit_code == 2 and "disk is full" in res.output, res.output
+    assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
+    assert not list(out.glob("*.tmp*"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    (out / "checkpoint.pt.tmp-0badf00d").write_bytes(b"half")  # what a kill -9 mid-write leaves
+    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    assert res.exit_code == 0, res.output
+    assert (out / "config.json").exists() and not list(out.glob("*.tmp*"))
