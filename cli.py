@@ -135,10 +135,12 @@ def train_student(
     shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
     arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")] = "bilstm",  # noqa: E501
-    objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher")] = None,  # noqa: E501
+    objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher, relational, label")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
     embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)")] = None,  # noqa: E501
     hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)")] = None,
+    out_dim: Annotated[int | None, typer.Option(help="Embedding width (default: the target's; no target: the encoder's)")] = None,  # noqa: E501
+    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer)")] = None,  # noqa: E501
     layers: Annotated[int, typer.Option(help="Encoder layers")] = 1,
     pooling: Annotated[str, typer.Option(help="mean | max | attentive | cls")] = "mean",
     dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]")] = None,
@@ -178,6 +180,7 @@ def train_student(
                                          lr=lr, weight_decay=weight_decay))
         cfg = TrainConfig(
             shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
+            out_dim=out_dim, init=init,
             num_layers=layers, pooling=pooling, max_length=max_length, max_steps=max_steps, **tuned, warmup=warmup,
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,

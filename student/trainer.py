@@ -670,7 +670,7 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
     # would start a collective (buffer broadcast) per batch that the other rank never joins
     # at the final progress (lambda = 1 for annealed objectives), whatever the step: every checkpoint is
     # judged by one loss, so early stopping and the best checkpoint compare like with like
-    loss = evaluate(run.tr.model, run.val, run.d, st.step / run.total, run.autocast)
+    loss = evaluate(run.tr.model, run.val, run.d, 1.0, run.autocast)
     if loss is None:
         return
     run.metrics.log({"step": st.step, "epoch": st.epoch, "val_loss": loss})

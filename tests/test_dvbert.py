@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +15,7 @@ from test_objectives import make_batch, manifest, run, student_cfg
 from storage.errors import KdError
 from storage.manifest import Manifest
 from storage.schema import VectorDType, vector_type
+from student import trainer as T
 from student.models import build_student
 from student.objectives import MultiTeacher, build_objectives
 
@@ -85,3 +90,43 @@ def test_logits_with_a_one_logit_teacher_is_never_a_zero_kl() -> None:
     assert obj(run(build_student(student_cfg()), batch), batch, 0.0).item() > 0.01
     with pytest.raises(KdError, match="always 0"):
         build_objectives(["logits:1:mode=kl"], student_cfg(), m)
+
+
+# --------------------------------------------------------------------------------------------------
+# Annealing vs validation: every checkpoint is validated at the final lambda
+
+
+def cross_encoder_pairs(root: Path, teachers: dict[str, Path], rows: int = 90) -> Path:
+    """A pair store written by the real precompute with cross-encoder teachers only (logits, no embedding)."""
+    from conftest import WORDS
+
+    from pipeline.precompute import precompute
+
+    rng = np.random.default_rng(0)
+    lines = ["a\tb\tlabel"] + [f"{' '.join(rng.choice(WORDS, 6))}\t{' '.join(rng.choice(WORDS, 6))}\t{i % 3}"
+                               for i in range(rows)]
+    (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
+    precompute([str(root / "pairs.tsv")], str(root / "store"), [f"{n}={p}" for n, p in teachers.items()],
+               pair_columns="a,b", label_column="label", shard_rows=50, progress=False)
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def two_teacher_pairs(tmp_path_factory, tiny_cross_encoder) -> Path:
+    from conftest import build_tiny_bert
+
+    root = tmp_path_factory.mktemp("ce-pairs")
+    other = build_tiny_bert(root / "ce-other", num_labels=3, seed=2)
+    return cross_encoder_pairs(root, {"ce0": tiny_cross_encoder, "ce1": other})
+
+
+def test_validation_uses_the_final_lambda_so_early_stopping_compares_like_with_like(two_teacher_pairs, tmp_path):
+    # lr 0: the weights never change, so every validation must report the same loss; at the current
+    # lambda (the old behaviour) the loss would move with the annealing schedule alone
+    out = T.train(T.TrainConfig(str(two_teacher_pairs), str(tmp_path / "dv"), embed_dim=8, hidden_dim=8,
+                                objectives=["multi-teacher"], lr=0.0, eval_every=1, patience=3, max_steps=8,
+                                batch_size=8, val_percent=20, progress=False, bucket=False))
+    vals = [json.loads(x)["val_loss"] for x in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in x]
+    assert len(vals) == 4 and max(vals) - min(vals) < 1e-6
+    info = json.loads((out / "config.json").read_text())
+    assert info["stopped_early"] and info["best_step"] == 1 and info["steps"] == 4
