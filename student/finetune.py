@@ -5,6 +5,7 @@
   head starts random; every weight, student included, is trained (SRA: "all parameters are optimized").
 - Loss: cross-entropy on classes, squared error on scores. With `kd_store` (SRA+KD, Tang et al. 2019)
   plus `kd_weight` x MSE between the head's outputs and the task teacher's logits stored in that store
+  (or, with `kd_alpha`, Tang et al.'s mix alpha x task loss + (1 - alpha) x MSE, which SRA+KD uses)
   (e.g. a cross-encoder from `kd finetune-teacher` run by `kd precompute` over the training file).
   Rows are joined on the store's ids, which `storage.ids` computes from the text alone, so the store
   must hold every training row (precomputed from the same file and columns); the teacher's class
@@ -55,6 +56,7 @@ class FinetuneConfig:
     dev: list[str] | None = None
     kd_store: str | None = None  # store over the training inputs with a task teacher's logits
     kd_weight: float = 1.0
+    kd_alpha: float | None = None  # SRA+KD as Tang et al.: alpha * task loss + (1 - alpha) * logit MSE
     kd_teacher: str | None = None  # teacher table in kd_store (default: the only one with logits)
     epochs: int = 3
     lr: float = 5e-4
@@ -83,6 +85,9 @@ class FinetuneConfig:
             raise InputError("batch size, epochs and max steps must be >= 1", "finetune options")
         if self.lr <= 0 or self.hidden < 1 or self.kd_weight < 0 or not 0 <= self.dropout < 1:
             raise InputError("need lr > 0, hidden >= 1, kd weight >= 0 and 0 <= dropout < 1", "finetune options")
+        if self.kd_alpha is not None and (not 0.0 <= self.kd_alpha <= 1.0 or self.kd_store is None):
+            raise InputError(f"kd_alpha {self.kd_alpha} needs a kd store and a value in [0, 1]", "kd_alpha",
+                             "pass --kd-store STORE and an alpha such as 0.5")
         if self.kd_store is None and self.kd_teacher is not None:
             raise InputError("--kd-teacher names a teacher of --kd-store, and no --kd-store was given",
                              "--kd-teacher", "pass --kd-store STORE too, or drop --kd-teacher")
@@ -241,6 +246,17 @@ def _loss(z: Tensor, y: Tensor, task: Task) -> Tensor:
     return nn.functional.cross_entropy(z, y.long())
 
 
+def _mixed_loss(z: Tensor, y: Tensor, kd: Tensor | None, task: Task, cfg: FinetuneConfig) -> Tensor:
+    """Task loss, plus the logit MSE to the teacher: weighted by kd_weight, or mixed by kd_alpha (Tang et al.)."""
+    loss = _loss(z, y, task)
+    if kd is None:
+        return loss
+    mse = nn.functional.mse_loss(z.float(), kd)
+    if cfg.kd_alpha is not None:
+        return cfg.kd_alpha * loss + (1.0 - cfg.kd_alpha) * mse
+    return loss + cfg.kd_weight * mse if cfg.kd_weight > 0 else loss
+
+
 def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
     """Fine-tune `cfg.student` on `cfg.train` (+ SRA+KD from `cfg.kd_store`); see the module docstring."""
     t0 = time.perf_counter()
@@ -296,9 +312,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                     break
                 idx = order[s : s + cfg.batch_size]
                 z = model(*train.batch(idx, device))
-                loss = _loss(z, y_t[idx].to(device), task)
-                if kd_t is not None and cfg.kd_weight > 0:
-                    loss = loss + cfg.kd_weight * nn.functional.mse_loss(z.float(), kd_t[idx].to(device))
+                loss = _mixed_loss(z, y_t[idx].to(device), None if kd_t is None else kd_t[idx].to(device), task, cfg)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.clip > 0:

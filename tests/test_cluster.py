@@ -11,7 +11,7 @@ import pytest
 from store_builder import TableSpec, build_store, grouped_vectors, unit
 from typer.testing import CliRunner
 
-from apps.metrics_cluster import pair_f1
+from apps.metrics_cluster import annotated_pair_f1, pair_f1
 from cli import app
 from storage.cluster import Method, agglomerative, cluster_store
 from storage.errors import InputError
@@ -164,3 +164,17 @@ def test_pair_f1_equals_pair_enumeration():
     assert s.precision == pytest.approx(len(p & g) / len(p)) and s.recall == pytest.approx(len(p & g) / len(g))
     with pytest.raises(ValueError):
         pair_f1([0, 1], [0])
+
+
+def test_annotated_pair_f1_counts_only_annotated_pairs():
+    """The news paper's positive F1: pairs nobody annotated change nothing (issue 11 item 9)."""
+    pred = ["x", "x", "x", "y", "y"]
+    pairs = [(0, 1, True), (0, 3, True), (1, 2, False), (3, 4, True)]
+    s = annotated_pair_f1(pred, pairs)
+    # predicted together: (0,1) (1,2) (3,4); gold positives: (0,1) (0,3) (3,4); both: (0,1) (3,4)
+    assert (s.pred_pairs, s.gold_pairs, s.common_pairs) == (3, 3, 2)
+    assert s.precision == pytest.approx(2 / 3) and s.f1 == pytest.approx(2 / 3)
+    full = pair_f1(pred, ["a", "a", "b", "a", "c"])  # a full partition counts every pair, e.g. (0, 2)
+    assert full.f1 != s.f1
+    with pytest.raises(ValueError, match="outside"):
+        annotated_pair_f1(pred, [(0, 9, True)])

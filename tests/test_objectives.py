@@ -342,3 +342,20 @@ def test_label_objective_and_codir_fine_tuning_stage() -> None:
         build_objectives(["label"], student_cfg(), manifest(label=None))
     (score,) = build_objectives(["label"], student_cfg(), manifest(label="double"))
     assert score.head.out_features == 1
+
+
+def test_sra_targets_cls_and_sra_kd_mixes_with_alpha() -> None:
+    """SRA distils [CLS]: --target <teacher>.cls for any teacher storing it; SRA+KD: a CE + (1 - a) MSE."""
+    from storage.tasks import Task
+    from student.finetune import FinetuneConfig, _mixed_loss
+
+    (sra,) = build_objectives(["cosine:0.5"], student_cfg(), manifest(), target="ce1.cls")
+    assert sra.columns() == ["ce1.cls"]
+    z, y, kd = torch.tensor([[2.0, -1.0]]), torch.tensor([0]), torch.tensor([[1.0, 1.0]])
+    ce, mse = F.cross_entropy(z, y), F.mse_loss(z, kd)
+    cfg = FinetuneConfig("s", "classification", ["t.tsv"], "o", kd_store="k", kd_alpha=0.25)
+    torch.testing.assert_close(_mixed_loss(z, y, kd, Task.classification, cfg), 0.25 * ce + 0.75 * mse)
+    cfg = FinetuneConfig("s", "classification", ["t.tsv"], "o", kd_store="k", kd_weight=2.0)
+    torch.testing.assert_close(_mixed_loss(z, y, kd, Task.classification, cfg), ce + 2.0 * mse)
+    with pytest.raises(KdError, match="kd_alpha"):
+        FinetuneConfig("s", "classification", ["t.tsv"], "o", kd_alpha=0.5)  # no kd store
