@@ -9,8 +9,11 @@
 - multi-teacher (DvBERT): p = softmax(W [u, v, |u-v|]); loss = sum over teachers k of
   KL(target_k || p) with target_k = lambda * onehot(gold) + (1 - lambda) * softmax(z_k) and lambda =
   training progress, rising 0 -> 1 (teacher annealing). Rows without a gold label keep lambda = 0.
-  One-logit (regression) teachers: the STS stage of the paper, y = w^T [u, v, |u-v|] and loss = sum
-  over k of (y - target_k)^2 with target_k = lambda * gold score + (1 - lambda) * z_k.
+  One-logit (regression) teachers: the STS stage of the paper, y = a * cos(u, v) + b (the paper's
+  cosine score, with a learned affine map because raw teacher logits and 0-5 gold scores are not on the
+  cosine's scale; a and b start by matching the first training batch's mean and spread), loss = sum over
+  k of (y - target_k)^2 with target_k = lambda * gold score + (1 - lambda) * z_k. `score=linear` uses
+  y = w^T [u, v, |u-v|] instead.
 - label (CoDIR eq. 1's L_CE): the store's gold labels through a linear head on the embedding ([u, v,
   u*v, |u-v|] in pair stores): cross-entropy on classes, squared error on scores. With logits and
   contrastive it is CoDIR's fine-tuning objective CE + a1 KD + a2 CRD.
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from storage.errors import KdError
+from student.distributed import gather_rows
 from student.objectives.base import (
     Batch,
     Context,
@@ -124,15 +128,24 @@ class Pair(Objective):
 class MultiTeacher(Objective):
     name = ObjectiveName.multi_teacher
 
-    def __init__(self, weight: float, columns: list[str], width: int, n: int, anneal: bool) -> None:
+    def __init__(self, weight: float, columns: list[str], width: int, n: int, anneal: bool,
+                 score: str = "cosine") -> None:
         super().__init__(weight, columns)
         self.teacher_columns = [c for c in columns if c != "label"]
         self.anneal = anneal and "label" in columns
         self.regression = n == 1  # one-logit teachers score pairs: softmax over one logit is always 1
-        self.head = nn.Linear(width, n)
+        self.cosine = self.regression and score == "cosine"
+        # (only the modules the loss uses: DDP refuses parameters that get no gradient)
+        self.head = None if self.cosine else nn.Linear(width, n)
+        self.affine = nn.Linear(1, 1) if self.cosine else None
+        self.register_buffer("calibrated", torch.tensor(False))
 
     @classmethod
-    def build(cls, ctx: Context, weight: float, teachers: str = "", anneal: bool = True) -> MultiTeacher:
+    def build(cls, ctx: Context, weight: float, teachers: str = "", anneal: bool = True,
+              score: str = "cosine") -> MultiTeacher:
+        """score (one-logit teachers): cosine (the paper's STS score, affine-calibrated) or linear."""
+        if score not in ("cosine", "linear"):
+            raise KdError(f"unknown multi-teacher score {score!r}", ctx.where, "use score=cosine or score=linear")
         have = [t for t in ctx.shapes if ctx.keys(t, "logits", False)]
         names = [t.strip() for t in teachers.split(",") if t.strip()] or have
         missing = [t for t in names if t not in have]
@@ -148,7 +161,7 @@ class MultiTeacher(Objective):
         _check_gold(ctx, n, names)
         labels = ["label"] if ctx.label is not None else []
         return cls(weight, [f"{t}.logits" for t in names] + labels,
-                   head_width(ctx.student.out_dim, ctx.pairs, product=False), n, anneal)
+                   head_width(ctx.student.out_dim, ctx.pairs, product=False), n, anneal, score)
 
     def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
         if self.regression:
@@ -169,19 +182,39 @@ class MultiTeacher(Objective):
 
     def _regression_loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
         """Sum over teachers of mean (y - (lambda * gold + (1 - lambda) * z_k))^2; lambda 0 where unlabelled."""
-        y = self.head(head_input(out, product=False))[:, 0]
-        lam = torch.zeros_like(y)
-        gold = torch.zeros_like(y)
+        if self.cosine:
+            assert isinstance(out, tuple) and self.affine is not None
+            cos = F.cosine_similarity(out[0].embedding, out[1].embedding, dim=-1, eps=1e-8)
+        y0 = cos if self.cosine else self.head(head_input(out, product=False))[:, 0]
+        lam = torch.zeros_like(y0)
+        gold = torch.zeros_like(y0)
         if self.anneal:
-            label = batch["label"].to(y.dtype)
+            label = batch["label"].to(y0.dtype)
             keep = labelled_rows(label, LabelKind.regression)
             lam[keep] = annealing_weight(progress)
             gold[keep] = label[keep]
+        targets = [lam * gold + (1.0 - lam) * batch[key][:, 0].to(y0.dtype) for key in self.teacher_columns]
+        if self.cosine:
+            if self.training and not bool(self.calibrated):
+                self._calibrate(cos, torch.stack(targets).mean(0))
+            y = self.affine(cos.unsqueeze(1))[:, 0]
+        else:
+            y = y0
         total = y.new_zeros(())
-        for key in self.teacher_columns:
-            target = lam * gold + (1.0 - lam) * batch[key][:, 0].to(y.dtype)
+        for target in targets:
             total = total + F.mse_loss(y, target)
         return total
+
+    @torch.no_grad()
+    def _calibrate(self, cos: Tensor, target: Tensor) -> None:
+        """a, b := matched moments of the first batch (every rank's: equal init): y has the targets' mean and
+        spread. Not least squares: at the start cos and target barely correlate, and a near-zero slope would
+        starve the encoder of gradient; a > 0 because a higher cosine must mean a higher score."""
+        c, t = gather_rows([cos.detach().float(), target.detach().float()])
+        a = t.std(unbiased=False).clamp_min(1e-3) / c.std(unbiased=False).clamp_min(1e-3)
+        self.affine.weight.fill_(float(a))
+        self.affine.bias.fill_(float(t.mean() - a * c.mean()))
+        self.calibrated.fill_(True)
 
 
 def _check_gold(ctx: Context, n: int, teachers: list[str]) -> None:
