@@ -355,14 +355,17 @@ def query_cmd(
 @app.command("index")
 def index_cmd(
     store: Annotated[str, typer.Argument(help="Store folder")],
-    table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
-    column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
+    table: Annotated[str | None, typer.Option(help="Table: view name (minilm) or path (teachers/minilm); default: the first teacher")] = None,  # noqa: E501
+    column: Annotated[str | None, typer.Option(help="1-D vector column, e.g. sentence; default: sentence, else mean")] = None,  # noqa: E501
     kind: Annotated[str, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
 ) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
-    from storage.index import build_index
+    from storage.index import build_index, default_vector
 
     try:
+        if table is None or column is None:
+            table, column = default_vector(store, table, column)
+            console.print(f"indexing {table}.{column} (pass --table/--column to choose another)")
         info = build_index(store, table, column, kind)
     except KdError as e:
         _fail(e)

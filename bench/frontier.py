@@ -244,7 +244,7 @@ def markdown(rows: dict[str, dict], front: list[str]) -> str:
     for n, r in sorted(rows.items(), key=lambda kv: -kv[1]["sent_per_s_b256"]):
         lo, hi = r["sent_per_s_b256_range"]
         lines.append(
-            f"| {n} | {r['stsb'] * 100:.2f} | {r['sst2_probe']:.2f} | {r['cluster_f1']:.2f} | "
+            f"| {n} | {r['stsb']:.2f} | {r['sst2_probe']:.2f} | {r['cluster_f1']:.2f} | "
             f"{r['sent_per_s_b1']:,.0f} | {r['sent_per_s_b256']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
             f"{r['sent_per_s_b256'] / teacher['sent_per_s_b256']:.2f} | {r['mb']:.1f} | "
             f"{'yes' if n in front else ''} |")
@@ -260,11 +260,11 @@ def plot(rows: dict[str, dict], front: list[str], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for n, r in rows.items():
         kd = r["kind"] == "kd"
-        ax.scatter(r["sent_per_s_b256"], r["stsb"] * 100, s=60, marker="o" if kd else "s",
+        ax.scatter(r["sent_per_s_b256"], r["stsb"], s=60, marker="o" if kd else "s",
                    color="tab:blue" if kd else "tab:gray", zorder=3)
-        ax.annotate(n, (r["sent_per_s_b256"], r["stsb"] * 100), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.annotate(n, (r["sent_per_s_b256"], r["stsb"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
     xs = [rows[n]["sent_per_s_b256"] for n in front]
-    ys = [rows[n]["stsb"] * 100 for n in front]
+    ys = [rows[n]["stsb"] for n in front]
     ax.step(xs, ys, where="post", color="tab:red", alpha=0.6, label="Pareto front")
     ax.set_xscale("log")
     ax.set_xlabel("sentences/s at batch 256 (log scale, this CPU)")
@@ -287,6 +287,7 @@ def main() -> None:
     ap.add_argument("--n-b1", type=int, default=128)
     ap.add_argument("--n-b256", type=int, default=1024)
     ap.add_argument("--out", default="bench/out/frontier")
+    ap.add_argument("--render", action="store_true", help="only re-draw results.md and frontier.png from results.json")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="quality", help=argparse.SUPPRESS)
     ap.add_argument("--texts", default=None, help=argparse.SUPPRESS)
@@ -295,17 +296,29 @@ def main() -> None:
     if a.child:
         child(a)
         return
-    print(f"load average before: {os.getloadavg()}, threads {a.threads}", flush=True)
-    t0 = time.time()
-    rows = measure_all(a)
-    front = pareto(rows)
     out = Path(a.out)
-    (out / "results.json").write_text(json.dumps({"rows": rows, "pareto": front, "threads": a.threads,
-                                                  "rounds": a.rounds, "load_before": os.getloadavg()}, indent=1))
+    t0 = time.time()
+    if a.render:
+        rows = json.loads((out / "results.json").read_text())["rows"]
+        front = pareto(rows)
+    else:
+        load_before = os.getloadavg()
+        print(f"load average before: {load_before}, threads {a.threads}", flush=True)
+        rows = measure_all(a)
+        front = pareto(rows)
+        (out / "results.json").write_text(json.dumps({"rows": rows, "pareto": front, "threads": a.threads,
+                                                      "rounds": a.rounds, "load_before": load_before}, indent=1))
     table = markdown(rows, front)
     (out / "results.md").write_text(table + "\n")
     plot(rows, front, out / "frontier.png")
     print(table)
+    teacher = next(r for r in rows.values() if r["kind"] == "teacher")
+    int8 = next((r for r in rows.values() if r["kind"] == "teacher-int8"), None)
+    for n, r in rows.items():
+        if r["kind"] in ("kd", "static"):
+            vs = f", {r['sent_per_s_b256'] / int8['sent_per_s_b256']:.2f}x teacher-int8" if int8 else ""
+            print(f"{n}: STS-B {r['stsb'] - teacher['stsb']:+.2f} vs teacher, "
+                  f"{r['sent_per_s_b256'] / teacher['sent_per_s_b256']:.2f}x teacher fp32 sentences/s{vs}")
     print(f"load average after: {os.getloadavg()}; {time.time() - t0:.0f} s; wrote {out}/results.md, frontier.png")
 
 

@@ -229,7 +229,7 @@ def _write_init(writer, t: Teacher, keep_layers: str | None) -> bool:
     layers = parse_layers(keep_layers, t.num_layers)
     base = f"teachers/{t.name}/{folder_name(layers)}"
     known = writer.manifest.extras.get("files", {})
-    if all(f"{base}/{f}" in known for f in ("model.safetensors", "config.json")):
+    if all(f"{base}/{f}" in known and fs.exists(writer.loc, base, f) for f in ("model.safetensors", "config.json")):
         return False
     files = {f"{base}/{name}": data for name, data in init_files(t, layers).items()}
     for rel, data in files.items():

@@ -196,6 +196,25 @@ def build_index(store_path: str | os.PathLike, table: str, column: str, kind: In
     return info
 
 
+def default_vector(store_path: str | os.PathLike, table: str | None, column: str | None) -> tuple[str, str]:
+    """What `kd index STORE` indexes when not told: the first teacher (by name) and its default vector
+    column (`sentence`, else `mean`, else its first 1-D vector column)."""
+    store = Store.open(store_path)
+    if table is None:
+        teachers = sorted(store.manifest.teachers())
+        if not teachers:
+            raise InputError("the store has no teacher table to index", store.root, "pass --table and --column")
+        table = f"teachers/{teachers[0]}"
+    table = resolve_table(store, table)
+    if column is None:
+        schema = store.dataset(table, verify=False).schema
+        vectors = [f.name for f in schema if len(vector_shape(f.type)) == 1]
+        column = next((c for c in ("sentence", "mean") if c in vectors), vectors[0] if vectors else None)
+        if column is None:
+            raise InputError(f"table {table!r} has no 1-D vector column", store.root, "pass --column")
+    return table, column
+
+
 def list_indexes(store: Store) -> list[IndexInfo]:
     return [IndexInfo.from_extra(v) for k, v in sorted(store.manifest.extras.items()) if k.startswith(EXTRA_PREFIX)]
 

@@ -75,3 +75,11 @@ def test_index_and_search_arguments(store):
     assert res.exit_code == 2 and "unknown index kind" in res.output and "hnsw" in res.output
     res = _run("search", str(store), "stocks", "--teacher", "tiny", "-k", "0")
     assert res.exit_code == 2 and "-k 0" in res.output
+
+
+def test_index_without_table_or_column_picks_the_teachers_default(store):
+    res = _run("index", str(store))
+    assert res.exit_code == 0, res.output
+    assert "teachers/tiny.mean" in res.output  # the tiny teacher has no sentence output: mean
+    res = _run("index", str(store), "--column", "cls")
+    assert res.exit_code == 0 and "teachers/tiny.cls" in res.output
