@@ -203,7 +203,11 @@ def measure_all(a: argparse.Namespace) -> dict[str, dict]:
     speed_texts = out_dir / "speed_texts.json"
     speed_texts.write_text(json.dumps(ev.texts[: ev.sts[0] * 2]))
     rows: dict[str, dict] = {m.name: {"kind": m.kind, "path": m.path} for m in models}
+    known = json.loads((out_dir / "results.json").read_text())["rows"] if a.speed_only else {}
     for m in models:
+        if m.name in known:  # --speed-only: quality is deterministic, re-measure only the speeds
+            rows[m.name].update({k: known[m.name][k] for k in ("stsb", "sst2_probe", "cluster_f1")})
+            continue
         vec = out_dir / f"vectors-{models.index(m)}.npy"
         run_child(m, "quality", texts_file, vec, a)
         rows[m.name].update(score(np.load(vec), ev))
@@ -287,6 +291,7 @@ def main() -> None:
     ap.add_argument("--n-b1", type=int, default=128)
     ap.add_argument("--n-b256", type=int, default=1024)
     ap.add_argument("--out", default="bench/out/frontier")
+    ap.add_argument("--speed-only", action="store_true", help="keep results.json's quality, re-time the speeds")
     ap.add_argument("--render", action="store_true", help="only re-draw results.md and frontier.png from results.json")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="quality", help=argparse.SUPPRESS)

@@ -84,6 +84,7 @@ class LoadedStudent:
 
     def __init__(self, path: Path, model: Student, tokenizer, info: dict[str, Any], device: torch.device) -> None:
         self.path, self.model, self.tokenizer, self.info, self.device = path, model, tokenizer, info, device
+        self._backend = None  # the tokenizer's Rust backend with this student's truncation (lazy)
 
     @property
     def config(self) -> StudentConfig:
@@ -115,8 +116,7 @@ class LoadedStudent:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        ids = self.tokenizer(texts, truncation=True, max_length=self.config.max_length, return_attention_mask=False,
-                             return_token_type_ids=False, verbose=False)["input_ids"]
+        ids = self._token_ids(texts)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         if self.config.arch is Arch.static:
             self._encode_bags(ids, lengths, batch_size, out)
@@ -126,6 +126,21 @@ class LoadedStudent:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
         return out
 
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids with the tokenizer's special tokens, truncated to max_length. The Rust backend is called
+        directly when there is one: the Python wrapper costs more than a static student's whole forward."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer(texts, truncation=True, max_length=self.config.max_length,
+                                  return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
+        if self._backend is None:
+            import copy
+
+            self._backend = copy.deepcopy(backend)  # our truncation settings, not the shared tokenizer's
+            self._backend.no_padding()
+            self._backend.enable_truncation(self.config.max_length)
+        return [e.ids for e in self._backend.encode_batch(texts)]
 
     def _encode_padded(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:
         order = np.argsort(lengths, kind="stable")  # similar lengths together: less padding
@@ -143,7 +158,7 @@ class LoadedStudent:
     def _encode_bags(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:
         for s in range(0, len(ids), batch_size):
             part = ids[s : s + batch_size]
-            flat = torch.from_numpy(np.fromiter((t for row in part for t in row), dtype=np.int64))
+            flat = torch.from_numpy(np.concatenate([np.asarray(row, dtype=np.int64) for row in part]))
             offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[s : s + batch_size])[:-1]]))
             out[s : s + len(part)] = self.model.embed_bags(flat.to(self.device), offsets.to(self.device)).float().cpu()
 
