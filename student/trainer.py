@@ -3,7 +3,9 @@
 The loop, per step: batch (student.data) -> student forward (autocast on CUDA) -> weighted sum of the
 objectives -> backward -> clip -> AdamW -> schedule. Around it:
 - schedule: linear warm-up then cosine decay, ReduceLROnPlateau on validation loss, or constant;
-- validation on the held-out id-hash slice every `eval_every` steps (default: each epoch end);
+- validation on the held-out id-hash slice every `eval_every` steps (default: each epoch end), always
+  at the final progress (annealing lambda = 1), so every checkpoint is judged by the same loss;
+- `init`: start from a trained student's config and weights (the two-stage recipe, docs/training.md);
   early stopping after `patience` evaluations without improvement, best weights kept and exported;
 - checkpoints every `checkpoint_every` steps and at epoch ends hold model, optimizer, scheduler,
   scaler, early-stopping state, every rank's RNG states and the data position (epoch, batches
