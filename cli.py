@@ -439,7 +439,7 @@ def finetune_teacher_cmd(
     train: Annotated[list[str], typer.Option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder: a Hugging Face checkpoint")],
     dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
-    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
+    epochs: Annotated[int, typer.Option()] = 3,
     lr: Annotated[float, typer.Option()] = 2e-5,
     batch_size: Annotated[int, typer.Option()] = 16,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
@@ -480,12 +480,12 @@ def finetune_cmd(
     kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
     kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher")] = 1.0,
     kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
-    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
+    epochs: Annotated[int, typer.Option()] = 3,
     lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev")] = 5e-4,
     batch_size: Annotated[int, typer.Option()] = 32,
     max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
     hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer")] = 256,
-    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]")] = None,
+    dropout: Annotated[float, typer.Option()] = 0.1,
     text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
     pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks")] = None,
     label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
