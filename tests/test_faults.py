@@ -26,6 +26,7 @@ from student import data as D
 TARGETS = {
     "texts shard": "texts/part-00001.parquet",
     "teacher shard": "teachers/tiny/part-00002.parquet",
+    "student shard": "students/st/part-00001.parquet",
     "manifest.json": "manifest.json",
     "fragment": "manifests/{writer}",
     "tokenizer file": "tokenizers/tiny/tokenizer.json",
@@ -38,8 +39,15 @@ MODES = ("flip", "truncate", "delete")
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, tiny_teacher, sentences) -> Path:
-    store = precompute_news(tmp_path_factory.mktemp("faults"), tiny_teacher, sentences, 150, 50)
+    root = tmp_path_factory.mktemp("faults")
+    store = precompute_news(root, tiny_teacher, sentences, 150, 50)
     build_index(store, "teachers/tiny", "mean")
+    from student.embed import embed
+    from student.trainer import TrainConfig, train
+
+    folder = train(TrainConfig(str(store), str(root / "st"), arch="bilstm", target="tiny.mean", embed_dim=8,
+                               hidden_dim=8, max_steps=2, batch_size=16, progress=False))
+    embed(folder, str(store), name="st", progress=False)
     return store
 
 
@@ -49,6 +57,7 @@ def _answers(store_path: Path) -> dict:
     out = {
         "texts": store.read_table("texts").to_pydict(),
         "teacher": store.read_table("teachers/tiny", ["id", "mean"]).to_pydict(),
+        "student": store.read_table("students/st").to_pydict(),
     }
     cfg = D.DataConfig(str(store_path), ["tiny.mean"], "tiny", batch_size=16, max_length=32, val_percent=0.0)
     plan = D.build_plan(store, cfg)
