@@ -83,3 +83,13 @@ def test_index_without_table_or_column_picks_the_teachers_default(store):
     assert "teachers/tiny.mean" in res.output  # the tiny teacher has no sentence output: mean
     res = _run("index", str(store), "--column", "cls")
     assert res.exit_code == 0 and "teachers/tiny.cls" in res.output
+
+
+def test_a_store_given_relative_then_absolute_is_the_same_store(tmp_path, tiny_teacher, monkeypatch):
+    src = tmp_path / "in.txt"
+    src.write_text("the market fell\nthe dog runs\nprices rose\n")
+    monkeypatch.chdir(tmp_path)
+    first = _run("precompute", "in.txt", "-t", str(tiny_teacher), "-o", "st", "--no-progress")
+    assert first.exit_code == 0, first.output
+    again = _run("precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "st"), "--no-progress")
+    assert again.exit_code == 0 and "nothing to do" in again.output, again.output
