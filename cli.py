@@ -246,6 +246,24 @@ def embed(
     term.print(f"embedded {s.rows:,} rows into {where} ({s.shards_written} shard(s) written, "
                f"{s.shards_skipped} already done; {s.seconds:.1f} s)")
 
+
+@app.command("export")
+def export_cmd(
+    student: Annotated[str, typer.Argument(help="Folder written by kd train-student")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Folder to write (new or empty)")],
+    format: Annotated[str, typer.Option("--format", help="sentence-transformers | onnx")] = "sentence-transformers",
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
+) -> None:
+    """Write a student as a sentence-transformers directory or an ONNX model (same vectors)."""
+    from student.st_export import export_student
+
+    try:
+        path = export_student(student, format, out, overwrite)
+    except KdError as e:
+        _fail(e)
+    term.print(f"{format} export written to {path}")
+
+
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)
 def _wide() -> Console:

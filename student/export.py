@@ -5,6 +5,7 @@ Layout of a student folder:
     config.json            format, StudentConfig, objectives, target, store fingerprint, sizes
     tokenizer/             the tokenizer files the student was trained with (copied from the store)
     training_args.json     the TrainConfig and what was resolved from the store
+    README.md              the model card (student.model_card), written after config.json
 
 config.json is written last, so a folder with one is complete.
 """
@@ -76,6 +77,9 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
         **(info or {}),
     }
     _atomic_json(out / CONFIG, config)
+    from student.model_card import write_model_card  # README.md: teacher, store, objectives, how to load
+
+    write_model_card(out)
     return out
 
 

@@ -1,0 +1,146 @@
+"""`kd export STUDENT --format onnx`: the whole student as one ONNX graph, for deployment without torch.
+
+Layout of the output folder:
+    model.onnx        input_ids, attention_mask [batch, sequence] (int64) -> sentence_embedding [batch, dim]
+    tokenizer.json    the student's tokenizer (+ the other tokenizer files)
+    kd_onnx.json      how to feed it: max_length, pad id, special tokens added, normalise or not
+
+- The graph is the student from token ids to the pooled, mapped vector: pooling and head are inside, so a
+  runtime only tokenizes, pads to the batch's longest row and runs the graph.
+- Recurrent students train and encode on packed sequences, which ONNX has no form of. The export runs each
+  direction as its own recurrence instead: forward on the padded batch (padding comes after the real tokens,
+  so it cannot reach them), backward on each row reversed within its own length; padded outputs are zeroed.
+  The same numbers as packing, with any amount of padding.
+- `onnx_encode(folder, texts)` runs an exported folder with onnxruntime and the `tokenizers` library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from student.models import RecurrentEncoder, Student
+
+ONNX, SPEC = "model.onnx", "kd_onnx.json"
+OPSET = 18
+
+
+def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode."""
+    from student.export import load
+    from student.st_export import _replace, prepare_output
+
+    st = load(student_dir)
+    target = prepare_output(out, student_dir, overwrite)
+    with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
+        work = Path(tmp) / "model"
+        work.mkdir()
+        graph = ExportableStudent(st.model).eval()
+        ids = torch.tensor([[2, 5, 6, 7, 3], [2, 5, 3, 0, 0]])  # any ids: shapes only, axes are dynamic
+        mask = (ids != 0).long()
+        # torch.export (dynamo) keeps batch and sequence symbolic; the TorchScript exporter bakes the example's
+        # length into attention reshapes
+        axes = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},) * 2
+        with torch.no_grad(), _quiet():
+            torch.onnx.export(graph, (ids, mask), str(work / ONNX), input_names=["input_ids", "attention_mask"],
+                              output_names=["sentence_embedding"], opset_version=OPSET, dynamo=True,
+                              dynamic_shapes=axes, optimize=True, verbose=False)
+        st.tokenizer.save_pretrained(work)
+        spec = {"format": "kd-onnx", "arch": st.config.arch.value, "dim": st.dim, "max_length": st.config.max_length,
+                "pad_id": st.config.pad_id, "add_special_tokens": True, "pooling": "in the graph",
+                "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding"}
+        (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        _replace(work, target)
+    return target
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporter prints progress lines and warnings on stdout/stderr; kd prints its own summary."""
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
+                normalize: bool = False) -> np.ndarray:
+    """Encode texts with an exported folder: tokenizers + onnxruntime, no torch. float32 [n, dim]."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.enable_truncation(spec["max_length"])
+    tok.enable_padding(pad_id=spec["pad_id"])  # to the longest row of each batch
+    session = ort.InferenceSession(str(folder / ONNX), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    out = np.zeros((len(texts), spec["dim"]), dtype=np.float32)
+    for s in range(0, len(texts), batch_size):
+        enc = tok.encode_batch(list(texts[s : s + batch_size]), add_special_tokens=spec["add_special_tokens"])
+        feeds = {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+                 "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64)}
+        # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
+        out[s : s + len(enc)] = session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in names})[0]
+    if normalize or spec["normalize"]:
+        out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+    return out
+
+
+class MaskedRecurrent(nn.Module):
+    """A RecurrentEncoder without packing: each direction separately, the backward one on rows reversed
+    within their lengths (the same outputs as packed sequences, and exportable)."""
+
+    def __init__(self, enc: RecurrentEncoder) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.ModuleList(_split_directions(rnn)) for rnn in enc.rnns)
+
+    def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
+        lengths = mask.long().sum(1, keepdim=True)  # [B, 1]
+        t = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # [1, T]
+        # position t of a reversed row reads position len-1-t; padding positions stay where they are
+        rev = torch.where(t < lengths, lengths - 1 - t, t).unsqueeze(-1)  # [B, T, 1]
+        keep = mask.unsqueeze(-1).to(x.dtype)
+        states = []
+        for fwd, bwd in self.layers:
+            f, _ = fwd(x)
+            b, _ = bwd(x.gather(1, rev.expand(-1, -1, x.shape[2])))
+            b = b.gather(1, rev.expand(-1, -1, b.shape[2]))
+            x = torch.cat([f, b], -1) * keep  # pad_packed_sequence leaves zeros at padding
+            states.append(x)
+        return states
+
+
+class ExportableStudent(nn.Module):
+    """Student.forward's embedding from (input_ids, attention_mask), recurrent encoders without packing."""
+
+    def __init__(self, student: Student) -> None:
+        super().__init__()
+        self.student = student
+        enc = student.encoder
+        self.encoder = MaskedRecurrent(enc) if isinstance(enc, RecurrentEncoder) else enc
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        s = self.student
+        mask = attention_mask.bool()
+        states = self.encoder(s.embed(input_ids), mask)
+        return s.head(s.pool(states[-1], mask))
+
+
+def _split_directions(rnn: nn.Module) -> list[nn.Module]:
+    """A bidirectional LSTM/GRU layer as two one-direction layers holding its weights."""
+    fwd, bwd = (type(rnn)(rnn.input_size, rnn.hidden_size, batch_first=True) for _ in range(2))
+    with torch.no_grad():
+        for name in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"):
+            getattr(fwd, name).copy_(getattr(rnn, name))
+            getattr(bwd, name).copy_(getattr(rnn, f"{name}_reverse"))
+    return [fwd.eval(), bwd.eval()]

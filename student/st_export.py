@@ -1,0 +1,191 @@
+"""`kd export STUDENT --format sentence-transformers`: a student as a sentence-transformers directory.
+
+Built-in modules wherever they reproduce the student, so the directory loads with plain
+`SentenceTransformer(dir)`:
+- static: `StaticEmbedding` (mean of token vectors) [+ bias-free `Dense`] + `Normalize`. kd averages the
+  tokenizer's special tokens too ([CLS]/[SEP]), which StaticEmbedding never adds; their summed vector
+  becomes one extra vocabulary entry that the tokenizer inserts once per text (a normaliser prepends a
+  control character that the BERT normaliser has already removed from the text). The mean then runs over
+  n+1 tokens instead of n+2: the same direction, so the output is normalised.
+- transformer-init: `Transformer` (the kept BERT layers with the student's token table) + `Pooling` [+ `Dense`].
+- bilstm / bigru / cnn / ffn / transformer: `student.st_module.KdTokenEncoder` (no built-in reproduces
+  WordPiece ids + these encoders) + `Pooling` [+ `Dense`]; loading needs kd and `trust_remote_code=True`.
+The directory is written next to its final place and renamed in, so no half-written directory remains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from storage.errors import InputError, KdError
+from student.export import LoadedStudent, load
+from student.models import Arch, Student
+
+CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
+OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
+
+
+FORMATS = ("sentence-transformers", "onnx")
+
+
+def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """`kd export`: the student in another format (checked before anything is read or written)."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown export format {fmt!r}", fmt, f"--format is one of {', '.join(FORMATS)}")
+    needs = ("onnx", "onnxruntime", "onnxscript") if fmt == "onnx" else ("sentence_transformers",)
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"--format {fmt} needs {', '.join(missing)}, which is not installed", fmt,
+                         f"pip install {' '.join(m.replace('_', '-') for m in missing)} (kd's 'export' extra)")
+    if fmt == "onnx":
+        from student.onnx_export import export_onnx
+
+        return export_onnx(student_dir, out, overwrite)
+    return export_sentence_transformers(student_dir, out, overwrite)
+
+
+def export_sentence_transformers(student_dir: str | os.PathLike, out: str | os.PathLike,
+                                 overwrite: bool = False) -> Path:
+    """Write `out` as a sentence-transformers directory whose `encode` reproduces the student's."""
+    st = load(student_dir)
+    target = prepare_output(out, student_dir, overwrite)
+    with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
+        model = sentence_transformer(st, Path(tmp) / "work")
+        model.save(str(Path(tmp) / "model"), create_model_card=False)
+        _replace(Path(tmp) / "model", target)
+    return target
+
+
+def sentence_transformer(st: LoadedStudent, work: Path):
+    """The SentenceTransformer equivalent of a loaded student (built-in modules where they fit)."""
+    from sentence_transformers import SentenceTransformer
+
+    arch = st.config.arch
+    if arch is Arch.static:
+        modules = _static_modules(st)
+    elif arch is Arch.transformer_init:
+        modules = _transformer_init_modules(st, work)
+    else:
+        modules = _custom_modules(st)
+    model = SentenceTransformer(modules=modules, device="cpu")
+    model.eval()
+    return model
+
+
+def _pooling_and_head(st: LoadedStudent) -> list[nn.Module]:
+    """Built-in Pooling (unless attentive: done inside KdTokenEncoder) and the head as a Dense module."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    cfg = st.config
+    mods: list[nn.Module] = []
+    if cfg.pooling.value != "attentive":
+        mods.append(Pooling(cfg.width, cfg.pooling.value))
+    head = _dense(st.model)
+    return mods + ([head] if head is not None else [])
+
+
+def _dense(model: Student) -> nn.Module | None:
+    """The student's head as Dense: SRA's bias-free linear + tanh, a plain linear map, or nothing."""
+    from sentence_transformers.base.modules.dense import Dense
+
+    head = model.head
+    activation: nn.Module = nn.Identity()
+    if isinstance(head, nn.Sequential):  # SRA: Linear(bias=False) then Tanh
+        head, activation = head[0], nn.Tanh()
+    if not isinstance(head, nn.Linear):
+        return None
+    return Dense(head.in_features, head.out_features, bias=head.bias is not None, activation_function=activation,
+                 init_weight=head.weight.detach().clone(),
+                 init_bias=None if head.bias is None else head.bias.detach().clone())
+
+
+def _custom_modules(st: LoadedStudent) -> list[nn.Module]:
+    from student.st_module import KdTokenEncoder
+
+    enc = KdTokenEncoder(st.config.to_dict(), pool=st.config.pooling.value == "attentive", tokenizer=st.tokenizer)
+    state = {k: v for k, v in st.model.state_dict().items() if not k.startswith("head.")}
+    enc.model.load_state_dict(state)
+    return [enc, *_pooling_and_head(st)]
+
+
+def _transformer_init_modules(st: LoadedStudent, work: Path) -> list[nn.Module]:
+    """The kept BERT layers saved as a Hugging Face model (student's token table put back), loaded by
+    the built-in Transformer module with the student's tokenizer and max length."""
+    from sentence_transformers.base.modules.transformer import Transformer
+    from transformers import BertConfig, BertModel
+
+    bert = BertModel(BertConfig(**{**st.config.bert, "vocab_size": st.config.vocab_size}), add_pooling_layer=False)
+    state = st.model.encoder.bert.state_dict()
+    state["embeddings.word_embeddings.weight"] = st.model.embed.weight.detach()
+    bert.load_state_dict(state)
+    bert.save_pretrained(work)
+    st.tokenizer.save_pretrained(work)
+    return [Transformer(str(work), max_seq_length=st.config.max_length), *_pooling_and_head(st)]
+
+
+def _static_modules(st: LoadedStudent) -> list[nn.Module]:
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    tokenizer, offset_ids = _offset_tokenizer(st)
+    table = st.model.embed.weight.detach()
+    table = torch.cat([table, table[offset_ids].sum(0, keepdim=True)])  # the inserted token: sum of specials
+    head = _dense(st.model)
+    return [StaticEmbedding(tokenizer, embedding_weights=table), *([head] if head else []), Normalize()]
+
+
+def _offset_tokenizer(st: LoadedStudent):
+    """The student's tokenizer with one new token inserted before every text in place of the special
+    tokens, truncated to leave room for it; returns it and the special token ids it stands for."""
+    from tokenizers import Tokenizer
+
+    backend = st.tokenizer.backend_tokenizer
+    spec = json.loads(backend.to_str())
+    norm = spec.get("normalizer") or {}
+    if spec["model"].get("type") != "WordPiece" or norm.get("type") != "BertNormalizer" or not norm.get("clean_text"):
+        raise KdError("static students export to sentence-transformers for BERT WordPiece tokenizers only",
+                      str(st.path), "use --format onnx, or encode with kd (student.load)")
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    offset_ids = plain.encode("").ids  # the special tokens every text gets
+    vocab = spec["model"]["vocab"]
+    vocab[OFFSET_TOKEN] = st.config.vocab_size  # one row past the student's table
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [norm, {"type": "Prepend", "prepend": OFFSET_TOKEN + " "}]}
+    spec["post_processor"] = None
+    spec["padding"] = None
+    # kd keeps max_length tokens with the specials; here the offset token takes their place
+    spec["truncation"] = {"direction": "Right", "max_length": st.config.max_length - len(offset_ids) + 1,
+                          "strategy": "LongestFirst", "stride": 0}
+    return Tokenizer.from_str(json.dumps(spec)), offset_ids
+
+
+def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
+    """The output directory's path, refused when it is a file, the source, or non-empty (unless overwrite)."""
+    target = Path(out).resolve()
+    if target == Path(source).resolve() or Path(source).resolve() in target.parents:
+        raise InputError("the export would be written into the student folder", str(out), "pick another --out")
+    if target.exists() and not target.is_dir():
+        raise InputError("--out is a file, not a folder", str(out), "pass a folder path for the export")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise InputError("--out already holds files", str(out), "pick an empty folder, or pass --overwrite")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def _replace(src: Path, target: Path) -> None:
+    """Move a finished directory into place; an old one is moved aside first and removed after."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(src, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,77 @@
+"""A sentence-transformers input module for the kd students that no built-in module reproduces.
+
+Recurrent, convolutional, feed-forward and small-transformer students read WordPiece ids through their own
+embedding table and encoder; sentence-transformers' `WordEmbeddings` splits on whitespace and cannot
+give the same ids. This module is the student's tokenizer, embeddings and encoder; the built-in `Pooling`
+and `Dense` modules after it do the rest (attentive pooling, which has no built-in, is done here).
+
+Saved as safetensors + JSON + the tokenizer files, never pickle. sentence-transformers imports it by
+class path, so loading needs kd installed and `SentenceTransformer(dir, trust_remote_code=True)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sentence_transformers.base.modules.input_module import InputModule
+from torch import nn
+
+from student.models import StudentConfig, build_student
+
+
+class KdTokenEncoder(InputModule):
+    """input_ids/attention_mask -> token_embeddings (the student's last encoder layer); with `pool`,
+    also sentence_embedding (the student's own pooling)."""
+
+    config_file_name = "kd_student.json"
+    config_keys = ["student", "pool"]
+
+    def __init__(self, student: dict[str, Any], pool: bool = False, tokenizer: Any = None) -> None:
+        super().__init__()
+        self.student, self.pool = student, pool
+        self.cfg = StudentConfig.from_dict(student)
+        self.model = build_student(self.cfg)
+        self.model.head = nn.Identity()  # the head is the Dense module that follows
+        self.tokenizer = tokenizer
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.cfg.max_length
+
+    def get_embedding_dimension(self) -> int:
+        return self.cfg.width
+
+    def preprocess(self, inputs: list[str], prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
+        """The student's tokenization: special tokens added, truncated to its max_length, right-padded."""
+        if prompt:
+            inputs = self._prepend_prompt(inputs, prompt)
+        return dict(self.tokenizer(list(inputs), padding=True, truncation=True, max_length=self.cfg.max_length,
+                                   return_tensors="pt", return_token_type_ids=False))
+
+    def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        mask = features["attention_mask"].bool()
+        states = self.model.encoder(self.model.embed(features["input_ids"]), mask)
+        features["token_embeddings"] = states[-1]
+        if self.pool:
+            features["sentence_embedding"] = self.model.pool(states[-1], mask)
+        return features
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+        self.save_torch_weights(output_path, safe_serialization=True)  # safetensors whatever is asked
+        self.save_tokenizer(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
+             cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
+             **kwargs) -> KdTokenEncoder:
+        from transformers import AutoTokenizer  # a tokenizer only; the weights are safetensors
+
+        hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
+               "local_files_only": local_files_only}
+        config = cls.load_config(model_name_or_path, **hub)
+        tokenizer = AutoTokenizer.from_pretrained(cls.load_dir_path(model_name_or_path, **hub))
+        module = cls(**config, tokenizer=tokenizer)
+        cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        return module

@@ -1,0 +1,158 @@
+"""Students where users work: every arch exported to sentence-transformers and to ONNX gives the vectors
+`student.load(...).encode` gives (real news sentences, weights trained away from their initial values)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import precompute_news
+from typer.testing import CliRunner
+
+from cli import app
+from pipeline.precompute import precompute
+
+pytestmark = pytest.mark.slow
+
+# arch -> extra train-student options; poolings and heads vary so every Pooling mode and Dense form is used
+ARCHS = {
+    "bilstm": ["--hidden-dim", "12", "--layers", "2"],  # SRA head: bias-free Dense + tanh
+    "bigru": ["--hidden-dim", "8", "--pooling", "attentive"],
+    "cnn": ["--hidden-dim", "24", "--pooling", "max"],  # Dense with bias (24 -> 32)
+    "ffn": ["--hidden-dim", "32", "--pooling", "cls"],  # no head
+    "transformer": ["--hidden-dim", "16", "--layers", "2"],
+    "static": ["--embed-dim", "16"],  # bias-free Dense 16 -> 32
+    "transformer-init": ["--init-layers", "1"],
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, tiny_teacher, sentences) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    path = precompute_news(root, tiny_teacher, sentences, 96, 48)
+    precompute([str(root / "news.txt")], str(path), [f"tiny={tiny_teacher}"], outputs=["vocab", "init"],
+               shard_rows=48, keep_layers="1", progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def students(store, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("students")
+    out = {}
+    for arch, extra in ARCHS.items():
+        out[arch] = root / arch
+        res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out[arch]), "--arch",
+                                       arch, "--target", "tiny.mean", "--max-steps", "4", "--lr", "1e-2",
+                                       "--batch-size", "24", "--val-percent", "0", "--max-length", "40",
+                                       "--no-progress", *extra])
+        assert res.exit_code == 0, (arch, res.output)
+    return out
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def _texts(sentences: list[str]) -> list[str]:
+    # unseen news sentences of every length, one past max_length (truncation) and one with odd spacing
+    return sentences[200:240] + [" ".join(sentences[250:253]), "  Stocks   fell,  then ROSE again!  "]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_sentence_transformers_directory_reproduces_the_student(arch, students, sentences, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    import student
+    from student.st_export import export_sentence_transformers
+
+    st = student.load(students[arch])
+    assert not np.allclose(st.model.embed.weight.detach().numpy()[5:40], 0)  # trained, not a blank table
+    out = export_sentence_transformers(students[arch], tmp_path / "st")
+    model = SentenceTransformer(str(out), device="cpu", trust_remote_code=arch not in ("static", "transformer-init"))
+    texts = _texts(sentences)
+    got, want = model.encode(texts, batch_size=16), st.encode(texts)
+    assert got.shape == want.shape
+    assert _cosines(got, want).min() >= 0.9999
+    if arch != "static":  # static output is normalised (its mean runs over one token fewer); others are equal
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["static", "transformer-init"])
+def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    from student.st_export import export_sentence_transformers
+
+    out = export_sentence_transformers(students[arch], tmp_path / "st")
+    types = [m["type"] for m in json.loads((out / "modules.json").read_text())]
+    assert all(t.startswith("sentence_transformers.") for t in types), types
+    SentenceTransformer(str(out), device="cpu")  # no trust_remote_code needed
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_onnx_model_reproduces_the_student(arch, students, sentences, tmp_path):
+    import student
+    from student.onnx_export import export_onnx, onnx_encode
+
+    out = export_onnx(students[arch], tmp_path / "onnx")
+    assert {"model.onnx", "tokenizer.json", "kd_onnx.json"} <= {p.name for p in out.iterdir()}
+    texts = _texts(sentences)
+    want = student.load(students[arch]).encode(texts)
+    for batch in (1, 7, 64):  # different padding per row: the graph must ignore it
+        got = onnx_encode(out, texts, batch_size=batch)
+        assert _cosines(got, want).min() >= 0.9999, batch
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
+def test_export_refuses_a_non_empty_output_and_writes_nothing_half(students, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("keep me")
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--out", str(tmp_path / "full")])
+    assert res.exit_code == 2 and "already holds files" in res.output
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "bogus", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "sentence-transformers" in res.output and not (tmp_path / "x").exists()
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kd-export-")]
+
+
+def test_student_folder_carries_a_model_card(students, store):
+    from storage.store import Store
+
+    card = (students["bilstm"] / "README.md").read_text(encoding="utf-8")
+    assert "tiny.mean" in card and "teacher" in card.lower()
+    assert Store.open(store).manifest.fingerprint in card
+    assert "bilstm" in card and "SentenceTransformer" in card and "onnxruntime" in card
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "bigru"])
+def test_packing_free_recurrence_equals_packed_sequences(arch):
+    import torch
+
+    from student.models import StudentConfig, build_student
+    from student.onnx_export import MaskedRecurrent
+
+    torch.manual_seed(0)
+    model = build_student(StudentConfig(arch=arch, vocab_size=50, embed_dim=6, hidden_dim=5, num_layers=2,
+                                        out_dim=7)).eval()
+    lengths = torch.tensor([9, 1, 4, 0])  # an empty row too
+    mask = torch.arange(12)[None, :] < lengths[:, None]  # 3+ columns of extra padding on every row
+    x = torch.randn(4, 12, 6)
+    with torch.no_grad():
+        packed = model.encoder(x, mask)
+        masked = MaskedRecurrent(model.encoder)(x, mask)
+    for p, m in zip(packed, masked):
+        torch.testing.assert_close(m[:3], p[:3], atol=1e-6, rtol=1e-5)  # the empty row: pooled to 0 either way
+
+
+def test_a_missing_export_dependency_is_a_clear_error(students, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "pip install onnxruntime" in res.output and not (tmp_path / "o").exists()
