@@ -167,3 +167,22 @@ def test_pair_store_search_returns_the_embedded_side(tmp_path):
     build_index(path, "bi", "sentence_b", "flat")
     res = search(path, b[7:8], k=2)
     assert res.ids[0, 0] == 7 and res.texts[0][0] == "right 7"
+
+
+def test_default_vector_is_the_first_teachers_sentence_else_mean_else_first(tmp_path, sentences):
+    from storage.index import default_vector
+
+    x, _ = grouped_vectors(4, 10, DIM, spread=0.1, seed=3)
+    path = tmp_path / "store"
+    build_store(path, sentences[: len(x)], {
+        "teachers/zeta": TableSpec("teacher", {"sentence": x}),
+        "teachers/alpha": TableSpec("teacher", {"layers": np.stack([x, x], 1), "cls": x, "mean": x}),
+        "teachers/beta": TableSpec("teacher", {"layers": np.stack([x, x], 1), "cls": x}),
+    })
+    # alpha sorts first and has no sentence column: mean; 2-D layers never qualify
+    assert default_vector(path, None, None) == ("teachers/alpha", "mean")
+    assert default_vector(path, "zeta", None) == ("teachers/zeta", "sentence")
+    assert default_vector(path, "beta", None) == ("teachers/beta", "cls")
+    res = CliRunner().invoke(app, ["index", str(path)])
+    assert res.exit_code == 0 and "teachers/alpha.mean" in res.output
+    assert list_indexes(Store.open(path))[0].column == "mean"
