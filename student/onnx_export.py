@@ -73,24 +73,34 @@ def _quiet():
 
 def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
                 normalize: bool = False) -> np.ndarray:
-    """Encode texts with an exported folder: tokenizers + onnxruntime, no torch. float32 [n, dim]."""
+    """Encode texts with an exported folder: tokenizers + onnxruntime, no torch. float32 [n, dim].
+
+    - Tokenize all texts (special tokens, truncation as kd_onnx.json says), sort by length so each
+      batch holds similar lengths (less padding), pad each batch to its longest row, run, restore order.
+    """
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
     folder = Path(folder)
     spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
     tok.enable_truncation(spec["max_length"])
-    tok.enable_padding(pad_id=spec["pad_id"])  # to the longest row of each batch
     session = ort.InferenceSession(str(folder / ONNX), providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-    out = np.zeros((len(texts), spec["dim"]), dtype=np.float32)
-    for s in range(0, len(texts), batch_size):
-        enc = tok.encode_batch(list(texts[s : s + batch_size]), add_special_tokens=spec["add_special_tokens"])
-        feeds = {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
-                 "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64)}
+    ids = [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    order = np.argsort(lengths, kind="stable")
+    out = np.zeros((len(ids), spec["dim"]), dtype=np.float32)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
+        for row, i in enumerate(idx):
+            block[row, : lengths[i]] = ids[i]
+        mask = (np.arange(block.shape[1]) < lengths[idx, None]).astype(np.int64)
+        feeds = {"input_ids": block, "attention_mask": mask}
         # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
-        out[s : s + len(enc)] = session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in names})[0]
+        out[idx] = session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in names})[0]
     if normalize or spec["normalize"]:
         out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
     return out

@@ -155,6 +155,7 @@ def _offset_tokenizer(st: LoadedStudent):
                       str(st.path), "use --format onnx, or encode with kd (student.load)")
     plain = Tokenizer.from_str(backend.to_str())
     plain.no_truncation()
+    plain.no_padding()  # a tokenizer saved with padding to max_length would pad the empty text too
     offset_ids = plain.encode("").ids  # the special tokens every text gets
     vocab = spec["model"]["vocab"]
     vocab[OFFSET_TOKEN] = st.config.vocab_size  # one row past the student's table

@@ -156,3 +156,26 @@ def test_a_missing_export_dependency_is_a_clear_error(students, tmp_path, monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "pip install onnxruntime" in res.output and not (tmp_path / "o").exists()
+
+
+def test_static_export_with_a_tokenizer_saved_with_padding(students, sentences, tmp_path):
+    """Hub tokenizers (MiniLM's) are saved with padding to a fixed length: the special tokens counted
+    for the offset token must not include that padding."""
+    import json
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    import student
+    from student.st_export import export_sentence_transformers
+
+    folder = Path(shutil.copytree(students["static"], tmp_path / "static"))
+    tj = folder / "tokenizer" / "tokenizer.json"
+    spec = json.loads(tj.read_text())
+    spec["padding"] = {"strategy": {"Fixed": 40}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                       "pad_type_id": 0, "pad_token": "[PAD]"}
+    tj.write_text(json.dumps(spec))
+    texts = _texts(sentences)
+    want = student.load(folder).encode(texts)
+    got = SentenceTransformer(str(export_sentence_transformers(folder, tmp_path / "st")), device="cpu").encode(texts)
+    assert _cosines(got, want).min() >= 0.9999
