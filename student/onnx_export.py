@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -53,7 +54,8 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
         with torch.no_grad(), _quiet():
             torch.onnx.export(graph, (ids, mask), str(work / ONNX), input_names=["input_ids", "attention_mask"],
                               output_names=["sentence_embedding"], opset_version=OPSET, dynamo=True,
-                              dynamic_shapes=axes, optimize=True, verbose=False)
+                              dynamic_shapes=axes, optimize=True, verbose=False,
+                              external_data=False)  # one file: students are far below ONNX's 2 GB limit
         st.tokenizer.save_pretrained(work)
         spec = {"format": "kd-onnx", "arch": st.config.arch.value, "dim": st.dim, "max_length": st.config.max_length,
                 "pad_id": st.config.pad_id, "add_special_tokens": True, "pooling": "in the graph",
@@ -66,9 +68,15 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
 @contextlib.contextmanager
 def _quiet():
     """The exporter prints progress lines and warnings on stdout/stderr; kd prints its own summary."""
+    log = logging.getLogger("torch.onnx")
+    level = log.level
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        yield
+        log.setLevel(logging.ERROR)  # e.g. "torchvision is not installed. Skipping torchvision::nms"
+        try:
+            yield
+        finally:
+            log.setLevel(level)
 
 
 def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
