@@ -150,6 +150,8 @@ def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         if missing:
             raise InputError(f"column {missing[0]!r} not in this line (keys: {', '.join(obj)})", f"{path}:{n}",
                              "pass --text-column / --pair-columns / --label-column with one of those keys")
+        # A number, list or object as the text is a mistake worth stopping for; null is a missing text and
+        # is dropped and counted like an empty one (as a Parquet null is).
         bad = [c for c in spec.texts if obj[c] is not None and not isinstance(obj[c], str)]
         if bad:
             raise InputError(f"the text field {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a string",
@@ -209,13 +211,47 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                         "or 0-based indices for files without a header",
                     )
                 idx = [header.index(c) for c in spec.wanted]
+            ncols = len(header) if not by_index else max(idx) + 1
+            start = reader.line_num + 1
             for row in reader:
-                if not row:
-                    continue
-                if max(idx) >= len(row):
-                    raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
-                                     f"{path}:{reader.line_num}", "fix the row or choose other columns")
-                yield reader.line_num, [row[i] for i in idx]
+                if row:
+                    _check_quoted_fields(row, idx[: len(spec.texts)], delim, ncols, path, start, reader.line_num)
+                    if max(idx) >= len(row):
+                        raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
+                                         f"{path}:{reader.line_num}", "fix the row or choose other columns")
+                    yield reader.line_num, [row[i] for i in idx]
+                start = reader.line_num + 1
         except UnicodeDecodeError as e:
             raise InputError("the file is not UTF-8", f"{path} (near line {reader.line_num + 1})",
                              "re-encode it, e.g. iconv -f latin1 -t utf-8 IN > OUT") from e
+
+
+MAX_QUOTED_FIELD = 100_000  # characters; far beyond any encoder's input, so only a runaway quote gets there
+
+
+def _check_quoted_fields(row: list[str], text_idx: list[int], delim: str, ncols: int, path: str, start: int,
+                         end: int) -> None:
+    """Refuse a text field that a stray quote made swallow the following rows (the csv module does so silently).
+
+    - Only a quoted field can span lines, so a text field holding a newline started with a quote on
+      line `start` and ran to line `end`.
+    - It is a runaway quote when one of its lines looks like a row of its own (it holds the
+      delimiter at least ncols - 1 times, at least once), or when it is longer than MAX_QUOTED_FIELD.
+    - A quoted multi-line text whose lines do not look like rows (a paragraph) is kept.
+    """
+    for i in text_idx:
+        field = row[i] if i < len(row) else ""
+        if "\n" not in field:
+            continue
+        lines = field.splitlines()
+        rowlike = [ln for ln in lines if ln.count(delim) >= max(1, ncols - 1)]
+        if rowlike or len(field) > MAX_QUOTED_FIELD:
+            why = (f"{len(rowlike)} of its {len(lines)} lines look like rows of their own (e.g. {rowlike[0][:60]!r})"
+                   if rowlike else f"it is {len(field):,} characters long")
+            raise InputError(
+                f"a quote opened on line {start} runs to line {end}: one text field swallowed those lines ({why})",
+                f"{path}:{start}",
+                'fix the stray quote on that line (close it, or write a literal quote as "" inside a quoted '
+                "field); a file without quoted fields can be saved tab-separated (.tsv: read with quoting off), "
+                "and --delimiter picks the separator",
+            )

@@ -110,3 +110,75 @@ def test_shard_plan_is_disjoint_across_writers():
     assert plan.num_shards == 11 and plan.bounds(10) == (1000, 1050)
     owned = [plan.owned(i, 3) for i in range(3)]
     assert sorted(sum(owned, [])) == list(range(11)) and not set(owned[0]) & set(owned[1])
+
+
+@pytest.mark.parametrize("value", ["42", "3.5", "true", '["a", "b"]', '{"t": "x"}'])
+def test_jsonl_text_that_is_not_a_string_is_refused(tmp_path, value):
+    (tmp_path / "x.jsonl").write_text('{"text": "the market fell"}\n{"text": %s}\n' % value)
+    with pytest.raises(InputError) as e:
+        read_inputs([str(tmp_path / "x.jsonl")], ColumnSpec())
+    assert "not a string" in str(e.value) and "x.jsonl:2" in str(e.value)
+
+
+def test_jsonl_null_text_is_a_missing_text_dropped_and_counted(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"text": "the market fell"}\n{"text": null}\n{"text": "prices rose"}\n')
+    table, counts = build_texts(read_inputs([str(tmp_path / "x.jsonl")], ColumnSpec()), dedup=False, pairs=False)
+    assert table["text"].to_pylist() == ["the market fell", "prices rose"] and counts.empty_dropped == 1
+
+
+@pytest.mark.parametrize("column", [pa.array([1, 2]), pa.array([["a"], ["b"]]), pa.array([b"a", b"b"]),
+                                    pa.array([1.5, 2.5])])
+def test_parquet_text_column_that_is_not_string_is_refused(tmp_path, column):
+    pq.write_table(pa.table({"text": column}), tmp_path / "x.parquet")
+    with pytest.raises(InputError) as e:
+        read_inputs([str(tmp_path / "x.parquet")], ColumnSpec())
+    assert "text column 'text' has type" in str(e.value) and "x.parquet" in str(e.value)
+
+
+@pytest.mark.parametrize(("name", "body", "spec"), [
+    ("x.txt", "the market fell\nprices rose\n", ColumnSpec()),
+    ("x.jsonl", '{"text": "the market fell"}\n{"text": "prices rose"}\n', ColumnSpec()),
+    ("x.csv", "text,label\nthe market fell,1\nprices rose,0\n", ColumnSpec(text="text")),
+    ("x.tsv", "the market fell\t1\nprices rose\t0\n", ColumnSpec(text="0")),
+])
+def test_a_byte_order_mark_changes_no_text_and_no_id(tmp_path, name, body, spec):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "bom").mkdir()
+    (tmp_path / "plain" / name).write_text(body, encoding="utf-8")
+    (tmp_path / "bom" / name).write_text(body, encoding="utf-8-sig")  # writes the BOM first
+    assert (tmp_path / "bom" / name).read_bytes().startswith(b"\xef\xbb\xbf")
+    ids = [build_texts(read_inputs([str(tmp_path / d / name)], spec), dedup=False, pairs=False)[0]
+           for d in ("plain", "bom")]
+    assert ids[1]["text"].to_pylist() == ["the market fell", "prices rose"]
+    assert ids[0]["id"].to_pylist() == ids[1]["id"].to_pylist()
+
+
+def test_a_stray_quote_swallowing_rows_is_refused_naming_the_line(tmp_path):
+    rows = ["text,label", "the market fell,neg", '"prices rose sharply,pos', "the dog runs,pos",
+            "stocks fell again,neg", 'a "quoted" word,pos']
+    (tmp_path / "x.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError) as e:
+        read_inputs([str(tmp_path / "x.csv")], ColumnSpec(text="text", label="label"))
+    msg = str(e.value)
+    assert "x.csv:3" in msg and "quote opened on line 3" in msg and "look like rows" in msg and "--delimiter" in msg
+    # an unclosed quote near the end swallows the rest of the file, even when only the text is read
+    (tmp_path / "y.csv").write_text("text,label\nthe market fell,neg\n\"prices rose,pos\nthe dog runs,pos\n")
+    with pytest.raises(InputError, match="y.csv:3"):
+        read_inputs([str(tmp_path / "y.csv")], ColumnSpec(text="text"))
+
+
+def test_quoted_multiline_paragraphs_and_literal_quotes_are_kept(tmp_path):
+    body = 'text,label\n"first line of a review\nsecond line of it",pos\n"she said ""no"", then left",neg\n'
+    (tmp_path / "x.csv").write_text(body)
+    rec = read_inputs([str(tmp_path / "x.csv")], ColumnSpec(text="text", label="label"))
+    assert rec.texts == ["first line of a review\nsecond line of it", 'she said "no", then left']
+    assert rec.doc_ids == ["x.csv:3", "x.csv:4"]
+
+
+def test_a_runaway_quote_without_delimiters_is_refused_by_size(tmp_path, monkeypatch):
+    import storage.inputs as si
+
+    monkeypatch.setattr(si, "MAX_QUOTED_FIELD", 50)
+    (tmp_path / "x.csv").write_text('text\n"' + "\n".join(["one more swallowed line"] * 5) + "\n")
+    with pytest.raises(InputError, match="characters long"):
+        read_inputs([str(tmp_path / "x.csv")], ColumnSpec(text="text"))
