@@ -8,15 +8,19 @@ Algorithm:
 - for every owned shard and teacher not yet committed: length-sorted token-budget batches ->
   forward -> order restored -> Parquet written on a background thread, temp name + fsync + rename,
   then recorded in this writer's manifest fragment (the commit);
-- finally publish the merged manifest. A killed run loses at most the shards in flight.
+- finally publish the merged manifest. A killed run loses at most the shards in flight; the next run
+  deletes the temp files it left, and a full disk is a clear error after which the rerun resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -33,7 +37,7 @@ from storage.errors import InputError, StoreError
 from storage.manifest import Manifest
 from storage.progress import Bar
 from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
-from storage.store import load_manifest, open_writer
+from storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
 
 
 @dataclass
@@ -198,21 +202,48 @@ def precompute(
     pairs = spec.pair is not None
     header = Manifest({**header_inputs, "pairs": pairs, "num_rows": plan.num_rows, "rows_per_shard": shard_rows,
                        "num_shards": plan.num_shards, "counts": counts.__dict__}, versions=package_versions())
-    writer = open_writer(out, header, f"writer-{index:05d}-of-{count:05d}", overwrite)
+    writer_id = f"writer-{index:05d}-of-{count:05d}"
+    with _disk_full_is_clear(out):
+        writer = open_writer(out, header, writer_id, overwrite)
+        try:
+            _remove_own_temps(writer, writer_id, names, plan.owned(index, count))
+            summary = _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
+                             counts, progress, t0)
+            if want_vocab and index == 0:
+                summary.vocab_written = [t.name for t in loaded if _write_vocab(writer, t, progress)]
+            if want_init and index == 0:
+                summary.vocab_written += [f"{t.name} layers {keep_layers or 'default'}" for t in loaded
+                                          if _write_init(writer, t, keep_layers)]
+            if (want_vocab or want_init) and index == 0:
+                writer.publish()
+                summary.seconds = time.perf_counter() - t0
+            return summary
+        finally:
+            writer.close()
+
+
+@contextlib.contextmanager
+def _disk_full_is_clear(out: str) -> Iterator[None]:
+    """Turn a full disk (ENOSPC/EDQUOT, raised by any write) into a clear error; other OSErrors pass.
+
+    Nothing is half-written: atomic writes remove their temp file, committed shards stay committed, and
+    the rerun resumes with the shard that failed.
+    """
     try:
-        summary = _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
-                         counts, progress, t0)
-        if want_vocab and index == 0:
-            summary.vocab_written = [t.name for t in loaded if _write_vocab(writer, t, progress)]
-        if want_init and index == 0:
-            summary.vocab_written += [f"{t.name} layers {keep_layers or 'default'}" for t in loaded
-                                      if _write_init(writer, t, keep_layers)]
-        if (want_vocab or want_init) and index == 0:
-            writer.publish()
-            summary.seconds = time.perf_counter() - t0
-        return summary
-    finally:
-        writer.close()
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StoreError(f"the disk is full ({e.strerror}) while writing the store", out,
+                         "free some space (or use an --out on another disk) and rerun the same command: "
+                         "it resumes with the shards not yet committed") from e
+
+
+def _remove_own_temps(writer, writer_id: str, teachers: list[str], owned: list[int]) -> None:
+    """Delete temp files a killed or failed run of this writer left (its shards and fragment; any older
+    than an hour elsewhere), so they do not take disk space forever."""
+    mine = {shard_file(table, k) for k in owned for table in ["texts", *(f"teachers/{t}" for t in teachers)]}
+    fs.remove_temps(writer.loc, mine | {f"{FRAGMENTS}/{writer_id}.json"})
 
 
 def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> list[Output]:

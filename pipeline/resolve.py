@@ -41,10 +41,12 @@ def cache_dir() -> Path:
 
 def resolve_teacher(spec: str) -> TeacherRef:
     name, _, target = spec.partition("=") if "=" in spec else ("", "", spec)
-    path = _resolve_path(target)
     name = name or _default_name(target)
-    check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".
-    return TeacherRef(name, path, target)
+    try:
+        check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".
+    except KdError as e:
+        raise KdError(e.what, f"--teacher {spec}", f"name it: --teacher NAME={target} ({e.fix})") from None
+    return TeacherRef(name, _resolve_path(target), target)
 
 
 def _default_name(target: str) -> str:

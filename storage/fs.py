@@ -7,15 +7,21 @@ atomic, so there we write the final name directly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
+import time
 import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from storage.names import inside
+
+TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
 
 
 @dataclass(frozen=True)
@@ -72,18 +78,50 @@ def list_files(loc: Location, *parts: str) -> list[str]:
 def atomic_write_bytes(loc: Location, data: bytes, *parts: str) -> None:
     """Write bytes so that readers see either the old file or the whole new one."""
     final = loc.path(*parts)
+    if loc.is_local:
+        inside(loc.root, *parts)  # a name with '..' or a symlink out of the store: not even a folder made
     loc.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
     if not loc.is_local:
         with loc.fs.open_output_stream(final) as f:
             f.write(data)
         return
-    tmp = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        # A full disk (or a kill) must not leave a half-written temp file behind taking the space.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(os.path.dirname(final))
+
+
+def remove_temps(loc: Location, owned: set[str], older_than_s: float = 3600.0) -> int:
+    """Delete temp files of atomic writes that were interrupted (a kill, a full disk); returns how many.
+
+    - A temp file `REL.tmp-XXXX` of a file `REL` this writer owns (`owned`, store-relative paths) is
+      always stale: the caller holds that file's lock.
+    - Any other temp file may belong to a write in progress in another process, so it is removed only
+      once older than `older_than_s` (no single atomic write takes that long).
+    """
+    if not loc.is_local or not os.path.isdir(loc.root):
+        return 0
+    removed, now = 0, time.time()
+    for dirpath, _, names in os.walk(loc.root):
+        for name in names:
+            if TMP_MARK not in name:
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, loc.root).split(TMP_MARK)[0].replace(os.sep, "/")
+            with contextlib.suppress(FileNotFoundError):
+                if rel in owned or now - os.path.getmtime(path) > older_than_s:
+                    os.unlink(path)
+                    removed += 1
+    return removed
 
 
 def _fsync_dir(path: str) -> None:

@@ -114,7 +114,7 @@ def test_shard_plan_is_disjoint_across_writers():
 
 @pytest.mark.parametrize("value", ["42", "3.5", "true", '["a", "b"]', '{"t": "x"}'])
 def test_jsonl_text_that_is_not_a_string_is_refused(tmp_path, value):
-    (tmp_path / "x.jsonl").write_text('{"text": "the market fell"}\n{"text": %s}\n' % value)
+    (tmp_path / "x.jsonl").write_text('{"text": "the market fell"}\n{"text": ' + value + "}\n")
     with pytest.raises(InputError) as e:
         read_inputs([str(tmp_path / "x.jsonl")], ColumnSpec())
     assert "not a string" in str(e.value) and "x.jsonl:2" in str(e.value)

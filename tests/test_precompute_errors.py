@@ -1,0 +1,111 @@
+"""kd precompute on bad inputs and faults: exit 2, a message saying where and how to fix, nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from storage import fs
+from storage.errors import KdError
+from storage.store import Store
+from storage.validate import validate
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, [*args, "--no-progress"])
+
+
+@pytest.fixture
+def corpus(tmp_path, sentences):
+    src = tmp_path / "news.txt"
+    src.write_text("\n".join(sentences[:40]) + "\n", encoding="utf-8")
+    return src
+
+
+def _temps(root) -> list[str]:
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names if fs.TMP_MARK in n]
+
+
+def test_disk_full_is_a_clear_error_and_the_rerun_resumes(tmp_path, corpus, tiny_teacher, monkeypatch):
+    """ENOSPC while a teacher shard is written: exit 2 naming the disk, the shard uncommitted, its temp file
+    removed; a temp file a killed run left is removed by the next run, which finishes the store."""
+    out = tmp_path / "store"
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        if "/teachers/" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(out), "--shard-rows", "20")
+    assert res.exit_code == 2 and "the disk is full" in res.output and "rerun" in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert _temps(out) == []
+    assert not Store.open(out).manifest.tables["teachers/tiny"].shards  # nothing of it committed
+    monkeypatch.setattr(os, "fsync", real_fsync)
+
+    killed = out / "teachers" / "tiny" / "part-00001.parquet.tmp-0badf00d"  # what a kill -9 mid-write leaves
+    killed.parent.mkdir(parents=True, exist_ok=True)
+    killed.write_bytes(b"PAR1 half a shard")
+    res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(out), "--shard-rows", "20")
+    assert res.exit_code == 0, res.output
+    assert _temps(out) == [] and not killed.exists()
+    assert sorted(Store.open(out).manifest.tables["teachers/tiny"].shards) == [0, 1]
+    assert validate(Store.open(out)) == []
+
+
+@pytest.mark.parametrize("args", [("--num-shards", "2", "--shard-index", "2"),
+                                  ("--num-shards", "2", "--shard-index", "-1"),
+                                  ("--shard-index", "1")])
+def test_shard_index_out_of_range_writes_nothing(tmp_path, corpus, tiny_teacher, args):
+    out = tmp_path / "store"
+    res = _run("precompute", str(corpus), "-t", str(tiny_teacher), "-o", str(out), *args)
+    assert res.exit_code == 2 and "--shard-index" in res.output, res.output
+    assert not out.exists()
+
+
+def test_a_teacher_name_derived_from_a_folder_is_checked(tmp_path, corpus, tiny_teacher):
+    hidden = tmp_path / ".hidden-bert"
+    hidden.symlink_to(tiny_teacher, target_is_directory=True)
+    res = _run("precompute", str(corpus), "-t", str(hidden), "-o", str(tmp_path / "store"))
+    assert res.exit_code == 2 and "invalid teacher name '.hidden-bert'" in res.output, res.output
+    assert "NAME=" in res.output and not (tmp_path / "store").exists()
+    res = _run("precompute", str(corpus), "-t", f"../x={tiny_teacher}", "-o", str(tmp_path / "store"))
+    assert res.exit_code == 2 and "invalid teacher name" in res.output and not (tmp_path / "store").exists()
+
+
+def test_writes_that_would_land_outside_the_store_are_refused(tmp_path):
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    loc = fs.resolve(store)
+    with pytest.raises(KdError, match="outside the store"):
+        fs.atomic_write_bytes(loc, b"x", "..", "escaped.parquet")
+    (store / "teachers").symlink_to(elsewhere, target_is_directory=True)  # a link out of the store
+    with pytest.raises(KdError, match="outside the store"):
+        fs.atomic_write_bytes(loc, b"x", "teachers", "t", "part-00000.parquet")
+    assert not (tmp_path / "escaped.parquet").exists() and list(elsewhere.iterdir()) == []
+    fs.atomic_write_bytes(loc, b"ok", "texts", "part-00000.parquet")  # a plain path inside is written
+    assert (store / "texts" / "part-00000.parquet").read_bytes() == b"ok" and _temps(store) == []
+
+
+def test_jsonl_text_that_is_a_number_stops_before_writing(tmp_path, tiny_teacher):
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"text": "the market fell"}\n{"text": 1999}\n')
+    res = _run("precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "store"))
+    assert res.exit_code == 2 and "x.jsonl:2" in res.output and "not a string" in res.output, res.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_csv_with_a_stray_quote_stops_before_writing(tmp_path, tiny_teacher):
+    src = tmp_path / "x.csv"
+    src.write_text('text,label\nthe market fell,neg\n"prices rose,pos\nthe dog runs,pos\nstocks "fell",neg\n')
+    res = _run("precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "store"), "--text-column",
+               "text")
+    assert res.exit_code == 2 and "x.csv:3" in res.output and "stray quote" in res.output, res.output
+    assert not (tmp_path / "store").exists()
