@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import precompute_news
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from typer.testing import CliRunner
 
 from cli import app
@@ -55,7 +56,7 @@ def test_init_output_is_validated_and_holds_only_the_kept_layers(store, tmp_path
 def _train(store: Path, out: Path, layers: str, steps: int) -> CliRunner:
     return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--arch",
                                     "transformer-init", "--init-layers", layers, "--target", "tiny.mean",
-                                    "--max-steps", str(steps), "--lr", "1e-3", "--val-percent", "0",
+                                    "--max-steps", str(steps), "--val-percent", "0",
                                     "--log-every", "1", "--batch-size", "16", "--no-progress"])
 
 
@@ -92,6 +93,23 @@ def test_a_one_layer_student_trains_without_the_teacher(store, tmp_path, monkeyp
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
     res = _train(store, tmp_path / "st1", "1", 30)
     assert res.exit_code == 0, res.output
-    losses = [json.loads(x)["loss"] for x in (tmp_path / "st1/metrics.jsonl").read_text().splitlines()
-              if '"loss"' in x]
-    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+    # The loss on one fixed batch of store rows (eval mode), before (the stored init weights) and after
+    # training at the default rate. Not the logged training loss: that one is dominated by BERT's dropout.
+    import student
+    from storage.store import Store
+    from student.transformer_init import load_init_weights
+
+    st = Store.open(store)
+    texts, targets = st.read_table("texts", ["id", "text"]), st.read_table("teachers/tiny", ["id", "mean"])
+    assert texts["id"].to_pylist()[:32] == targets["id"].to_pylist()[:32]
+    batch, want = texts["text"].to_pylist()[:32], np.stack(targets["mean"].to_numpy(zero_copy_only=False)[:32])
+    trained = student.load(tmp_path / "st1")
+    after = _cosine_loss(trained.encode(batch), want)
+    load_init_weights(trained.model, store / "teachers/tiny/init-1")
+    before = _cosine_loss(trained.encode(batch), want)
+    assert after < 0.85 * before, (before, after)
+
+
+def _cosine_loss(got: np.ndarray, want: np.ndarray) -> float:
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    return float(np.mean(1 - cos))
