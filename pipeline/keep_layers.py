@@ -6,7 +6,8 @@ copy of the teacher (DistilBERT-style layer selection) and then learn from the s
   targets live in;
 - what is written, under `teachers/<name>/init-<layers>/`: `model.safetensors` (the embeddings and the
   kept layers renumbered 0..k-1, nothing else of the teacher) and `config.json` (the teacher's
-  BERT config with `num_hidden_layers = k`, plus `kept_layers`), both with their sha256 in the
+  BERT config with `num_hidden_layers = k`, plus `kept_layers`, `teacher_layers` and `teacher_pooling`,
+  the teacher's sentence pooling {mode, normalize} or null), both with their sha256 in the
   manifest (`extras.files`), so training verifies them and never loads the teacher.
 """
 
@@ -59,7 +60,9 @@ def init_files(teacher: Teacher, layers: list[int]) -> dict[str, bytes]:
         m = re.match(r"encoder\.layer\.(\d+)\.", key)
         if m and int(m.group(1)) in layers:
             state[renumber[m.group(0)] + key[m.end():]] = value
+    # the teacher's sentence pooling (sentence-transformers modules), for students and exports that mimic it
+    pooling = None if teacher.st is None else {"mode": teacher.st.mode, "normalize": teacher.st.normalize}
     config = base.config.to_dict() | {"num_hidden_layers": len(layers), "kept_layers": layers,
-                                      "teacher_layers": base.config.num_hidden_layers}
+                                      "teacher_layers": base.config.num_hidden_layers, "teacher_pooling": pooling}
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
     return {"model.safetensors": save(tensors), "config.json": json.dumps(config, indent=1, default=str).encode()}

@@ -44,7 +44,8 @@ def test_init_output_is_validated_and_holds_only_the_kept_layers(store, tmp_path
     assert any(k.startswith("encoder.layer.0.") for k in keys)
     assert not any(k.startswith("encoder.layer.1.") for k in keys)
     cfg = json.loads((store / "teachers/tiny/init-1/config.json").read_text())
-    assert cfg["num_hidden_layers"] == 1 and cfg["kept_layers"] == [1]
+    assert cfg["num_hidden_layers"] == 1 and cfg["kept_layers"] == [1] and cfg["teacher_layers"] == 2
+    assert cfg["teacher_pooling"] is None  # a plain BERT checkpoint: no sentence-transformers pooling
     broken = Path(shutil.copytree(store, tmp_path / "s"))
     f = broken / "teachers/tiny/init-1/model.safetensors"
     data = bytearray(f.read_bytes())
