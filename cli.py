@@ -497,6 +497,7 @@ def finetune_cmd(
     dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
     kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
     kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher")] = 1.0,
+    kd_alpha: Annotated[float | None, typer.Option(help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) x logit MSE (replaces --kd-weight)")] = None,  # noqa: E501
     kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
     epochs: Annotated[int, typer.Option()] = 3,
     lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev")] = 5e-4,
@@ -518,8 +519,9 @@ def finetune_cmd(
 
     try:
         s = finetune(FinetuneConfig(
-            student, task, train, out, dev=dev, kd_store=kd_store, kd_weight=kd_weight, kd_teacher=kd_teacher,
-            epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps, hidden=hidden, dropout=dropout,
+            student, task, train, out, dev=dev, kd_store=kd_store, kd_weight=kd_weight, kd_alpha=kd_alpha,
+            kd_teacher=kd_teacher, epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps, hidden=hidden,
+            dropout=dropout,
             text_column=text_column, pair_columns=pair_columns, label_column=label_column, delimiter=delimiter,
             seed=seed, device=device, overwrite=overwrite, progress=progress))
     except KdError as e:

@@ -86,7 +86,7 @@ class FinetuneConfig:
         if self.lr <= 0 or self.hidden < 1 or self.kd_weight < 0 or not 0 <= self.dropout < 1:
             raise InputError("need lr > 0, hidden >= 1, kd weight >= 0 and 0 <= dropout < 1", "finetune options")
         if self.kd_alpha is not None and (not 0.0 <= self.kd_alpha <= 1.0 or self.kd_store is None):
-            raise InputError(f"kd_alpha {self.kd_alpha} needs a kd store and a value in [0, 1]", "kd_alpha",
+            raise InputError(f"--kd-alpha {self.kd_alpha} needs a kd store and a value in [0, 1]", "--kd-alpha",
                              "pass --kd-store STORE and an alpha such as 0.5")
         if self.kd_store is None and self.kd_teacher is not None:
             raise InputError("--kd-teacher names a teacher of --kd-store, and no --kd-store was given",

@@ -93,3 +93,13 @@ def test_a_store_given_relative_then_absolute_is_the_same_store(tmp_path, tiny_t
     assert first.exit_code == 0, first.output
     again = _run("precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "st"), "--no-progress")
     assert again.exit_code == 0 and "nothing to do" in again.output, again.output
+
+
+@pytest.mark.parametrize("extra", [[], ["--kd-store", "STORE"]])
+def test_finetune_kd_alpha_needs_a_store_and_a_value_in_0_1(tmp_path, extra):
+    out = tmp_path / "ft"
+    args = ["finetune", "--student", str(tmp_path / "s"), "--task", "classification", "--train", "t.tsv",
+            "--out", str(out), "--kd-alpha", "1.5" if extra else "0.5", *extra]
+    res = _run(*args)
+    assert res.exit_code == 2 and "--kd-alpha" in res.output, res.output
+    assert not out.exists()

@@ -357,5 +357,5 @@ def test_sra_targets_cls_and_sra_kd_mixes_with_alpha() -> None:
     torch.testing.assert_close(_mixed_loss(z, y, kd, Task.classification, cfg), 0.25 * ce + 0.75 * mse)
     cfg = FinetuneConfig("s", "classification", ["t.tsv"], "o", kd_store="k", kd_weight=2.0)
     torch.testing.assert_close(_mixed_loss(z, y, kd, Task.classification, cfg), ce + 2.0 * mse)
-    with pytest.raises(KdError, match="kd_alpha"):
+    with pytest.raises(KdError, match="kd-alpha"):
         FinetuneConfig("s", "classification", ["t.tsv"], "o", kd_alpha=0.5)  # no kd store
