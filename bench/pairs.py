@@ -3,18 +3,20 @@
 Run from the repository root:  python -m bench.pairs --quick   (or without --quick for the full sizes)
 
 What runs, every model on the same STS-B / MRPC test rows (sizes from the options):
-1. teachers: `kd finetune-teacher` on the packaged MiniLM -> cross-encoders: one on STS-B train
-   (pair-regression), two on MRPC train with seeds 0 and 1 (DvBERT's two teachers);
+1. teachers: `kd finetune-teacher` on the packaged MiniLM -> cross-encoders, two per task with seeds 0
+   and 1 (DvBERT's two teachers): STS-B train (pair-regression, one score) and MRPC train (classes);
 2. pair stores: `kd precompute` over each training file with MiniLM (per-side sentence vectors: the
    students' tokenizer, embedding init and width) and the cross-encoders (logits);
 3. students, all BiLSTMs with SRA's head and MiniLM's input embeddings (PCA):
+   - stage one (sra-base): `kd train-student` with cosine to MiniLM on unlabelled news sentences;
    - DSE: objective `pair` (f(u, v) regresses the cross-encoder's logits + label loss), plus a cosine
-     term to MiniLM's sentence vectors of each side (the training sets here are small);
-   - DvBERT: objective `multi-teacher` (KL to both MRPC teachers, annealed to the gold label), plus
-     the same cosine term. STS-B has one-logit (score) teachers, whose softmax is constant: the
-     objective has nothing to distil there, so that cell is "n/a";
-   - SRA: `kd train-student` with cosine on unlabelled news sentences, then `kd finetune` (MLP head
-     on [u, v, |u-v|, u*v]), and SRA+KD: the same with `--kd-store` (logit MSE to the teacher);
+     term to MiniLM's sentence vectors of each side; once from scratch (one stage) and once with
+     `--init sra-base` (the two-stage recipe);
+   - DvBERT, two stages: objective `multi-teacher` plus the same cosine term, from sra-base. MRPC: KL to
+     both teachers' class distributions, annealed to the gold label; STS-B: MSE of the calibrated
+     cosine to both teachers' scores, annealed to the gold score (the paper's regression stage);
+   - SRA: sra-base, then `kd finetune` (MLP head on [u, v, |u-v|, u*v]), and SRA+KD: the same with
+     `--kd-store` (logit MSE to the teacher);
 4. baseline: MiniLM as a bi-encoder, cosine of sentence vectors (MRPC: threshold tuned on train).
 Quality: Spearman x 100 (STS-B), accuracy / F1 x 100 (MRPC). Throughput: pairs scored per second from
 raw text on this machine (encode both sides + head for bi-encoders, one joint forward for the
@@ -142,12 +144,15 @@ def build_store(train_file: Path, out: Path, teachers: dict[str, Path]) -> Path:
 
 
 def build_student(cfg: BenchConfig, store: Path, out: Path, objectives: list[str], epochs: int,
-                  batch_size: int = 32) -> Path:
+                  batch_size: int = 32, init: Path | None = None) -> Path:
+    """A BiLSTM student; with `init`, stage two of the two-stage recipe: it starts from that (sentence-
+    distilled) student's weights instead of from scratch."""
     if not (out / "config.json").exists():
-        log(f"train-student {out.name}: {objectives}")
+        log(f"train-student {out.name}: {objectives}{f' from {init.name}' if init else ''}")
         train(TrainConfig(str(store), str(out), arch="bilstm", objectives=objectives, target="minilm.sentence",
                           embed_dim=300, hidden_dim=cfg.hidden, max_length=64, batch_size=batch_size, epochs=epochs,
-                          lr=1e-3, val_percent=0.0, seed=cfg.seed, overwrite=True, progress=False))
+                          lr=1e-3, val_percent=0.0, seed=cfg.seed, overwrite=True, progress=False,
+                          init=str(init) if init else None))
     return out
 
 
@@ -190,6 +195,9 @@ class ObjectiveHead:
 
     @torch.inference_mode()
     def score_vectors(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        if getattr(self.obj, "cosine", False):  # DvBERT with score teachers: calibrated cosine of u and v
+            cos = torch.nn.functional.cosine_similarity(torch.from_numpy(u), torch.from_numpy(v), dim=-1)
+            return self.obj.affine(cos.unsqueeze(1)).numpy()
         out = (StudentOutput(torch.from_numpy(u), None), StudentOutput(torch.from_numpy(v), None))
         return self.obj.head(head_input(out, product=self.product)).numpy()
 
@@ -285,7 +293,9 @@ def run(cfg: BenchConfig) -> dict:
                            for src, n, split in splits)
     corpus = corpus_file(cfg.corpus_rows, work / "data" / "news.txt")
     # teachers and stores
-    ce = {"stsb": {"ce": build_teacher(cfg, Task.pair_regression, files["stsb"][0], work / "ce-stsb", 0)},
+    # two teachers per task (seeds 0 and 1): DvBERT's multi-teacher objective needs at least two
+    ce = {"stsb": {"ce": build_teacher(cfg, Task.pair_regression, files["stsb"][0], work / "ce-stsb", 0),
+                   "ce1": build_teacher(cfg, Task.pair_regression, files["stsb"][0], work / "ce-stsb-s1", 1)},
           "mrpc": {f"ce{s}": build_teacher(cfg, Task.pair_classification, files["mrpc"][0], work / f"ce-mrpc-s{s}", s)
                    for s in (0, 1)}}
     stores = {k: build_store(files[k][0], work / f"store-{k}", ce[k]) for k in files}
@@ -297,15 +307,16 @@ def run(cfg: BenchConfig) -> dict:
     students: dict[str, dict[str, Path]] = {}
     for k in files:
         first = next(iter(ce[k]))
+        dse = [f"pair:1:teacher={first}", "cosine"]
         students[k] = {
-            "dse": build_student(cfg, stores[k], work / f"dse-{k}", [f"pair:1:teacher={first}", "cosine"],
-                                 cfg.student_epochs),
+            "dse_scratch": build_student(cfg, stores[k], work / f"dse-{k}", dse, cfg.student_epochs),
+            # two-stage (issue 11): sentence distillation on news (sra-base), then DSE on the pairs
+            "dse": build_student(cfg, stores[k], work / f"dse2-{k}", dse, cfg.student_epochs, init=sra),
             "sra": build_finetuned(cfg, sra, TASKS[k], files[k][0], work / f"sra-{k}", None),
             "sra_kd": build_finetuned(cfg, sra, TASKS[k], files[k][0], work / f"sra-kd-{k}", (stores[k], first)),
         }
-        if k == "mrpc":
-            students[k]["dvbert"] = build_student(cfg, stores[k], work / f"dvbert-{k}", ["multi-teacher", "cosine"],
-                                                  cfg.student_epochs)
+        students[k]["dvbert"] = build_student(cfg, stores[k], work / f"dvbert2-{k}", ["multi-teacher", "cosine"],
+                                              cfg.student_epochs, init=sra)
     # evaluation
     results: dict = {"config": asdict(cfg), "tasks": {}}
     for k, task in TASKS.items():
@@ -314,11 +325,14 @@ def run(cfg: BenchConfig) -> dict:
         gold = test.scores() if task.regression else LabelSet.fit(train_rows.labels).encode(test.labels)
         first = next(iter(ce[k]))
         models = {"cross-encoder teacher": CrossEncoder(ce[k][first]),
-                  "DSE student": ObjectiveHead(students[k]["dse"], stores[k], ObjectiveName.pair),
+                  "DSE student, one stage (from scratch)":
+                      ObjectiveHead(students[k]["dse_scratch"], stores[k], ObjectiveName.pair),
+                  "DSE student, two stages (from sra-base)": ObjectiveHead(students[k]["dse"], stores[k],
+                                                                            ObjectiveName.pair),
                   "SRA fine-tuned student": Finetuned(students[k]["sra"]),
                   "SRA+KD fine-tuned student": Finetuned(students[k]["sra_kd"])}
-        if "dvbert" in students[k]:
-            models["DvBERT student"] = ObjectiveHead(students[k]["dvbert"], stores[k], ObjectiveName.multi_teacher)
+        models["DvBERT student, two stages (from sra-base)"] = ObjectiveHead(students[k]["dvbert"], stores[k],
+                                                                              ObjectiveName.multi_teacher)
         mini = BiEncoderCosine()
         if not task.regression:
             mini.tune(train_rows.texts, LabelSet.fit(train_rows.labels).encode(train_rows.labels))
@@ -332,9 +346,8 @@ def run(cfg: BenchConfig) -> dict:
             if task.regression and isinstance(m, ObjectiveHead | Finetuned):
                 st = m.st if isinstance(m, ObjectiveHead) else m.model.encoder
                 rows[name]["cosine_spearman"] = cosine_spearman(st, test.texts, gold)
-        if not task.regression:
-            second = CrossEncoder(ce[k]["ce1"]).outputs(test.texts)
-            rows["cross-encoder teacher 2 (seed 1, DvBERT)"] = task_metrics(task, second, gold)
+        second = CrossEncoder(ce[k]["ce1"]).outputs(test.texts)  # DvBERT's second teacher
+        rows["cross-encoder teacher 2 (seed 1, DvBERT)"] = task_metrics(task, second, gold)
         results["tasks"][k] = {"test_rows": len(test), "train_rows": len(train_rows), "models": rows}
     log("query speed-up")
     stsb_test = read_task(str(files["stsb"][1]), Task.pair_regression, ColumnSpec(pair=("a", "b"), label="label"))
