@@ -56,7 +56,7 @@ def precompute(
     num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501
     shard_index: Annotated[int | None, typer.Option(help="This writer's index (default: torchrun RANK or 0)")] = None,
     dtype: Annotated[str, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
-    precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision; auto: fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")] = "auto",  # noqa: E501
     device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,

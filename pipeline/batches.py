@@ -67,4 +67,4 @@ def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_token
 @torch.inference_mode()
 def input_embeddings(teacher: Teacher) -> torch.Tensor:
     """The word-embedding matrix [vocab, dim]: students can start from its PCA."""
-    return teacher.model.get_input_embeddings().weight.detach().float().cpu().contiguous()
+    return teacher.reference_model().get_input_embeddings().weight.detach().float().cpu().contiguous()

@@ -48,7 +48,7 @@ def init_files(teacher: Teacher, layers: list[int]) -> dict[str, bytes]:
     """{file name: bytes} of the init output (see the module docstring)."""
     from safetensors.torch import save
 
-    base = teacher.model.base_model
+    base = teacher.reference_model().base_model
     if getattr(base.config, "model_type", "") not in ("bert", "roberta", "xlm-roberta", "mpnet"):
         raise InputError(f"teacher {teacher.name!r} is a {base.config.model_type} model; the init output "
                          "supports BERT-style encoders", "--outputs init", "drop init from --outputs")

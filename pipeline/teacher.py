@@ -107,11 +107,36 @@ def pick_device(device: str | None = None) -> torch.device:
     return dev
 
 
+def native_bf16() -> bool:
+    """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): there oneDNN runs MiniLM in bf16
+    about 2x faster than fp32 with cosine >= 0.9998 to fp32 (docs/results.md); elsewhere bf16 is emulated
+    and slower. KD_CPU_BF16=0/1 overrides the detection."""
+    forced = os.environ.get("KD_CPU_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for plain fp32. `auto`: fp16 on CUDA; fp32 on CPU (see docs/results.md)."""
+    """Compute dtype, or None for plain fp32. `auto`: fp16 on CUDA; on CPU bf16 where the CPU has native
+    bf16 (`native_bf16`), fp32 elsewhere."""
     if p is Precision.auto:
-        return torch.float16 if device.type == "cuda" else None
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if device.type == "cpu" and native_bf16() else None
     return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[p]
+
+
+def cast_weights(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """bf16 on CPU: store the weights in bf16 instead of autocasting. CPU autocast re-casts every fp32
+    weight at every call (measured 12 % slower); CUDA keeps fp16 autocast, whose fp32 LayerNorm and
+    softmax guard against fp16 overflow."""
+    return device.type == "cpu" and dtype is torch.bfloat16
 
 
 @dataclass
@@ -127,11 +152,19 @@ class Teacher:
     label_names: list[str] | None = None
     num_layers: int = 0
     dim: int = 0
+    weights_cast: bool = False  # the model's weights are in `autocast`'s dtype: no autocast context needed
     _sha: str | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
         return self.ref.name
+
+    def reference_model(self) -> torch.nn.Module:
+        """The model with the checkpoint's own fp32 weights, for what copies weights (input embeddings, kept
+        layers): a bf16-cast teacher reloads them rather than hand out rounded weights."""
+        if not self.weights_cast:
+            return self.model
+        return type(self.model).from_pretrained(self.ref.path).eval()
 
     def available(self) -> list[Output]:
         outs = [Output.cls, Output.mean, Output.layers]
@@ -165,6 +198,7 @@ class Teacher:
                 "sentence": None if self.st is None else {"mode": self.st.mode, "normalize": self.st.normalize},
             },
             "precision": str(self.autocast).replace("torch.", "") if self.autocast else "float32",
+            **({"cast": "weights" if self.weights_cast else "autocast"} if self.autocast else {}),
             "dtype": dtype,
             "label_names": self.label_names,
             "default_target": "sentence" if self.st is not None else "mean",
@@ -177,7 +211,8 @@ class Teacher:
         enc = {k: v.to(self.device, non_blocking=True) for k, v in enc.items()}
         mask = enc["attention_mask"].unsqueeze(-1).float()
         need_states = Output.layers in outputs or self.has_head
-        ctx = torch.autocast(self.device.type, dtype=self.autocast) if self.autocast else nullcontext()
+        use_autocast = self.autocast is not None and not self.weights_cast
+        ctx = torch.autocast(self.device.type, dtype=self.autocast) if use_autocast else nullcontext()
         with torch.inference_mode(), ctx:
             out = self.model(**enc, output_hidden_states=need_states, return_dict=True)
         states = out.hidden_states if need_states else None
@@ -213,9 +248,10 @@ class Teacher:
         return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
 
 
-def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: Precision = Precision.auto,
+def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
                  max_length: int | None = None) -> Teacher:
-    """Load a teacher from an alias, a directory, or a NAME=PATH spec."""
+    """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
+    search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -238,5 +274,9 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     if st and st.max_seq_length:
         limit = min(limit, st.max_seq_length)
     labels = [cfg.id2label[i] for i in range(cfg.num_labels)] if has_head else None
-    return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev,
-                   resolve_precision(Precision(precision), dev), labels, cfg.num_hidden_layers, cfg.hidden_size)
+    dtype = resolve_precision(Precision(precision), dev)
+    cast = cast_weights(dev, dtype)
+    if cast:
+        model.to(dtype)
+    return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev, dtype, labels,
+                   cfg.num_hidden_layers, cfg.hidden_size, weights_cast=cast)
