@@ -1,25 +1,42 @@
-"""kd precompute vs sentence-transformers `encode`: same teacher, same real sentences, same threads.
+"""kd precompute vs sentence-transformers `encode`, measured fairly: fresh processes, A/B alternated, equal precision.
 
-Both run in this process, one after the other, on the first N sentences of the shared Leipzig
-corpora (news + wikipedia). kd writes cls + mean + layers to a store (Parquet, checksums, manifest
-included in its time); ST only returns its pooled vectors in memory. Prints both rates and the ratio,
-plus kd's cosine to ST and, with --precision bf16, bf16's worst cosine to fp32.
+    python -m bench.precompute_vs_st [--n 10000] [--threads 2] [--pairs 3] [--precisions fp32,bf16,int8]
+                                     [--st-python bench/out/st-onnx/bin/python]
 
-    python bench/precompute_vs_st.py --n 10000 [--precision fp32|bf16] [--threads 2]
+Per precision, `--pairs` rounds of one kd run and one ST run, each in a fresh process (order swapped every
+round), on the same first `--n` real sentences (Leipzig news + Wikipedia 2016) and the same thread count
+(torch, OpenMP, MKL and the tokenizer all limited to `--threads`). Each child times its whole job from a
+cold start of the work: kd = `precompute()` (read input, load teacher, tokenize, forward, write cls + mean +
+layers as checksummed Parquet shards with a manifest); ST = load the model + `encode` (vectors in memory,
+nothing written). Printed per side: wall seconds and sentences/s as median [min-max], peak RSS; per
+precision the ratio ST seconds / kd seconds (> 1: kd faster), and the min / mean cosine of kd's `mean`
+vectors to ST's at the same precision and to fp32.
+
+Precisions: fp32 (both sides plain fp32); bf16 (kd `--precision bf16` autocast; ST with the model loaded in
+bf16, `model_kwargs={"torch_dtype": torch.bfloat16}`); int8 (kd `--backend onnx --quantize int8`; ST's own
+int8 path, `backend="onnx"` + `export_dynamic_quantized_onnx_model`, which needs `optimum`: it runs only when
+`--st-python` names a Python that has `sentence-transformers[onnx]`; otherwise int8 is compared with ST fp32).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
+import resource
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus"
+from bench.fresh import ROOT, alternate, fmt, run_fresh, spread
+
+SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared")) / "data" / "corpus"
+WORK = ROOT / "bench" / "out" / "precompute_vs_st"
+KD_INT8 = {"backend": "onnx", "quantize": "int8"}
 
 
 def load_sentences(n: int) -> list[str]:
@@ -29,57 +46,156 @@ def load_sentences(n: int) -> list[str]:
     return out[:n]
 
 
-def run_kd(sentences: list[str], precision: str, batch_tokens: int, workdir: Path) -> tuple[float, np.ndarray]:
+# --------------------------------------------------------------------------------------------------
+# children: one timed job each, in a fresh process
+
+
+def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
     from pipeline.precompute import precompute
     from storage import Store
     from storage.schema import arrow_to_vectors
 
-    src = workdir / "in.txt"
-    src.write_text("\n".join(sentences) + "\n")
-    out = workdir / f"store-{precision}"
-    shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
-    precompute([str(src)], str(out), ["minilm"], outputs=["cls", "mean", "layers"], precision=precision,
-               batch_tokens=batch_tokens, shard_rows=5000, progress=False)
-    secs = time.perf_counter() - t0
-    return secs, arrow_to_vectors(Store.open(out).read_table("teachers/minilm", ["mean"])["mean"])
+    with tempfile.TemporaryDirectory(dir=WORK) as tmp:
+        src = Path(tmp) / "in.txt"
+        src.write_text("\n".join(sentences) + "\n")
+        out = Path(tmp) / "store"
+        extra = KD_INT8 if a.precision == "int8" else {"precision": a.precision}
+        t0 = time.perf_counter()
+        precompute([str(src)], str(out), ["minilm"], outputs=["cls", "mean", "layers"], shard_rows=5000,
+                   batch_tokens=a.batch_tokens, device="cpu", progress=False, **extra)
+        secs = time.perf_counter() - t0
+        return secs, arrow_to_vectors(Store.open(str(out)).read_table("teachers/minilm", ["mean"])["mean"])
 
 
-def run_st(sentences: list[str]) -> tuple[float, np.ndarray]:
+def _st_int8_dir() -> Path:
+    """A copy of the packaged MiniLM with ST's dynamically quantized ONNX file (made once, not timed)."""
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    from pipeline.resolve import resolve_teacher
+
+    folder = WORK / "st-minilm-onnx"
+    if not (folder / "onnx" / "model_qint8_avx512_vnni.onnx").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(resolve_teacher("minilm").path, folder)
+        model = SentenceTransformer(str(folder), device="cpu", backend="onnx")
+        export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(folder))
+    return folder
+
+
+def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
+    import torch
     from sentence_transformers import SentenceTransformer
 
     from pipeline.resolve import resolve_teacher
 
-    model = SentenceTransformer(resolve_teacher("minilm").path, device="cpu")
+    kwargs: dict = {}
+    path = resolve_teacher("minilm").path
+    if a.precision == "bf16":
+        kwargs = {"model_kwargs": {"torch_dtype": torch.bfloat16}}
+    elif a.precision == "int8":
+        path = str(_st_int8_dir())
+        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": "onnx/model_qint8_avx512_vnni.onnx"}}
     t0 = time.perf_counter()
+    model = SentenceTransformer(path, device="cpu", **kwargs)
     emb = model.encode(sentences, batch_size=32, convert_to_numpy=True, normalize_embeddings=False)
-    return time.perf_counter() - t0, emb
+    return time.perf_counter() - t0, np.asarray(emb, dtype=np.float32)
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+def child(a: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    WORK.mkdir(parents=True, exist_ok=True)
+    sentences = load_sentences(a.n)
+    secs, vecs = (child_kd if a.side == "kd" else child_st)(a, sentences)
+    np.save(WORK / f"vectors-{a.side}-{a.precision}.npy", vecs)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(a.result).write_text(json.dumps({"seconds": secs, "rows": len(sentences), "peak_rss_mb": rss_mb}))
+
+
+# --------------------------------------------------------------------------------------------------
+# parent: alternate sides, summarise
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    c = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return {"min": float(c.min()), "mean": float(c.mean())}
+
+
+def measure(a: argparse.Namespace, precision: str) -> dict:
+    def side(name: str) -> dict:
+        py = a.st_python if (name == "st" and precision == "int8") else None
+        return run_fresh("bench.precompute_vs_st", ["--child", "--side", name, "--precision", precision,
+                                                    "--n", str(a.n), "--threads", str(a.threads),
+                                                    "--batch-tokens", str(a.batch_tokens)], a.threads, py)
+
+    sides = {"kd": lambda: side("kd")}
+    if precision != "int8" or a.st_python:
+        sides["st"] = lambda: side("st")
+    print(f"{precision}:", flush=True)
+    runs = alternate(sides, a.pairs)
+    res: dict = {}
+    for name, rs in runs.items():
+        res[name] = {"seconds": spread([r["seconds"] for r in rs]),
+                     "sent_per_s": spread([r["rows"] / r["seconds"] for r in rs]),
+                     "peak_rss_mb": spread([r["peak_rss_mb"] for r in rs]), "runs": rs}
+    return res
+
+
+def report(results: dict, a: argparse.Namespace) -> list[str]:
+    vec = {p: {s: WORK / f"vectors-{s}-{p}.npy" for s in ("kd", "st")} for p in results}
+    st32 = results.get("fp32", {}).get("st")
+    lines = ["| precision | side | wall s | sentences/s | peak RSS MB | kd / ST same precision | kd / ST fp32 "
+             "| min / mean cosine to ST same precision | to ST fp32 |", "|---|---|---|---|---|---|---|---|---|"]
+    for p, res in results.items():
+        for s, r in res.items():
+            same = res.get("st")
+            ratio = f"**{same['seconds']['median'] / r['seconds']['median']:.2f}x**" if s == "kd" and same else ""
+            r32 = f"{st32['seconds']['median'] / r['seconds']['median']:.2f}x" if s == "kd" and st32 else ""
+            cos_same = cos32 = ""
+            if s == "kd":
+                kd = np.load(vec[p]["kd"])
+                if same:
+                    c = cosines(kd, np.load(vec[p]["st"]))
+                    cos_same = f"{c['min']:.5f} / {c['mean']:.6f}"
+                    r["cosine_to_st"] = c
+                if st32 and vec["fp32"]["st"].exists():
+                    c = cosines(kd, np.load(vec["fp32"]["st"]))
+                    cos32 = f"{c['min']:.5f} / {c['mean']:.6f}"
+                    r["cosine_to_st_fp32"] = c
+            label = {"kd": "kd precompute (cls + mean + layers, written)", "st": "sentence-transformers encode"}[s]
+            lines.append(f"| {p} | {label} | {fmt(r['seconds'])} | {fmt(r['sent_per_s'], 0)} | "
+                         f"{r['peak_rss_mb']['median']:.0f} | {ratio} | {r32} | {cos_same} | {cos32} |")
+    return lines
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10000)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--batch-tokens", type=int, default=16384)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    sentences = load_sentences(args.n)
-    with tempfile.TemporaryDirectory() as tmp:
-        st_s, st_v = run_st(sentences)
-        kd_s, kd_v = run_kd(sentences, args.precision, args.batch_tokens, Path(tmp))
-        print(f"sentences: {len(sentences)}  threads: {args.threads}  teacher: minilm  kd precision: {args.precision}")
-        print(f"sentence-transformers encode : {len(sentences) / st_s:8.1f} sentences/s ({st_s:.1f} s)")
-        print(f"kd precompute (cls+mean+layers, written): {len(sentences) / kd_s:8.1f} sentences/s ({kd_s:.1f} s)")
-        print(f"ratio kd / ST: {st_s / kd_s:.2f}x")
-        print(f"kd mean vs ST: min cosine {cosine(kd_v, st_v).min():.6f}")
-        if args.precision != "fp32":
-            _, ref = run_kd(sentences[:2000], "fp32", args.batch_tokens, Path(tmp))
-            print(f"{args.precision} vs fp32 (first 2000): min cosine {cosine(kd_v[:2000], ref).min():.6f}")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--precisions", default="fp32,bf16,int8")
+    ap.add_argument("--batch-tokens", type=int, default=16384, help="kd's token budget per batch")
+    ap.add_argument("--st-python", default=None, help="a Python with sentence-transformers[onnx] for ST int8")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--side", default="kd", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a)
+        return
+    WORK.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before}; {a.n} sentences, {a.threads} threads, {a.pairs} pairs", flush=True)
+    results = {p: measure(a, p) for p in a.precisions.split(",")}
+    lines = report(results, a)
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load average before {load_before[0]:.2f}, "
+               f"after {os.getloadavg()[0]:.2f}")
+    (WORK / "results.json").write_text(json.dumps({"results": results, "machine": machine, "n": a.n,
+                                                   "threads": a.threads, "pairs": a.pairs}, indent=1))
+    print("\n".join(lines))
+    print(machine)
 
 
 if __name__ == "__main__":
