@@ -13,6 +13,7 @@ from typing import Annotated, Optional  # noqa: F401  (Optional: typer needs it 
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from storage.errors import KdError
 
@@ -23,7 +24,7 @@ term = Console(soft_wrap=True)  # results go to stdout; errors and progress to s
 
 
 def _fail(e: KdError) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
     raise typer.Exit(2)
 
 
@@ -31,7 +32,7 @@ def main() -> None:  # pragma: no cover - console entry for `python -m cli`
     try:
         app()
     except KdError as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
         sys.exit(2)
 
 
@@ -61,6 +62,9 @@ def precompute(
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
+    backend: Annotated[str, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
+    quantize: Annotated[str, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: NNCF int8 weights)")] = "none",  # noqa: E501
+    allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
     from pipeline.precompute import precompute as run
@@ -71,7 +75,7 @@ def precompute(
                 label_column=label_column, delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens,
                 max_length=max_length, shard_rows=shard_rows, num_shards=num_shards, shard_index=shard_index,
                 dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress,
-                keep_layers=keep_layers)
+                keep_layers=keep_layers, backend=backend, quantize=quantize, allow_low_fidelity=allow_low_fidelity)
     except KdError as e:
         _fail(e)
     except ValueError as e:  # bad enum values (dtype, precision, shard index)

@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from pipeline import backends
 from pipeline import inputs as inp
 from pipeline.batches import encode_all, input_embeddings
 from pipeline.plan import ShardPlan, writer_rank
 from pipeline.rows import RowCounts, build_texts
 from pipeline.segment import segment as split_sentences
-from pipeline.teacher import Output, Precision, Teacher, load_teacher
+from pipeline.teacher import Output, Teacher
 from storage import fs
 from storage.errors import InputError, StoreError
-from storage.manifest import Manifest
+from storage.manifest import Manifest, same_settings
 from storage.progress import Bar
 from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
@@ -151,7 +152,8 @@ def precompute(
     dedup: bool = False, batch_tokens: int = 16384, max_length: int | None = None, shard_rows: int = 20000,
     num_shards: int | None = None, shard_index: int | None = None, dtype: str = "float32",
     precision: str = "auto", device: str | None = None, overwrite: bool = False, progress: bool = True,
-    keep_layers: str | None = None,
+    keep_layers: str | None = None, backend: str = "torch", quantize: str = "none", threads: int | None = None,
+    allow_low_fidelity: bool = False,
 ) -> PrecomputeSummary:
     """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring."""
     t0 = time.perf_counter()
@@ -166,6 +168,7 @@ def precompute(
     if not teachers:
         raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
     vdtype = VectorDType(dtype)
+    backends.check_options(backend, quantize, precision, device)
     files = inp.expand_inputs(inputs)
     spec = inp.ColumnSpec(text_column, inp.parse_pair_columns(pair_columns), label_column, delimiter)
     options = {"text_column": text_column, "pair_columns": spec.pair, "label_column": label_column,
@@ -173,7 +176,8 @@ def precompute(
                "dedup": dedup, "shard_rows": shard_rows, "delimiter": delimiter}
     header_inputs = inputs_header(files, options)
     index, count = writer_rank(num_shards, shard_index)
-    loaded = [load_teacher(t, device, Precision(precision), max_length) for t in teachers]
+    loaded = [backends.load(t, backend, quantize, device=device, precision=precision, max_length=max_length,
+                            threads=threads, allow_low_fidelity=allow_low_fidelity) for t in teachers]
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
@@ -296,7 +300,7 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
     for t in loaded:
         name, meta = f"teachers/{t.name}", t.meta(touts[t.name], vdtype.value)
         old = existing.tables.get(name) if existing else None
-        if old is not None and old.meta and old.meta != meta:
+        if old is not None and old.meta and not same_settings(old.meta, meta):
             raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
                              writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
         writer.declare(name, "teacher", _columns(t, touts[t.name], pairs, vdtype), meta)

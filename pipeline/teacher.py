@@ -18,6 +18,7 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,6 +154,7 @@ class Teacher:
     num_layers: int = 0
     dim: int = 0
     weights_cast: bool = False  # the model's weights are in `autocast`'s dtype: no autocast context needed
+    backend: Any = None  # a pipeline.backends.Runner: the forward pass on ONNX Runtime / OpenVINO (None: torch)
     _sha: str | None = field(default=None, repr=False)
 
     @property
@@ -199,6 +201,8 @@ class Teacher:
             },
             "precision": str(self.autocast).replace("torch.", "") if self.autocast else "float32",
             **({"cast": "weights" if self.weights_cast else "autocast"} if self.autocast else {}),
+            # torch | onnx | openvino, none | int8, and the fidelity to torch fp32 (measured, not compared)
+            **(self.backend.meta() if self.backend is not None else {"backend": "torch", "quantize": "none"}),
             "dtype": dtype,
             "label_names": self.label_names,
             "default_target": "sentence" if self.st is not None else "mean",
@@ -208,15 +212,8 @@ class Teacher:
 
     def forward(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> dict[str, np.ndarray]:
         """One padded batch -> pooled outputs as float32 numpy arrays."""
-        enc = {k: v.to(self.device, non_blocking=True) for k, v in enc.items()}
-        mask = enc["attention_mask"].unsqueeze(-1).float()
-        need_states = Output.layers in outputs or self.has_head
-        use_autocast = self.autocast is not None and not self.weights_cast
-        ctx = torch.autocast(self.device.type, dtype=self.autocast) if use_autocast else nullcontext()
-        with torch.inference_mode(), ctx:
-            out = self.model(**enc, output_hidden_states=need_states, return_dict=True)
-        states = out.hidden_states if need_states else None
-        last = (states[-1] if states is not None else out.last_hidden_state).float()
+        states, logits, mask = self._hidden(enc, outputs)
+        last = states[-1].float()
         res: dict[str, torch.Tensor] = {}
         if Output.cls in outputs:
             res["cls"] = last[:, 0]
@@ -227,8 +224,22 @@ class Teacher:
         if Output.sentence in outputs:
             res["sentence"] = self._st_pool(last, mask, res)
         if Output.logits in outputs:
-            res["logits"] = out.logits.float()
+            res["logits"] = logits.float()
         return {k: v.cpu().numpy() for k, v in res.items() if k in {o.value for o in outputs}}
+
+    def _hidden(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> tuple:
+        """(hidden states: all of them when `layers` is asked, else at least the last; logits or None; mask)."""
+        if self.backend is not None:  # ONNX Runtime / OpenVINO run the encoder; pooling stays here, in fp32
+            states, logits = self.backend.run(enc, Output.layers in outputs, Output.logits in outputs)
+            return states, logits, enc["attention_mask"].unsqueeze(-1).float()
+        enc = {k: v.to(self.device, non_blocking=True) for k, v in enc.items()}
+        need_states = Output.layers in outputs or self.has_head
+        use_autocast = self.autocast is not None and not self.weights_cast
+        ctx = torch.autocast(self.device.type, dtype=self.autocast) if use_autocast else nullcontext()
+        with torch.inference_mode(), ctx:
+            out = self.model(**enc, output_hidden_states=need_states, return_dict=True)
+        states = out.hidden_states if need_states else (out.last_hidden_state,)
+        return states, getattr(out, "logits", None), enc["attention_mask"].unsqueeze(-1).float()
 
     def _st_pool(self, last: torch.Tensor, mask: torch.Tensor, res: dict) -> torch.Tensor:
         if self.st.mode == "cls":

@@ -118,6 +118,27 @@ class Manifest:
 
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")
+# Table meta keys that are measurements, not settings: writers on other CPUs (or a resumed run) measure slightly
+# other numbers, so they are not compared; merged, the lowest of each number is kept.
+MEASURED_META = ("fidelity",)
+# Meta keys added after stores were written, with the value their absence meant.
+META_DEFAULTS = {"backend": "torch", "quantize": "none"}
+
+
+def same_settings(a: dict, b: dict) -> bool:
+    """Whether two table metas describe the same settings (measured keys aside, defaults filled in)."""
+    def norm(m: dict) -> dict:
+        return {**META_DEFAULTS, **{k: v for k, v in m.items() if k not in MEASURED_META}}
+
+    return norm(a) == norm(b)
+
+
+def _lowest_fidelity(a: dict | None, b: dict | None) -> dict | None:
+    """{column: {min_cosine, mean_cosine, ...}} with the lower number of the two records each (order-free)."""
+    if not a or not b:
+        return a or b
+    return {c: {k: min(v, b[c][k]) if isinstance(v, float) and isinstance(b.get(c, {}).get(k), float) else v
+                for k, v in a[c].items()} for c in a}
 
 
 def merge(manifests: list[Manifest], where: str) -> Manifest:
@@ -146,13 +167,15 @@ def merge(manifests: list[Manifest], where: str) -> Manifest:
             out.extras.setdefault("files", {}).update(m.extras["files"])
         for name, rec in m.tables.items():
             have = out.tables.setdefault(name, TableRecord(rec.kind, dict(rec.columns), dict(rec.meta)))
-            if rec.meta and have.meta and rec.meta != have.meta:
+            if rec.meta and have.meta and not same_settings(rec.meta, have.meta):
                 raise StoreError(
                     f"table {name!r} was written with different settings by two writers",
                     where,
                     "re-run the writers with the same options, or --overwrite",
                 )
             have.meta = have.meta or dict(rec.meta)
+            if have.meta.get("fidelity") and rec.meta.get("fidelity"):
+                have.meta["fidelity"] = _lowest_fidelity(have.meta["fidelity"], rec.meta["fidelity"])
             have.columns = have.columns or dict(rec.columns)
             for k, shard in rec.shards.items():
                 if k in have.shards and have.shards[k] != shard:

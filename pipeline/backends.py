@@ -1,0 +1,443 @@
+"""Teacher backends for `kd precompute --backend torch|onnx|openvino --quantize none|int8`.
+
+A backend replaces only the encoder's forward pass: (input_ids, attention_mask[, token_type_ids]) -> every
+hidden state (embeddings first) [+ the classification head's logits]. Pooling (cls, mean, layers, sentence)
+stays in `Teacher.forward`, in fp32, so every backend pools identically.
+
+- Export once per (weights, backend, quantize) into `$KD_CACHE/teachers/<weights_sha256>-<backend>-<quantize>/`
+  (default `~/.cache/kd`): torch.export (dynamo) -> ONNX with dynamic batch and sequence axes; int8 for ONNX
+  Runtime is its dynamic quantization (int8 weights, activations quantized per batch at run time); OpenVINO
+  converts that fp32 ONNX graph to IR, int8 being NNCF's data-free int8 weight compression. The folder is
+  built in a temp folder and renamed into place, with the sha256 of each file in `kd_backend.json`: a killed
+  export leaves no half cache, and a damaged one (a file edited or truncated) is rebuilt.
+- Threads: `threads` (default `torch.get_num_threads()`, i.e. OMP_NUM_THREADS when set) goes to ONNX
+  Runtime's intra-op pool and OpenVINO's INFERENCE_NUM_THREADS, so backends compare at equal threads.
+- Fidelity: after loading, 64 bundled sentences (pairs for cross-encoders) are encoded by the backend and by
+  the same teacher on torch fp32; per output column the min and mean cosine go into the manifest
+  (`fidelity`). Below `THRESHOLDS` (0.999 for fp32, 0.99 for bf16, 0.98 for int8) the run stops with a
+  clear error unless `allow_low_fidelity`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.resolve import cache_dir
+from pipeline.teacher import Precision, Teacher, load_teacher, native_bf16
+from storage.errors import InputError, KdError
+
+
+class Backend(str, Enum):
+    torch = "torch"
+    onnx = "onnx"
+    openvino = "openvino"
+
+
+class Quantize(str, Enum):
+    none = "none"
+    int8 = "int8"
+
+
+FORMAT = 1  # bump when the exported graphs change: cache folders of another format are rebuilt
+OPSET = 18
+SPEC = "kd_backend.json"
+FIDELITY_ROWS = 64
+# min cosine to torch fp32 a backend must reach on the fidelity sample (per output column, over its rows):
+# fp32 graphs, bf16 compute, int8 weights. int8 is 0.98: ONNX Runtime's dynamic quantization of MiniLM reaches
+# min 0.989 / mean 0.996 (docs/design.md); a broken export falls far below.
+THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
+
+
+def parse(backend: str | Backend, quantize: str | Quantize) -> tuple[Backend, Quantize]:
+    try:
+        b = Backend(backend)
+    except ValueError:
+        raise InputError(f"unknown --backend {backend!r}", "--backend", "use torch, onnx or openvino") from None
+    try:
+        q = Quantize(quantize)
+    except ValueError:
+        raise InputError(f"unknown --quantize {quantize!r}", "--quantize", "use none or int8") from None
+    return b, q
+
+
+def check_options(backend: str | Backend, quantize: str | Quantize, precision: str | Precision,
+                  device: str | None) -> tuple[Backend, Quantize]:
+    """Refuse impossible combinations before anything is read or loaded."""
+    b, q = parse(backend, quantize)
+    p = Precision(precision)
+    if b is Backend.torch:
+        if q is Quantize.int8:
+            raise InputError("--quantize int8 needs an exporting backend", "--backend torch --quantize int8",
+                             "use --backend onnx or --backend openvino with --quantize int8")
+        return b, q
+    _require(b)
+    flag = f"--backend {b.value}"
+    if b is Backend.onnx and p in (Precision.bf16, Precision.fp16):
+        raise InputError(f"--precision {p.value} is not offered by the onnx backend (it runs the fp32 graph)", flag,
+                         "use --precision fp32 (or auto), --quantize int8 for speed, or --backend openvino for bf16")
+    if b is Backend.openvino and p is Precision.fp16:
+        raise InputError("--precision fp16 is not offered by the openvino backend (CPU)", flag,
+                         "use --precision fp32, bf16 or auto")
+    if device is not None and device != "cpu":
+        if b is Backend.openvino:
+            raise InputError(f"--device {device} is not offered by the openvino backend: it runs on the CPU", flag,
+                             "use --device cpu (or leave it unset), or --backend torch for a GPU")
+        if device.startswith("cuda") and "CUDAExecutionProvider" not in _ort().get_available_providers():
+            raise InputError(f"--device {device}: this onnxruntime has no CUDA execution provider", flag,
+                             "pip install onnxruntime-gpu, use --device cpu, or --backend torch for a GPU")
+        if not device.startswith("cuda"):
+            raise InputError(f"unknown --device {device!r} for the onnx backend", "--device", "use cpu or cuda")
+    return b, q
+
+
+def _require(b: Backend) -> Any:
+    module, extra = _EXTRA[b]
+    try:
+        return __import__(module)
+    except ImportError:
+        raise KdError(f"--backend {b.value} needs {module}, which is not installed", f"--backend {b.value}",
+                      f"pip install 'kd[{extra}]'") from None
+
+
+def _ort():
+    return _require(Backend.onnx)
+
+
+def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quantize = Quantize.none, *,
+         device: str | None = None, precision: str | Precision = Precision.auto, max_length: int | None = None,
+         threads: int | None = None, allow_low_fidelity: bool = False) -> Teacher:
+    """A teacher whose forward pass runs on `backend`; the torch backend is plain `load_teacher`."""
+    b, q = check_options(backend, quantize, precision, device)
+    if b is Backend.torch:
+        return load_teacher(spec, device, Precision(precision), max_length)
+    # The torch model stays on the CPU in fp32: the fidelity reference, the export source, and what copies
+    # weights (input embeddings, init layers).
+    teacher = load_teacher(spec, "cpu", Precision.fp32, max_length)
+    folder = exported(teacher, b, q)
+    runner = (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
+        folder, q, _backend_precision(b, Precision(precision)), threads or torch.get_num_threads(), device)
+    teacher.backend = runner
+    runner.fidelity = fidelity(teacher)
+    check_fidelity(teacher, allow_low_fidelity)
+    return teacher
+
+
+def _backend_precision(b: Backend, p: Precision) -> str:
+    if b is Backend.openvino and (p is Precision.bf16 or (p is Precision.auto and native_bf16())):
+        return "bfloat16"  # as torch: bf16 where the CPU has it natively (KD_CPU_BF16 overrides)
+    return "float32"
+
+
+# --- the runners -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    """An exported teacher graph: hidden_0..hidden_L [+ logits] from the tokenizer's inputs."""
+
+    folder: Path
+    quantize: Quantize
+    precision: str  # float32 | bfloat16 (the compute dtype of the fp32-weight parts)
+    threads: int
+    device: str | None = None
+    fidelity: dict | None = None
+    spec: dict = field(default_factory=dict)
+    backend: Backend = Backend.torch
+
+    def __post_init__(self) -> None:
+        self.spec = json.loads((self.folder / SPEC).read_text(encoding="utf-8"))
+        self._open()
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def run(self, enc: dict[str, torch.Tensor], all_states: bool, logits: bool
+            ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Hidden states (all, or only the last) and logits (or None), as CPU tensors."""
+        feeds = {k: np.ascontiguousarray(enc[k].cpu().numpy(), dtype=np.int64) for k in self.spec["inputs"]}
+        n = self.spec["num_layers"]
+        names = [f"hidden_{i}" for i in (range(n + 1) if all_states else [n])] + (["logits"] if logits else [])
+        out = [torch.from_numpy(np.asarray(x)) for x in self._run(feeds, names)]
+        return (out[:-1], out[-1]) if logits else (out, None)
+
+    def meta(self) -> dict:
+        return {"backend": self.backend.value, "quantize": self.quantize.value, "precision": self.precision,
+                "fidelity": self.fidelity}
+
+
+class OnnxRunner(Runner):
+    def _open(self) -> None:
+        ort = _ort()
+        self.backend = Backend.onnx
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        providers = ["CPUExecutionProvider"]
+        if self.device and self.device.startswith("cuda"):
+            index = int(self.device.partition(":")[2] or os.environ.get("LOCAL_RANK", 0))
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": index}))
+        self.session = ort.InferenceSession(str(self.folder / self.spec["file"]), so, providers=providers)
+
+    def _run(self, feeds, names):
+        return self.session.run(names, feeds)
+
+
+class OpenVinoRunner(Runner):
+    def _open(self) -> None:
+        ov = _require(Backend.openvino)
+        self.backend = Backend.openvino
+        config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bfloat16" else "f32",
+                  "INFERENCE_NUM_THREADS": self.threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        core = ov.Core()
+        self.compiled = core.compile_model(str(self.folder / self.spec["file"]), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def _run(self, feeds, names):
+        res = self.request.infer(feeds)  # outputs are copied (share_outputs=False)
+        return [res[self.compiled.output(name)] for name in names]
+
+
+# --- export and the cache ----------------------------------------------------------------------------------
+
+
+def cache_folder(sha: str, b: Backend, q: Quantize) -> Path:
+    return cache_dir() / "teachers" / f"{sha}-{b.value}-{q.value}"
+
+
+def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
+    """The cache folder for (teacher weights, backend, quantize), exported now unless a sound one exists."""
+    sha = teacher.meta([], "float32")["weights_sha256"]
+    final = cache_folder(sha, b, q)
+    want = {"format": FORMAT, "weights_sha256": sha, "backend": b.value, "quantize": q.value}
+    if _sound(final, want):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(final.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        spec = {**want, **_export(teacher, b, q, tmp)}
+        spec["files"] = {f: _sha256(tmp / f) for f in sorted(os.listdir(tmp))}
+        (tmp / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)  # not sound (checked above): damaged, half-copied by hand, or another format
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not _sound(final, want):  # another process published its own copy first: keep it
+                raise
+    except OSError as e:
+        raise KdError(f"cannot write the exported teacher ({e})", str(final),
+                      "check the disk space and permissions there, or point KD_CACHE at a writable folder") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _sound(folder: Path, want: dict) -> bool:
+    """A complete cache folder for `want`: spec readable and matching, every file present with its sha256."""
+    try:
+        spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
+        return (all(spec.get(k) == v for k, v in want.items()) and bool(spec.get("files"))
+                and all(_sha256(folder / f) == h for f, h in spec["files"].items()))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _remove_stale_temps(parent: Path, age_s: float = 3600) -> None:
+    """Temp folders of exports killed more than an hour ago (a running export's folder is younger)."""
+    for p in parent.glob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - p.stat().st_mtime > age_s:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    from pipeline.precompute import file_sha256  # here: pipeline.precompute imports this module
+
+    return file_sha256(str(path))
+
+
+class _Encoder(torch.nn.Module):
+    """The HF model as a graph: inputs by name -> every hidden state [+ logits]."""
+
+    def __init__(self, model: torch.nn.Module, head: bool) -> None:
+        super().__init__()
+        self.model, self.head = model, head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        kw = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kw, output_hidden_states=True,
+                         return_dict=True)
+        return (*out.hidden_states, out.logits) if self.head else tuple(out.hidden_states)
+
+
+def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
+    """Write the graph for (b, q) into `tmp`; returns the spec entries (file, inputs, outputs, versions)."""
+    from importlib.metadata import version
+
+    from student.onnx_export import _quiet
+
+    _ort() if b is Backend.onnx else _require(Backend.openvino)
+    inputs = [n for n in INPUTS if n in teacher.tokenizer.model_input_names]
+    outputs = [f"hidden_{i}" for i in range(teacher.num_layers + 1)] + (["logits"] if teacher.has_head else [])
+    texts = ["the cat sat on the mat", "a dog"]
+    enc = (teacher.tokenizer(texts, texts[::-1], padding=True, return_tensors="pt") if teacher.has_head
+           else teacher.tokenizer(texts, padding=True, return_tensors="pt"))  # two rows, padding: shapes only
+    args = tuple(enc[n].to(torch.int64) for n in inputs)
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}
+    axes = {n: dims for n in inputs}
+    fp32 = tmp / "model.fp32.onnx"
+    graph = _Encoder(teacher.model, teacher.has_head).eval()
+    with torch.no_grad(), _quiet():
+        torch.onnx.export(graph, args, str(fp32), input_names=inputs, output_names=outputs, opset_version=OPSET,
+                          dynamo=True, dynamic_shapes=axes, optimize=True, verbose=False,
+                          external_data=teacher.model.num_parameters() * 4 > 1.5e9)  # the 2 GB protobuf limit
+    versions = {"torch": torch.__version__}
+    if b is Backend.onnx:
+        versions["onnxruntime"] = version("onnxruntime")
+        file = "model.onnx"
+        if q is Quantize.int8:
+            _quantize_onnx(fp32, tmp / file)
+            _remove_onnx(fp32, keep=tmp / file)
+        else:
+            fp32.rename(tmp / file)
+    else:
+        file = "model.xml"
+        versions |= _openvino_ir(fp32, tmp / file, q)
+        _remove_onnx(fp32)
+    return {"file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
+            "opset": OPSET, "versions": versions}
+
+
+def _remove_onnx(path: Path, keep: Path | None = None) -> None:
+    """The fp32 graph and its external-data file, if any (big models)."""
+    for p in path.parent.iterdir():
+        if p != keep and p.name.startswith(path.name):
+            p.unlink()
+
+
+def _quantize_onnx(src: Path, dst: Path) -> None:
+    """ONNX Runtime dynamic quantization: int8 weights per output channel, activations quantized per batch at
+    run time; embeddings, LayerNorm, softmax and attention scores stay fp32. The feed-forward down-projections
+    (the MatMuls that narrow, in > out features) stay fp32 too: their post-GELU inputs hold the outliers that
+    per-tensor activation scales lose. Measured on MiniLM, 256 sentences: mean cosine 0.9959 vs 0.9927 with
+    them quantized, at 1.34x instead of 1.55x the fp32 graph's speed (docs/design.md)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from student.onnx_export import _quiet
+
+    graph = onnx.load(str(src), load_external_data=False).graph
+    shapes = {i.name: list(i.dims) for i in graph.initializer}
+    narrowing = [n.name for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2
+                 and shapes[n.input[1]][0] > shapes[n.input[1]][1]]
+    external = any(p.name.startswith(src.name) and p != src for p in src.parent.iterdir())
+    with _quiet(), _quiet_logger(""):  # "Please consider to run pre-processing": the dynamo export is optimised
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=narrowing,
+                         use_external_data_format=external)
+
+
+def _openvino_ir(src: Path, dst: Path, q: Quantize) -> dict:
+    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16); int8: NNCF's data-free
+    int8 weight compression (asymmetric, per output channel) of every MatMul."""
+    import openvino as ov
+
+    model = ov.convert_model(str(src))
+    versions = {"openvino": ov.__version__.split("-")[0]}
+    if q is Quantize.int8:
+        try:
+            import nncf
+        except ImportError:
+            raise KdError("--backend openvino --quantize int8 needs nncf, which is not installed",
+                          "--quantize int8", "pip install 'kd[openvino]'") from None
+        from student.onnx_export import _quiet
+
+        with _quiet(), _quiet_logger("nncf"):  # its statistics table and progress bar
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        versions["nncf"] = nncf.__version__
+    ov.save_model(model, str(dst), compress_to_fp16=False)
+    return versions
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    import logging
+
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+# --- fidelity ----------------------------------------------------------------------------------------------
+
+
+def fidelity_texts(teacher: Teacher) -> list:
+    """64 bundled sentences mixing the four sources of apps/data; pairs for cross-encoders."""
+    from apps.corpus import demo_sentences
+
+    s = demo_sentences()[: 2 * FIDELITY_ROWS]
+    return list(zip(s[:FIDELITY_ROWS], s[FIDELITY_ROWS:])) if teacher.has_head else s[:FIDELITY_ROWS]
+
+
+def fidelity(teacher: Teacher, texts: list | None = None) -> dict:
+    """{column: {min_cosine, mean_cosine, sample_rows}} of the teacher's backend against torch fp32."""
+    from pipeline.batches import encode_all
+
+    texts = fidelity_texts(teacher) if texts is None else texts
+    outputs = teacher.available()
+    got = encode_all(teacher, texts, outputs, 16384)[0]
+    ref = encode_all(replace(teacher, backend=None, autocast=None), texts, outputs, 16384)[0]
+    return {col: _cosines(got[col], ref[col], len(texts)) for col in sorted(got)}
+
+
+def _cosines(a: np.ndarray, b: np.ndarray, rows: int) -> dict:
+    """Cosine per row (per row and layer for `layers`), min and mean."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    cos = (a * b).sum(-1) / np.maximum(den, 1e-30)
+    return {"min_cosine": round(float(cos.min()), 6), "mean_cosine": round(float(cos.mean()), 6), "sample_rows": rows}
+
+
+def threshold(runner: Runner) -> float:
+    limit = THRESHOLDS[runner.precision]
+    return min(limit, THRESHOLDS["int8"]) if runner.quantize is Quantize.int8 else limit
+
+
+def check_fidelity(teacher: Teacher, allow_low_fidelity: bool = False) -> None:
+    runner = teacher.backend
+    limit = threshold(runner)
+    low = {c: f["min_cosine"] for c, f in runner.fidelity.items() if f["min_cosine"] < limit}
+    if low and not allow_low_fidelity:
+        worst = ", ".join(f"{c} {v:.4f}" for c, v in low.items())
+        raise KdError(
+            f"teacher {teacher.name!r} on --backend {runner.backend.value} --quantize {runner.quantize.value} "
+            f"({runner.precision}) departs from torch fp32: min cosine {worst} < {limit} over "
+            f"{FIDELITY_ROWS} bundled sentences",
+            f"--backend {runner.backend.value} --quantize {runner.quantize.value}",
+            "use --quantize none, --precision fp32 or --backend torch; or accept it with --allow-low-fidelity "
+            "(the measured cosines are recorded in the manifest)")

@@ -1,0 +1,234 @@
+"""Teacher backends (`kd precompute --backend onnx|openvino --quantize none|int8`) on tiny random BERTs.
+
+Tolerances against torch fp32, chosen by measuring (tiny BERT, 2 layers, 32-d; cross-encoder with 3 labels):
+- fp32 graphs (onnx, openvino): max abs diff measured <= 2e-6, asserted <= 1e-4; cosine >= 0.9999;
+- int8 (onnx dynamic quantization, openvino NNCF int8 weights): cosine measured >= 0.99994, asserted >= 0.999.
+Each backend test skips when its extra (onnxruntime / openvino + nncf) is not installed. KD_CACHE points at a
+temp folder, so the exports never touch ~/.cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from pipeline import backends
+from pipeline.backends import Backend, Quantize
+from pipeline.teacher import load_teacher
+from storage.errors import InputError, KdError, StoreError
+from storage.manifest import Manifest, merge, same_settings
+
+TEXTS = ["the cat sat on the mat", "a dog", "news", "the market rose and the price of water fell this week",
+         "the children play in the river by the old house near the city", "x"]
+COMBOS = [(Backend.onnx, Quantize.none), (Backend.onnx, Quantize.int8),
+          (Backend.openvino, Quantize.none), (Backend.openvino, Quantize.int8)]
+NEEDS = {Backend.onnx: ["onnxruntime", "onnx", "onnxscript"], Backend.openvino: ["openvino", "nncf", "onnxscript"]}
+
+
+def _needs(b: Backend) -> None:
+    for module in NEEDS[b]:
+        pytest.importorskip(module)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One export cache for the module (each (teacher, backend, quantize) is exported once)."""
+    path = tmp_path_factory.mktemp("kd-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KD_CACHE", str(path))
+        yield path
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+@pytest.mark.parametrize("b,q", COMBOS, ids=[f"{b.value}-{q.value}" for b, q in COMBOS])
+@pytest.mark.parametrize("which", ["encoder", "cross-encoder"])
+def test_outputs_match_torch_fp32(cache, tiny_teacher, tiny_cross_encoder, b, q, which):
+    _needs(b)
+    path = str(tiny_teacher if which == "encoder" else tiny_cross_encoder)
+    texts = TEXTS if which == "encoder" else list(zip(TEXTS, TEXTS[::-1]))
+    ref = load_teacher(path, "cpu").encode(texts)
+    t = backends.load(path, b, q, precision="fp32")
+    got = t.encode(texts)
+    assert sorted(got) == sorted(ref) and t.backend.backend is b
+    for col in ref:
+        assert got[col].shape == ref[col].shape, col
+        cos = _cos(got[col], ref[col])
+        if q is Quantize.none:
+            assert np.abs(got[col] - ref[col]).max() <= 1e-4, col
+            assert cos.min() >= 0.9999, col
+        else:
+            assert cos.min() >= 0.999, col
+    fid = t.backend.fidelity
+    assert set(fid) == set(ref) and all(f["sample_rows"] == backends.FIDELITY_ROWS for f in fid.values())
+    assert all(backends.threshold(t.backend) <= f["min_cosine"] <= f["mean_cosine"] <= 1.0 for f in fid.values())
+
+
+def test_precompute_records_the_backend_and_validate_accepts_the_store(cache, tmp_path, tiny_teacher):
+    _needs(Backend.onnx)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS * 3) + "\n", encoding="utf-8")
+    out = tmp_path / "store"
+    args = ["precompute", str(src), "--out", str(out), "--teacher", f"tiny={tiny_teacher}", "--backend", "onnx",
+            "--quantize", "int8", "--shard-rows", "7", "--no-progress"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "manifest.json").read_text())["tables"]["teachers/tiny"]["meta"]
+    assert (meta["backend"], meta["quantize"], meta["precision"]) == ("onnx", "int8", "float32")
+    assert set(meta["fidelity"]) == {"cls", "mean", "layers"}
+    assert all(f["min_cosine"] >= 0.98 and f["sample_rows"] == 64 for f in meta["fidelity"].values())
+    r = CliRunner().invoke(app, ["validate", str(out)])
+    assert r.exit_code == 0, r.output
+    # the same command again: nothing to do (the fidelity is a measurement, not a setting)
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and "nothing to do" in r.output, r.output
+    # the same teacher name on another backend is another setting: refused, not mixed into the store
+    r = CliRunner().invoke(app, [*args[:6], "--backend", "torch", "--shard-rows", "7", "--no-progress"])
+    assert r.exit_code == 2 and "other settings" in r.output, r.output
+
+
+def test_the_torch_backend_records_itself_and_old_stores_still_match():
+    old = {"source": "x", "precision": "float32", "outputs": ["mean"]}  # written before backends existed
+    assert same_settings(old, {**old, "backend": "torch", "quantize": "none"})
+    assert not same_settings(old, {**old, "backend": "onnx", "quantize": "none"})
+    assert not same_settings({**old, "quantize": "int8"}, {**old, "quantize": "none"})
+
+
+def test_writers_may_measure_other_fidelity_the_merge_keeps_the_lowest():
+    def fragment(mn: float, mean: float) -> Manifest:
+        meta = {"backend": "onnx", "quantize": "int8",
+                "fidelity": {"mean": {"min_cosine": mn, "mean_cosine": mean, "sample_rows": 64}}}
+        return Manifest.from_json(json.dumps({"format": "kd-store", "format_version": 1,
+                                              "inputs": {"fingerprint": "f", "num_shards": 1},
+                                              "tables": {"teachers/t": {"kind": "teacher", "meta": meta}}}), "x")
+
+    for order in ([fragment(0.991, 0.996), fragment(0.993, 0.995)], [fragment(0.993, 0.995), fragment(0.991, 0.996)]):
+        fid = merge(order, "x").tables["teachers/t"].meta["fidelity"]["mean"]
+        assert (fid["min_cosine"], fid["mean_cosine"], fid["sample_rows"]) == (0.991, 0.995, 64)
+
+
+def _count_exports(monkeypatch) -> list:
+    calls = []
+    real = backends._export
+
+    def counting(*a, **kw):
+        calls.append(a[1:3])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(backends, "_export", counting)
+    return calls
+
+
+def test_the_export_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path, tiny_teacher, monkeypatch):
+    _needs(Backend.onnx)
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    calls = _count_exports(monkeypatch)
+    first = backends.load(str(tiny_teacher), "onnx")
+    folder = first.backend.folder
+    assert folder.parent == tmp_path / "cache" / "teachers" and folder.name.endswith("-onnx-none")
+    assert len(calls) == 1 and not [p for p in folder.parent.iterdir() if p.name.startswith(".tmp-")]
+    backends.load(str(tiny_teacher), "onnx")
+    assert len(calls) == 1  # reused
+    model = folder / "model.onnx"
+    model.write_bytes(model.read_bytes()[:1000])  # truncated (a damaged disk, a hand copy cut short)
+    again = backends.load(str(tiny_teacher), "onnx")
+    assert len(calls) == 2 and again.backend.folder == folder and model.stat().st_size > 1000
+    (folder / backends.SPEC).unlink()  # a folder without its record (half copied by hand)
+    backends.load(str(tiny_teacher), "onnx")
+    assert len(calls) == 3 and (folder / backends.SPEC).is_file()
+
+
+def test_a_killed_export_leaves_no_cache_and_its_temp_folder_is_removed_later(tmp_path, tiny_teacher, monkeypatch):
+    _needs(Backend.onnx)
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    real = backends._export
+
+    def killed(teacher, b, q, tmp):
+        (tmp / "model.fp32.onnx").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(backends, "_export", killed)
+    with pytest.raises(KeyboardInterrupt):
+        backends.load(str(tiny_teacher), "onnx")
+    teachers = tmp_path / "cache" / "teachers"
+    assert list(teachers.iterdir()) == []  # nothing published (the temp folder was removed on the way out)
+    stale = teachers / ".tmp-abc-onnx-none-x"  # what a SIGKILL leaves
+    stale.mkdir()
+    os.utime(stale, (time.time() - 7200,) * 2)
+    monkeypatch.setattr(backends, "_export", real)
+    t = backends.load(str(tiny_teacher), "onnx")
+    assert sorted(p.name for p in teachers.iterdir()) == [t.backend.folder.name]
+
+
+def test_low_fidelity_is_refused_unless_allowed(cache, tmp_path, tiny_teacher, monkeypatch):
+    _needs(Backend.onnx)
+    monkeypatch.setitem(backends.THRESHOLDS, "float32", 1.5)  # nothing reaches it
+    with pytest.raises(KdError, match="departs from torch fp32") as e:
+        backends.load(str(tiny_teacher), "onnx")
+    assert "--allow-low-fidelity" in e.value.fix
+    t = backends.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
+    assert t.backend.fidelity["mean"]["min_cosine"] > 0.999
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["precompute", str(src), "--out", str(tmp_path / "s"), "--teacher",
+                                 f"tiny={tiny_teacher}", "--backend", "onnx", "--no-progress"])
+    assert r.exit_code == 2 and "--allow-low-fidelity" in r.output and not (tmp_path / "s").exists(), r.output
+
+
+@pytest.mark.parametrize("backend,quantize,precision,device,match", [
+    ("torch", "int8", "auto", None, "--backend onnx or --backend openvino"),
+    ("onnx", "none", "bf16", None, "not offered by the onnx backend"),
+    ("onnx", "none", "fp16", None, "not offered by the onnx backend"),
+    ("openvino", "none", "fp16", None, "not offered by the openvino backend"),
+    ("openvino", "none", "auto", "cuda", "runs on the CPU"),
+    ("tensorrt", "none", "auto", None, "use torch, onnx or openvino"),
+    ("onnx", "int4", "auto", None, "use none or int8"),
+])
+def test_impossible_combinations_are_clear_errors(backend, quantize, precision, device, match):
+    if backend in ("onnx", "openvino"):
+        _needs(Backend(backend))
+    with pytest.raises(InputError, match=match):
+        backends.check_options(backend, quantize, precision, device)
+
+
+def test_onnx_on_cuda_needs_the_gpu_runtime(monkeypatch):
+    ort = pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(InputError, match="onnxruntime-gpu"):
+        backends.check_options("onnx", "none", "auto", "cuda")
+
+
+@pytest.mark.parametrize("backend,extra", [("onnx", "kd[onnx]"), ("openvino", "kd[openvino]")])
+def test_a_missing_extra_names_the_install(tmp_path, monkeypatch, backend, extra, tiny_teacher):
+    monkeypatch.setitem(sys.modules, "onnxruntime" if backend == "onnx" else "openvino", None)  # import fails
+    with pytest.raises(KdError, match="not installed") as e:
+        backends.check_options(backend, "none", "auto", None)
+    assert extra in e.value.fix
+    src = tmp_path / "in.txt"
+    src.write_text("a\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["precompute", str(src), "--out", str(tmp_path / "s"), "--teacher",
+                                 str(tiny_teacher), "--backend", backend, "--no-progress"])
+    assert r.exit_code == 2 and extra in r.output and not (tmp_path / "s").exists(), r.output
+
+
+def test_a_store_from_another_backend_is_not_resumed_silently(cache, tmp_path, tiny_teacher):
+    _needs(Backend.openvino)
+    from pipeline.precompute import precompute
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    precompute([str(src)], str(tmp_path / "s"), [f"t={tiny_teacher}"], backend="openvino", progress=False)
+    with pytest.raises(StoreError, match="other settings"):
+        precompute([str(src)], str(tmp_path / "s"), [f"t={tiny_teacher}"], backend="openvino", quantize="int8",
+                   progress=False)
+    shutil.rmtree(tmp_path / "s")
