@@ -237,8 +237,10 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
         spec = {**want, **_export(teacher, b, q, tmp)}
         spec["files"] = {f: _sha256(tmp / f) for f in sorted(os.listdir(tmp))}
         (tmp / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        if _sound(final, want):
+            return final  # another process (a writer beside this one) published its copy meanwhile
         if final.exists():
-            shutil.rmtree(final)  # not sound (checked above): damaged, half-copied by hand, or another format
+            shutil.rmtree(final)  # damaged, half-copied by hand, or of another format
         try:
             os.replace(tmp, final)
         except OSError:

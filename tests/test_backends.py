@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from cli import app
@@ -24,6 +25,7 @@ from pipeline import backends
 from pipeline.backends import Backend, Quantize
 from pipeline.teacher import load_teacher
 from storage.errors import InputError, KdError, StoreError
+from storage.info import summary_table
 from storage.manifest import Manifest, merge, same_settings
 
 TEXTS = ["the cat sat on the mat", "a dog", "news", "the market rose and the price of water fell this week",
@@ -89,6 +91,9 @@ def test_precompute_records_the_backend_and_validate_accepts_the_store(cache, tm
     assert all(f["min_cosine"] >= 0.98 and f["sample_rows"] == 64 for f in meta["fidelity"].values())
     r = CliRunner().invoke(app, ["validate", str(out)])
     assert r.exit_code == 0, r.output
+    console = Console(width=400, record=True)
+    console.print(summary_table(str(out)))
+    assert "onnx int8 float32, min cosine " in console.export_text()
     # the same command again: nothing to do (the fidelity is a measurement, not a setting)
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0 and "nothing to do" in r.output, r.output
@@ -232,3 +237,23 @@ def test_a_store_from_another_backend_is_not_resumed_silently(cache, tmp_path, t
         precompute([str(src)], str(tmp_path / "s"), [f"t={tiny_teacher}"], backend="openvino", quantize="int8",
                    progress=False)
     shutil.rmtree(tmp_path / "s")
+
+
+def test_a_copy_published_by_another_writer_meanwhile_is_kept(tmp_path, tiny_teacher, monkeypatch):
+    _needs(Backend.onnx)
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    real, published = backends._export, []
+
+    def racing(teacher, b, q, tmp):
+        out = real(teacher, b, q, tmp)
+        if not published:  # a writer beside this one finishes its own export first
+            monkeypatch.setattr(backends, "_export", real)
+            folder = backends.exported(teacher, b, q)
+            published.append((folder, (folder / backends.SPEC).stat().st_ino))
+        return out
+
+    monkeypatch.setattr(backends, "_export", racing)
+    t = backends.load(str(tiny_teacher), "onnx")
+    folder, inode = published[0]
+    assert t.backend.folder == folder and (folder / backends.SPEC).stat().st_ino == inode  # not replaced
+    assert [p.name for p in (tmp_path / "cache" / "teachers").iterdir()] == [folder.name]
