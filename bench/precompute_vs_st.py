@@ -1,21 +1,23 @@
 """kd precompute vs sentence-transformers `encode`, measured fairly: fresh processes, A/B alternated, equal precision.
 
     python -m bench.precompute_vs_st [--n 10000] [--threads 2] [--pairs 3] [--precisions fp32,bf16,int8]
-                                     [--st-python bench/out/st-onnx/bin/python]
+                                     [--kd-backends torch,onnx,openvino] [--st-python bench/out/st-onnx/bin/python]
 
-Per precision, `--pairs` rounds of one kd run and one ST run, each in a fresh process (order swapped every
-round), on the same first `--n` real sentences (Leipzig news + Wikipedia 2016) and the same thread count
-(torch, OpenMP, MKL and the tokenizer all limited to `--threads`). Each child times its whole job from a
-cold start of the work: kd = `precompute()` (read input, load teacher, tokenize, forward, write cls + mean +
-layers as checksummed Parquet shards with a manifest); ST = load the model + `encode` (vectors in memory,
-nothing written). Printed per side: wall seconds and sentences/s as median [min-max], peak RSS; per
-precision the ratio ST seconds / kd seconds (> 1: kd faster), and the min / mean cosine of kd's `mean`
-vectors to ST's at the same precision and to fp32.
+Per precision, `--pairs` rounds of one run of each side (every kd teacher backend that supports the
+precision, and ST), each in a fresh process (order rotated every round), on the same first `--n` real
+sentences (Leipzig news + Wikipedia 2016) and the same thread count (torch, OpenMP, MKL and the tokenizer
+all limited to `--threads`). Each child times its whole job from a cold start of the work: kd =
+`precompute()` (read input, load teacher, tokenize, forward, write cls + mean + layers as checksummed
+Parquet shards with a manifest); ST = load the model + `encode` (vectors in memory, nothing written).
+Printed per side: wall seconds and sentences/s as median [min-max], peak RSS; per precision the ratio ST
+seconds / kd seconds (> 1: kd faster), and the min / mean cosine of kd's `mean` vectors to ST's at the
+same precision and to ST fp32.
 
-Precisions: fp32 (both sides plain fp32); bf16 (kd `--precision bf16` autocast; ST with the model loaded in
-bf16, `model_kwargs={"torch_dtype": torch.bfloat16}`); int8 (kd `--backend onnx --quantize int8`; ST's own
-int8 path, `backend="onnx"` + `export_dynamic_quantized_onnx_model`, which needs `optimum`: it runs only when
-`--st-python` names a Python that has `sentence-transformers[onnx]`; otherwise int8 is compared with ST fp32).
+Precisions: fp32 (both sides plain fp32); bf16 (kd `--precision bf16`: weights cast to bf16 on CPU, and
+OpenVINO's bf16; ST with the model loaded in bf16, `model_kwargs={"torch_dtype": torch.bfloat16}`); int8
+(kd `--backend onnx|openvino --quantize int8`, activations fp32; ST's own int8 path, `backend="onnx"` +
+`export_dynamic_quantized_onnx_model`, which needs `optimum`: it runs only when `--st-python` names a
+Python that has `sentence-transformers[onnx]`; otherwise int8 is compared with ST fp32).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from bench.fresh import ROOT, alternate, fmt, run_fresh, spread
 
 SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared")) / "data" / "corpus"
 WORK = ROOT / "bench" / "out" / "precompute_vs_st"
-KD_INT8 = {"backend": "onnx", "quantize": "int8"}
+# which kd teacher backends run each precision (torch has no int8 path; ONNX Runtime has no CPU bf16)
+BACKENDS = {"fp32": ("torch", "onnx", "openvino"), "bf16": ("torch", "openvino"), "int8": ("onnx", "openvino")}
 
 
 def load_sentences(n: int) -> list[str]:
@@ -59,7 +62,8 @@ def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
         src = Path(tmp) / "in.txt"
         src.write_text("\n".join(sentences) + "\n")
         out = Path(tmp) / "store"
-        extra = KD_INT8 if a.precision == "int8" else {"precision": a.precision}
+        extra = {"backend": a.backend, "precision": "fp32" if a.precision == "int8" else a.precision,
+                 "quantize": "int8" if a.precision == "int8" else "none"}
         t0 = time.perf_counter()
         precompute([str(src)], str(out), ["minilm"], outputs=["cls", "mean", "layers"], shard_rows=5000,
                    batch_tokens=a.batch_tokens, device="cpu", progress=False, **extra)
@@ -108,7 +112,7 @@ def child(a: argparse.Namespace) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     sentences = load_sentences(a.n)
     secs, vecs = (child_kd if a.side == "kd" else child_st)(a, sentences)
-    np.save(WORK / f"vectors-{a.side}-{a.precision}.npy", vecs)
+    np.save(WORK / f"vectors-{side_name(a.side, a.backend)}-{a.precision}.npy", vecs)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(a.result).write_text(json.dumps({"seconds": secs, "rows": len(sentences), "peak_rss_mb": rss_mb}))
 
@@ -117,19 +121,25 @@ def child(a: argparse.Namespace) -> None:
 # parent: alternate sides, summarise
 
 
+def side_name(side: str, backend: str) -> str:
+    return f"kd-{backend}" if side == "kd" else "st"
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     c = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     return {"min": float(c.min()), "mean": float(c.mean())}
 
 
 def measure(a: argparse.Namespace, precision: str) -> dict:
-    def side(name: str) -> dict:
+    def side(name: str, backend: str = "torch") -> dict:
         py = a.st_python if (name == "st" and precision == "int8") else None
-        return run_fresh("bench.precompute_vs_st", ["--child", "--side", name, "--precision", precision,
-                                                    "--n", str(a.n), "--threads", str(a.threads),
-                                                    "--batch-tokens", str(a.batch_tokens)], a.threads, py)
+        return run_fresh("bench.precompute_vs_st", ["--child", "--side", name, "--backend", backend,
+                                                    "--precision", precision, "--n", str(a.n),
+                                                    "--threads", str(a.threads), "--batch-tokens",
+                                                    str(a.batch_tokens)], a.threads, py)
 
-    sides = {"kd": lambda: side("kd")}
+    wanted = a.kd_backends.split(",")
+    sides = {f"kd-{b}": (lambda b=b: side("kd", b)) for b in BACKENDS[precision] if b in wanted}
     if precision != "int8" or a.st_python:
         sides["st"] = lambda: side("st")
     print(f"{precision}:", flush=True)
@@ -143,27 +153,28 @@ def measure(a: argparse.Namespace, precision: str) -> dict:
 
 
 def report(results: dict, a: argparse.Namespace) -> list[str]:
-    vec = {p: {s: WORK / f"vectors-{s}-{p}.npy" for s in ("kd", "st")} for p in results}
     st32 = results.get("fp32", {}).get("st")
     lines = ["| precision | side | wall s | sentences/s | peak RSS MB | kd / ST same precision | kd / ST fp32 "
              "| min / mean cosine to ST same precision | to ST fp32 |", "|---|---|---|---|---|---|---|---|---|"]
     for p, res in results.items():
         for s, r in res.items():
             same = res.get("st")
-            ratio = f"**{same['seconds']['median'] / r['seconds']['median']:.2f}x**" if s == "kd" and same else ""
-            r32 = f"{st32['seconds']['median'] / r['seconds']['median']:.2f}x" if s == "kd" and st32 else ""
+            kd_side = s.startswith("kd")
+            ratio = f"**{same['seconds']['median'] / r['seconds']['median']:.2f}x**" if kd_side and same else ""
+            r32 = f"{st32['seconds']['median'] / r['seconds']['median']:.2f}x" if kd_side and st32 else ""
             cos_same = cos32 = ""
-            if s == "kd":
-                kd = np.load(vec[p]["kd"])
+            if kd_side:
+                kd = np.load(WORK / f"vectors-{s}-{p}.npy")
                 if same:
-                    c = cosines(kd, np.load(vec[p]["st"]))
+                    c = cosines(kd, np.load(WORK / f"vectors-st-{p}.npy"))
                     cos_same = f"{c['min']:.5f} / {c['mean']:.6f}"
                     r["cosine_to_st"] = c
-                if st32 and vec["fp32"]["st"].exists():
-                    c = cosines(kd, np.load(vec["fp32"]["st"]))
+                if st32:
+                    c = cosines(kd, np.load(WORK / "vectors-st-fp32.npy"))
                     cos32 = f"{c['min']:.5f} / {c['mean']:.6f}"
                     r["cosine_to_st_fp32"] = c
-            label = {"kd": "kd precompute (cls + mean + layers, written)", "st": "sentence-transformers encode"}[s]
+            label = (f"kd precompute, {s[3:]} backend (cls + mean + layers, written)" if kd_side
+                     else "sentence-transformers encode")
             lines.append(f"| {p} | {label} | {fmt(r['seconds'])} | {fmt(r['sent_per_s'], 0)} | "
                          f"{r['peak_rss_mb']['median']:.0f} | {ratio} | {r32} | {cos_same} | {cos32} |")
     return lines
@@ -176,9 +187,11 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--batch-tokens", type=int, default=16384, help="kd's token budget per batch")
+    ap.add_argument("--kd-backends", default="torch,onnx,openvino", help="kd teacher backends to run")
     ap.add_argument("--st-python", default=None, help="a Python with sentence-transformers[onnx] for ST int8")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--side", default="kd", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
