@@ -65,6 +65,10 @@ def precompute(
     backend: Annotated[str, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
     quantize: Annotated[str, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: NNCF int8 weights)")] = "none",  # noqa: E501
     allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
+    engine: Annotated[str, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd[ray]')")] = "local",  # noqa: E501
+    ray_address: Annotated[str | None, typer.Option(help="--engine ray: auto | HOST:PORT of a running cluster (default: RAY_ADDRESS, else a local Ray runtime)")] = None,  # noqa: E501
+    workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)")] = None,  # noqa: E501
+    gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)")] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
     from pipeline.precompute import precompute as run
@@ -75,7 +79,8 @@ def precompute(
                 label_column=label_column, delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens,
                 max_length=max_length, shard_rows=shard_rows, num_shards=num_shards, shard_index=shard_index,
                 dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress,
-                keep_layers=keep_layers, backend=backend, quantize=quantize, allow_low_fidelity=allow_low_fidelity)
+                keep_layers=keep_layers, backend=backend, quantize=quantize, allow_low_fidelity=allow_low_fidelity,
+                engine=engine, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker)
     except KdError as e:
         _fail(e)
     except ValueError as e:  # bad enum values (dtype, precision, shard index)
@@ -89,7 +94,7 @@ def precompute(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
         f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
         f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, {s.rate:,.0f} rows/s, "
-        f"{s.bytes_written / 1e6:.1f} MB"
+        f"{s.bytes_written / 1e6:.1f} MB" + (f"; {s.retried} unit(s) retried (their worker died)" if s.retried else "")
     )
 
 

@@ -55,6 +55,7 @@ class PrecomputeSummary:
     bytes_written: int = 0
     teachers: list[str] = field(default_factory=list)
     vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
+    retried: int = 0  # --engine ray: units run again because the worker running them died
 
     @property
     def nothing_to_do(self) -> bool:
@@ -153,9 +154,13 @@ def precompute(
     num_shards: int | None = None, shard_index: int | None = None, dtype: str = "float32",
     precision: str = "auto", device: str | None = None, overwrite: bool = False, progress: bool = True,
     keep_layers: str | None = None, backend: str = "torch", quantize: str = "none", threads: int | None = None,
-    allow_low_fidelity: bool = False,
+    allow_low_fidelity: bool = False, engine: str = "local", ray_address: str | None = None,
+    workers: int | None = None, gpus_per_worker: float | None = None,
 ) -> PrecomputeSummary:
-    """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring."""
+    """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring;
+    `engine="ray"`: pipeline/ray_engine.py."""
+    from pipeline import ray_engine
+
     t0 = time.perf_counter()
     # Options first: nothing may be read, loaded or created before they are known to be usable.
     for flag, value in (("--shard-rows", shard_rows), ("--batch-tokens", batch_tokens), ("--max-length", max_length)):
@@ -169,6 +174,7 @@ def precompute(
         raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
     vdtype = VectorDType(dtype)
     backends.check_options(backend, quantize, precision, device)
+    ray_opts = ray_engine.options(engine, ray_address, workers, gpus_per_worker, num_shards, shard_index, device)
     files = inp.expand_inputs(inputs)
     spec = inp.ColumnSpec(text_column, inp.parse_pair_columns(pair_columns), label_column, delimiter)
     options = {"text_column": text_column, "pair_columns": spec.pair, "label_column": label_column,
@@ -176,8 +182,10 @@ def precompute(
                "dedup": dedup, "shard_rows": shard_rows, "delimiter": delimiter}
     header_inputs = inputs_header(files, options)
     index, count = writer_rank(num_shards, shard_index)
-    loaded = [backends.load(t, backend, quantize, device=device, precision=precision, max_length=max_length,
-                            threads=threads, allow_low_fidelity=allow_low_fidelity) for t in teachers]
+    load = dict(backend=backend, quantize=quantize, device=device, precision=precision, max_length=max_length,
+                threads=threads, allow_low_fidelity=allow_low_fidelity)
+    # --engine ray: Ray workers encode; this process keeps a CPU copy (tokenizer, embeddings, vocab, init)
+    loaded = [backends.load(t, **(ray_engine.driver_load(load) if ray_opts else load)) for t in teachers]
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
@@ -211,8 +219,12 @@ def precompute(
         writer = open_writer(out, header, writer_id, overwrite)
         try:
             _remove_own_temps(writer, writer_id, names, plan.owned(index, count))
-            summary = _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
-                             counts, progress, t0)
+            if ray_opts:
+                summary = ray_engine.write(ray_opts, out, dict(zip(names, teachers)), load, writer, loaded, touts,
+                                           rows, plan, pairs, vdtype, batch_tokens, counts, progress, t0)
+            else:
+                summary = _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch_tokens,
+                                 counts, progress, t0)
             if want_vocab and index == 0:
                 summary.vocab_written = [t.name for t in loaded if _write_vocab(writer, t, progress)]
             if want_init and index == 0:
@@ -298,12 +310,7 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
                                 duplicates_dropped=counts.duplicates_dropped, teachers=[t.name for t in loaded])
     writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
     for t in loaded:
-        name, meta = f"teachers/{t.name}", t.meta(touts[t.name], vdtype.value)
-        old = existing.tables.get(name) if existing else None
-        if old is not None and old.meta and not same_settings(old.meta, meta):
-            raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
-                             writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
-        writer.declare(name, "teacher", _columns(t, touts[t.name], pairs, vdtype), meta)
+        declare_teacher(writer, existing, t, touts[t.name], pairs, vdtype, t.meta(touts[t.name], vdtype.value))
         if index == 0:
             _save_teacher_files(writer, t)
     owned = plan.owned(index, count)
@@ -322,25 +329,45 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
             if t is None:
                 pending.append(pool.submit(writer.commit, "texts", k, shard))
                 continue
-            texts = (list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs
-                     else shard["text"].to_pylist())
-            vecs, n_tokens = encode_all(t, texts, touts[t.name], batch_tokens, on_batch=bar.advance)
-            _refuse_non_finite(t.name, k, shard, texts, vecs, vdtype)
-            trunc = n_tokens > t.max_length
-            summary.truncated += int(trunc.sum())
-            summary.rows_computed += len(texts)
-            cols = {"id": shard["id"], "n_tokens": pa.array(n_tokens), "truncated": pa.array(trunc)}
-            cols |= {c: vectors_to_arrow(v, vdtype) for c, v in vecs.items()}
+            table, truncated = encode_shard(t, touts[t.name], k, shard, pairs, vdtype, batch_tokens, bar.advance)
+            summary.truncated += truncated
+            summary.rows_computed += table.num_rows
             # Bound memory: at most one shard waits for the writer thread while the next is computed.
             while len(pending) > 1:
                 summary.bytes_written += pending.pop(0).result().bytes
-            pending.append(pool.submit(writer.commit, f"teachers/{t.name}", k, pa.table(cols)))
+            pending.append(pool.submit(writer.commit, f"teachers/{t.name}", k, table))
         for f in pending:
             summary.bytes_written += f.result().bytes
     summary.shards_written = len(todo)
     writer.publish()
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def declare_teacher(writer, existing: Manifest | None, t: Teacher, outputs: list[Output], pairs: bool,
+                    vdtype: VectorDType, meta: dict) -> None:
+    """Declare table teachers/<name> with `meta` (what the encoding process reports), refusing a store that
+    already has this teacher written with other settings."""
+    name = f"teachers/{t.name}"
+    old = existing.tables.get(name) if existing else None
+    if old is not None and old.meta and not same_settings(old.meta, meta):
+        raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
+                         writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
+    writer.declare(name, "teacher", _columns(t, outputs, pairs, vdtype), meta)
+
+
+def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pairs: bool, vdtype: VectorDType,
+                 batch_tokens: int, on_batch=None) -> tuple[pa.Table, int]:
+    """Shard k of teacher table `t` from its `texts` shard: (the table to commit, how many rows were truncated).
+    Non-finite vectors are refused before anything is committed."""
+    texts = (list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs
+             else shard["text"].to_pylist())
+    vecs, n_tokens = encode_all(t, texts, outputs, batch_tokens, on_batch=on_batch)
+    _refuse_non_finite(t.name, k, shard, texts, vecs, vdtype)
+    trunc = n_tokens > t.max_length
+    cols = {"id": shard["id"], "n_tokens": pa.array(n_tokens), "truncated": pa.array(trunc)}
+    cols |= {c: vectors_to_arrow(v, vdtype) for c, v in vecs.items()}
+    return pa.table(cols), int(trunc.sum())
 
 
 def _refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict, vdtype) -> None:

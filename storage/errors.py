@@ -15,6 +15,9 @@ class KdError(Exception):
             parts.append(f"  fix:   {fix}")
         super().__init__("\n".join(parts))
 
+    def __reduce__(self):  # pickled whole (what, where, fix), e.g. raised in a Ray worker and re-raised by the driver
+        return type(self), (self.what, self.where, self.fix)
+
 
 class StoreError(KdError):
     """The store is missing, corrupt, incompatible or locked."""

@@ -77,23 +77,52 @@ def list_files(loc: Location, *parts: str) -> list[str]:
 
 def atomic_write_bytes(loc: Location, data: bytes, *parts: str) -> None:
     """Write bytes so that readers see either the old file or the whole new one."""
+    if not loc.is_local:
+        final = loc.path(*parts)
+        loc.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        with loc.fs.open_output_stream(final) as f:
+            f.write(data)
+        return
+    publish_temp(loc, write_temp(loc, data, *parts), *parts)
+
+
+def write_temp(loc: Location, data: bytes, *parts: str) -> str:
+    """The first half of an atomic write: `data` written (and fsynced) to `REL.tmp-XXXXXXXX` next to the final
+    file `parts`, which nobody reads; returns that temp path for `publish_temp`. A failed write removes it."""
     final = loc.path(*parts)
     if loc.is_local:
         inside(loc.root, *parts)  # a name with '..' or a symlink out of the store: not even a folder made
     loc.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-    if not loc.is_local:
-        with loc.fs.open_output_stream(final) as f:
-            f.write(data)
-        return
     tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex[:8]}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        if loc.is_local:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            with loc.fs.open_output_stream(tmp) as f:
+                f.write(data)
     except BaseException:
         # A full disk (or a kill) must not leave a half-written temp file behind taking the space.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp) if loc.is_local else loc.fs.delete_file(tmp)
+        raise
+    return tmp
+
+
+def publish_temp(loc: Location, tmp: str, *parts: str) -> None:
+    """The second half: rename a `write_temp` file into place (atomic on local and shared POSIX disks; a
+    server-side copy on object stores, whose readers see the old object or the whole new one)."""
+    final = loc.path(*parts)
+    if not tmp.startswith(final + TMP_MARK):
+        raise ValueError(f"{tmp} is not a temp file of {final}")
+    if not loc.is_local:
+        loc.fs.move(tmp, final)
+        return
+    try:
+        os.replace(tmp, final)
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -204,7 +204,21 @@ class StoreWriter:
         data = fs.parquet_bytes(table)
         rel = shard_file(name, k)
         fs.atomic_write_bytes(self.loc, data, rel)
-        rec = ShardRecord(rel, table.num_rows, len(data), fs.sha256(data))
+        return self._record(name, k, ShardRecord(rel, table.num_rows, len(data), fs.sha256(data)))
+
+    def adopt(self, name: str, k: int, tmp: str, rows: int, nbytes: int, sha256: str) -> ShardRecord:
+        """Commit shard k from a temp file another process wrote with `fs.write_temp` (a Ray worker): renamed
+        into place, then recorded in this writer's fragment, as `commit` does. The temp file's size must be
+        `nbytes` (a truncated copy is refused); its sha256 is the one the writing process computed."""
+        rel = shard_file(name, k)
+        size = self.loc.fs.get_file_info(tmp).size
+        if size != nbytes:
+            raise StoreError(f"a worker's shard file has {size} bytes, it reported {nbytes}", tmp,
+                             "rerun the same command: the shard is recomputed")
+        fs.publish_temp(self.loc, tmp, rel)
+        return self._record(name, k, ShardRecord(rel, rows, nbytes, sha256))
+
+    def _record(self, name: str, k: int, rec: ShardRecord) -> ShardRecord:
         self.manifest.tables[name].shards[k] = rec
         self._save_fragment()
         return rec
