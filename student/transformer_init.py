@@ -42,7 +42,8 @@ class TransformerInitEncoder(nn.Module):
 def bert_config(folder: Path) -> dict:
     """The stored BERT config (teacher's, with num_hidden_layers = k), minus kd's own keys."""
     cfg = json.loads((folder / "config.json").read_text())
-    for key in ("kept_layers", "teacher_layers", "teacher_pooling", "architectures", "transformers_version", "_name_or_path"):
+    for key in ("kept_layers", "teacher_layers", "teacher_pooling", "architectures", "transformers_version",
+                "_name_or_path"):
         cfg.pop(key, None)
     return cfg
 
