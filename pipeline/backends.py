@@ -36,7 +36,9 @@ import torch
 
 from pipeline.resolve import cache_dir
 from pipeline.teacher import Precision, Teacher, load_teacher, native_bf16
+from storage import fs
 from storage.errors import InputError, KdError
+from storage.quiet import quiet
 
 
 class Backend(str, Enum):
@@ -235,7 +237,7 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         spec = {**want, **_export(teacher, b, q, tmp)}
-        spec["files"] = {f: _sha256(tmp / f) for f in sorted(os.listdir(tmp))}
+        spec["files"] = {f: fs.file_sha256(tmp / f) for f in sorted(os.listdir(tmp))}
         (tmp / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         if _sound(final, want):
             return final  # another process (a writer beside this one) published its copy meanwhile
@@ -259,7 +261,7 @@ def _sound(folder: Path, want: dict) -> bool:
     try:
         spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
         return (all(spec.get(k) == v for k, v in want.items()) and bool(spec.get("files"))
-                and all(_sha256(folder / f) == h for f, h in spec["files"].items()))
+                and all(fs.file_sha256(folder / f) == h for f, h in spec["files"].items()))
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -270,12 +272,6 @@ def _remove_stale_temps(parent: Path, age_s: float = 3600) -> None:
         with contextlib.suppress(OSError):
             if time.time() - p.stat().st_mtime > age_s:
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    from pipeline.precompute import file_sha256  # here: pipeline.precompute imports this module
-
-    return file_sha256(str(path))
 
 
 class _Encoder(torch.nn.Module):
@@ -297,8 +293,6 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
     """Write the graph for (b, q) into `tmp`; returns the spec entries (file, inputs, outputs, versions)."""
     from importlib.metadata import version
 
-    from student.onnx_export import _quiet
-
     _ort() if b is Backend.onnx else _require(Backend.openvino)
     inputs = [n for n in INPUTS if n in teacher.tokenizer.model_input_names]
     outputs = [f"hidden_{i}" for i in range(teacher.num_layers + 1)] + (["logits"] if teacher.has_head else [])
@@ -310,7 +304,7 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
     axes = {n: dims for n in inputs}
     fp32 = tmp / "model.fp32.onnx"
     graph = _Encoder(teacher.model, teacher.has_head).eval()
-    with torch.no_grad(), _quiet():
+    with torch.no_grad(), quiet():
         torch.onnx.export(graph, args, str(fp32), input_names=inputs, output_names=outputs, opset_version=OPSET,
                           dynamo=True, dynamic_shapes=axes, optimize=True, verbose=False,
                           external_data=teacher.model.num_parameters() * 4 > 1.5e9)  # the 2 GB protobuf limit
@@ -347,14 +341,12 @@ def _quantize_onnx(src: Path, dst: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from student.onnx_export import _quiet
-
     graph = onnx.load(str(src), load_external_data=False).graph
     shapes = {i.name: list(i.dims) for i in graph.initializer}
     narrowing = [n.name for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2
                  and shapes[n.input[1]][0] > shapes[n.input[1]][1]]
     external = any(p.name.startswith(src.name) and p != src for p in src.parent.iterdir())
-    with _quiet(), _quiet_logger(""):  # "Please consider to run pre-processing": the dynamo export is optimised
+    with quiet("torch.onnx", ""):  # "Please consider to run pre-processing": the dynamo export is optimised
         quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
                          op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=narrowing,
                          use_external_data_format=external)
@@ -373,26 +365,11 @@ def _openvino_ir(src: Path, dst: Path, q: Quantize) -> dict:
         except ImportError:
             raise KdError("--backend openvino --quantize int8 needs nncf, which is not installed",
                           "--quantize int8", "pip install 'kd[openvino]'") from None
-        from student.onnx_export import _quiet
-
-        with _quiet(), _quiet_logger("nncf"):  # its statistics table and progress bar
+        with quiet("torch.onnx", "nncf"):  # its statistics table and progress bar
             model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
         versions["nncf"] = nncf.__version__
     ov.save_model(model, str(dst), compress_to_fp16=False)
     return versions
-
-
-@contextlib.contextmanager
-def _quiet_logger(name: str):
-    import logging
-
-    log = logging.getLogger(name)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 # --- fidelity ----------------------------------------------------------------------------------------------

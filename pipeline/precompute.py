@@ -66,16 +66,8 @@ class PrecomputeSummary:
         return self.rows_computed / self.seconds if self.seconds else 0.0
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def inputs_header(files: list[str], options: dict) -> dict:
-    digests = [{"path": p, "sha256": file_sha256(p)} for p in files]
+    digests = [{"path": p, "sha256": fs.file_sha256(p)} for p in files]
     blob = json.dumps({"files": [d["sha256"] for d in digests], "options": options}, sort_keys=True)
     return {"fingerprint": hashlib.sha256(blob.encode()).hexdigest(), "files": digests, "options": options}
 

@@ -173,6 +173,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a local file, streamed in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def exclusive_lock(path: str):
     """An exclusive, non-blocking flock on `path` (created if needed), or None when someone holds it.
 

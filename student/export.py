@@ -209,11 +209,7 @@ def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
     w = p / WEIGHTS
     if not w.is_file():
         raise InputError("the student folder has no model.safetensors", str(p), "copy the whole folder again")
-    digest = hashlib.sha256()
-    with open(w, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if info.get("weights_sha256") and digest.hexdigest() != info["weights_sha256"]:
+    if info.get("weights_sha256") and fs.file_sha256(w) != info["weights_sha256"]:
         raise InputError("model.safetensors does not match the checksum in config.json (damaged or modified)",
                          str(w), "copy the student folder again, or retrain it")
     try:

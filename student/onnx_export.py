@@ -16,12 +16,9 @@ Layout of the output folder:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import tempfile
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from storage.quiet import quiet
 from student.models import RecurrentEncoder, Student
 
 ONNX, SPEC = "model.onnx", "kd_onnx.json"
@@ -51,7 +49,7 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
         # torch.export (dynamo) keeps batch and sequence symbolic; the TorchScript exporter bakes the example's
         # length into attention reshapes
         axes = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},) * 2
-        with torch.no_grad(), _quiet():
+        with torch.no_grad(), quiet():
             torch.onnx.export(graph, (ids, mask), str(work / ONNX), input_names=["input_ids", "attention_mask"],
                               output_names=["sentence_embedding"], opset_version=OPSET, dynamo=True,
                               dynamic_shapes=axes, optimize=True, verbose=False,
@@ -63,20 +61,6 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
         (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         _replace(work, target)
     return target
-
-
-@contextlib.contextmanager
-def _quiet():
-    """The exporter prints progress lines and warnings on stdout/stderr; kd prints its own summary."""
-    log = logging.getLogger("torch.onnx")
-    level = log.level
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        log.setLevel(logging.ERROR)  # e.g. "torchvision is not installed. Skipping torchvision::nms"
-        try:
-            yield
-        finally:
-            log.setLevel(level)
 
 
 def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
