@@ -176,7 +176,7 @@ def train_student(
     init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
     bucket: Annotated[bool, typer.Option(help="Batches of similar length inside the shuffle buffer (less padding)")] = True,  # noqa: E501
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
-    amp: Annotated[bool, typer.Option(help="Mixed precision on CUDA")] = True,
+    amp: Annotated[bool, typer.Option(help="Mixed precision: CUDA; bf16 for Transformer students on CPUs with native bf16")] = True,  # noqa: E501
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
     overwrite: Annotated[bool, typer.Option(help="Discard a previous run in --out")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,

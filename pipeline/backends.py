@@ -35,9 +35,10 @@ import numpy as np
 import torch
 
 from pipeline.resolve import cache_dir
-from pipeline.teacher import Precision, Teacher, load_teacher, native_bf16
+from pipeline.teacher import Precision, Teacher, load_teacher
 from storage import fs
 from storage.errors import InputError, KdError
+from storage.hardware import native_bf16
 from storage.quiet import quiet
 
 

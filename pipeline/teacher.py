@@ -25,6 +25,7 @@ import torch
 
 from pipeline.resolve import TeacherRef, resolve_teacher
 from storage.errors import KdError
+from storage.hardware import native_bf16
 
 
 class Output(str, Enum):
@@ -87,10 +88,6 @@ def weights_sha256(path: str) -> str:
 def pick_device(device: str | None = None) -> torch.device:
     """The asked device, or CUDA when present. Under torchrun each rank takes its own GPU: cuda:LOCAL_RANK
     (modulo the visible devices), so N ranks on one node never share GPU 0."""
-    import os
-
-    from storage.errors import KdError
-
     if device is None or device == "cuda":
         if not torch.cuda.is_available():
             if device == "cuda":
@@ -106,21 +103,6 @@ def pick_device(device: str | None = None) -> torch.device:
     if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
         raise KdError(f"--device {device} is not available on this machine", "--device", "use cpu or a visible GPU")
     return dev
-
-
-def native_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): there oneDNN runs MiniLM in bf16
-    about 2x faster than fp32 with cosine >= 0.9998 to fp32 (docs/results.md); elsewhere bf16 is emulated
-    and slower. KD_CPU_BF16=0/1 overrides the detection."""
-    forced = os.environ.get("KD_CPU_BF16")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:

@@ -54,3 +54,18 @@ def test_library_default_is_fp32(monkeypatch, tiny_teacher):
     monkeypatch.setenv("KD_CPU_BF16", "1")
     t = load_teacher(str(tiny_teacher), device="cpu")
     assert t.autocast is None and not t.weights_cast and next(t.model.parameters()).dtype is torch.float32
+
+
+@pytest.mark.parametrize("arch,flag,amp,want", [
+    ("transformer-init", "1", True, torch.bfloat16),  # matmul-bound: bf16 where the CPU has it
+    ("transformer", "1", True, torch.bfloat16),
+    ("transformer-init", "0", True, None),  # emulated bf16 would be slower
+    ("transformer-init", "1", False, None),  # --no-amp
+    ("bilstm", "1", True, None),  # LSTM cells and EmbeddingBag gain nothing: fp32
+    ("static", "1", True, None),
+])
+def test_training_autocast_on_cpu(monkeypatch, arch, flag, amp, want):
+    from student.trainer import TrainConfig, amp_dtype
+
+    monkeypatch.setenv("KD_CPU_BF16", flag)
+    assert amp_dtype(TrainConfig("s", "o", arch=arch, amp=amp), torch.device("cpu")) is want

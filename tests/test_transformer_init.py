@@ -94,8 +94,32 @@ def test_a_one_layer_student_trains_without_the_teacher(store, tmp_path, monkeyp
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
     res = _train(store, tmp_path / "st1", "1", 30)
     assert res.exit_code == 0, res.output
-    # The loss on one fixed batch of store rows (eval mode), before (the stored init weights) and after
-    # training at the default rate. Not the logged training loss: that one is dominated by BERT's dropout.
+    before, after = _fixed_batch_losses(store, tmp_path / "st1", "1")
+    assert after < 0.85 * before, (before, after)
+
+
+def test_bf16_autocast_trains_and_keeps_fp32_weights(store, tmp_path, monkeypatch):
+    """On a CPU with native bf16 the Transformer student trains under bf16 autocast (the objectives and
+    the saved weights stay fp32) and learns as much as in fp32 on the same steps."""
+    from safetensors.torch import load_file
+
+    after = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("KD_CPU_BF16", flag)
+        res = _train(store, tmp_path / f"bf{flag}", "1", 30)
+        assert res.exit_code == 0, res.output
+        recs = [json.loads(x) for x in (tmp_path / f"bf{flag}" / "metrics.jsonl").read_text().splitlines()]
+        assert {r["autocast"] for r in recs if "loss" in r} == {"bfloat16" if flag == "1" else "off"}
+        weights = load_file(tmp_path / f"bf{flag}" / "model.safetensors")
+        assert {t.dtype for t in weights.values() if t.is_floating_point()} == {torch.float32}
+        before, after[flag] = _fixed_batch_losses(store, tmp_path / f"bf{flag}", "1")
+    assert after["1"] < 0.85 * before, (before, after)  # it learns under bf16
+    assert abs(after["1"] - after["0"]) < 0.1 * (before - after["0"]), (before, after)  # as much as fp32
+
+
+def _fixed_batch_losses(store: Path, folder: Path, layers: str) -> tuple[float, float]:
+    """The cosine loss on one fixed batch of store rows (eval mode), before (the stored init weights) and
+    after training. Not the logged training loss: that one is dominated by BERT's dropout."""
     import student
     from storage.store import Store
     from student.transformer_init import load_init_weights
@@ -104,11 +128,10 @@ def test_a_one_layer_student_trains_without_the_teacher(store, tmp_path, monkeyp
     texts, targets = st.read_table("texts", ["id", "text"]), st.read_table("teachers/tiny", ["id", "mean"])
     assert texts["id"].to_pylist()[:32] == targets["id"].to_pylist()[:32]
     batch, want = texts["text"].to_pylist()[:32], np.stack(targets["mean"].to_numpy(zero_copy_only=False)[:32])
-    trained = student.load(tmp_path / "st1")
+    trained = student.load(folder)
     after = _cosine_loss(trained.encode(batch), want)
-    load_init_weights(trained.model, store / "teachers/tiny/init-1")
-    before = _cosine_loss(trained.encode(batch), want)
-    assert after < 0.85 * before, (before, after)
+    load_init_weights(trained.model, store / f"teachers/tiny/init-{layers}")
+    return _cosine_loss(trained.encode(batch), want), after
 
 
 def _cosine_loss(got: np.ndarray, want: np.ndarray) -> float:
