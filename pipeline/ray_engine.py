@@ -30,6 +30,8 @@ What the driver (the `kd precompute` process) does, and what the workers do:
   must be reachable at the same path or URI from every node: a shared disk (NFS, Lustre) or an object store.
 - Settings (precision, backend, fidelity) come from the workers' own teachers: each result carries its meta and
   must agree with what the table was declared with.
+- A job with no worker encoding and none starting for KD_RAY_START_TIMEOUT seconds (default 600: Ray cannot place
+  the actors) stops with a clear error; what was committed stays, and the same command resumes.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ MAX_ATTEMPTS = 3  # a unit whose worker died this many times stops the job (it l
 # The environment a worker needs from the driver. KD_RAY_TEST_DIE_ONCE is the tests' fault hook: a worker that
 # removes this file exits at once after writing its unit's temp file (exactly one worker dies, mid-unit).
 FORWARD_ENV = ("KD_CPU_BF16", "KD_RAY_TEST_DIE_ONCE")
+# How long the driver waits when no worker is encoding and none has become ready (started and loaded its
+# teacher): an actor Ray cannot place (a lost node, a cluster without room for its CPUs/GPUs) stays pending
+# forever, and the job would hang without a word. Loading a large teacher from a slow disk can take minutes.
+START_TIMEOUT_ENV = "KD_RAY_START_TIMEOUT"
+START_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -358,6 +365,7 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
     from storage.progress import Bar
 
     ray = require_ray()
+    limit = start_timeout()
     started = _connect(ray, opts.address)
     pool = None
     try:
@@ -379,12 +387,17 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
         committed: set[Unit] = set()
         attempts: Counter[Unit] = Counter()
         deaths, max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
+        since = time.monotonic()
         with Bar(f"precompute ({wp.describe()})", todo.rows, "rows", progress) as bar:
             while queue or any(u is not None for _, u in inflight.values()):
                 while idle and queue:
                     a, u = idle.pop(), queue.popleft()
                     inflight[a.encode.remote(u.teacher, u.shard, texts[u.shard])] = (a, u)
-                (ref,), _ = ray.wait(list(inflight), num_returns=1)
+                done, _ = ray.wait(list(inflight), num_returns=1, timeout=min(limit, 5.0))
+                if not done:
+                    _check_stalled(inflight, since, limit, wp)
+                    continue
+                (ref,), since = done, time.monotonic()
                 a, u = inflight.pop(ref)
                 try:
                     got = ray.get(ref)
@@ -432,6 +445,34 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
             pool.close()
         if started:
             ray.shutdown()
+
+
+def start_timeout() -> float:
+    """Seconds to wait for a worker to start (KD_RAY_START_TIMEOUT, else START_TIMEOUT_S)."""
+    raw = os.environ.get(START_TIMEOUT_ENV)
+    if raw is None:
+        return START_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"{START_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0", START_TIMEOUT_ENV,
+                         f"set it to e.g. 1200, or unset it (default {START_TIMEOUT_S:g})")
+    return value
+
+
+def _check_stalled(inflight: dict, since: float, limit: float, wp: WorkerPlan) -> None:
+    """Stop when nothing has come back for `limit` seconds and no worker is encoding (only start-ups pending)."""
+    encoding = any(u is not None for _, u in inflight.values())
+    if encoding or time.monotonic() - since < limit:
+        return
+    need = f"{wp.num_gpus:g} GPU" if wp.num_gpus else f"{wp.num_cpus:g} CPU"
+    raise StoreError(f"no Ray worker started within {limit:g} s: {len(inflight)} worker(s) of {need} each are "
+                     "still pending (the cluster has no room for them, or a node was lost), or loading the "
+                     "teacher takes longer", "--engine ray",
+                     f"check `ray status`, add nodes or lower --workers/--gpus-per-worker (or raise "
+                     f"{START_TIMEOUT_ENV}), then rerun the same command: it resumes")
 
 
 def _short(e: BaseException) -> str:

@@ -25,7 +25,7 @@ from pipeline.plan import ShardPlan
 from pipeline.precompute import precompute
 from pipeline.ray_engine import RayOptions, Unit, options, plan_units, plan_workers
 from storage import Store
-from storage.errors import InputError, KdError
+from storage.errors import InputError, KdError, StoreError
 from storage.manifest import Manifest, ShardRecord, TableRecord
 from storage.schema import arrow_to_vectors
 from storage.validate import validate
@@ -162,6 +162,40 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
     for name in ("texts", "teachers/tiny"):
         assert got.read_table(name).equals(want.read_table(name)), name
         assert got.table(name).shards == want.table(name).shards
+
+
+def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runtime, reference, tiny_teacher,
+                                                                        tmp_path, monkeypatch):
+    """Actors Ray cannot place (here: 64 CPUs each on a 2-CPU runtime, as after a lost node) used to leave the
+    driver waiting forever. Now: a StoreError after KD_RAY_START_TIMEOUT, the texts kept, and the same command
+    resumes once workers fit."""
+    from pipeline import ray_engine
+
+    src, want = reference
+    real = ray_engine.plan_workers
+    monkeypatch.setattr(ray_engine, "plan_workers", lambda *a, **kw: ray_engine.WorkerPlan(1, 64.0, 0.0, 1, "cpu"))
+    monkeypatch.setenv("KD_RAY_START_TIMEOUT", "3")
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="no Ray worker started within 3 s"):
+        precompute([src], str(tmp_path / "s"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
+                   engine="ray")
+    assert time.monotonic() - t0 < 60
+    assert _committed(tmp_path / "s") == 0 and Store.open(tmp_path / "s").table("texts").shards  # texts kept
+    monkeypatch.setattr(ray_engine, "plan_workers", real)
+    monkeypatch.delenv("KD_RAY_START_TIMEOUT")  # real workers: the default (starting them can take > 3 s)
+    s = precompute([src], str(tmp_path / "s"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
+                   engine="ray", workers=2)
+    assert s.shards_written > 0
+    _assert_same_store(Store.open(tmp_path / "s"), want)
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "-5"])
+def test_a_bad_start_timeout_is_refused_by_name(monkeypatch, value):
+    from pipeline.ray_engine import start_timeout
+
+    monkeypatch.setenv("KD_RAY_START_TIMEOUT", value)
+    with pytest.raises(InputError, match="KD_RAY_START_TIMEOUT"):
+        start_timeout()
 
 
 # --- without Ray -------------------------------------------------------------------------------------------------
