@@ -10,8 +10,9 @@ What runs, every model on the same STS-B / MRPC test rows (sizes from the option
 3. students, all BiLSTMs with SRA's head and MiniLM's input embeddings (PCA):
    - stage one (sra-base): `kd train-student` with cosine to MiniLM on unlabelled news sentences;
    - DSE: objective `pair` (f(u, v) regresses the cross-encoder's logits + label loss), plus a cosine
-     term to MiniLM's sentence vectors of each side; once from scratch (one stage) and once with
-     `--init sra-base` (the two-stage recipe);
+     term to MiniLM's sentence vectors of each side; once from scratch (one stage), once with
+     `--init sra-base` (the two-stage recipe), and once more two-stage with `pair:head=residual`
+     (f(u, v) = calibrated cosine + MLP, docs/training.md);
    - DvBERT, two stages: objective `multi-teacher` plus the same cosine term, from sra-base. MRPC: KL to
      both teachers' class distributions, annealed to the gold label; STS-B: MSE of the calibrated
      cosine to both teachers' scores, annealed to the gold score (the paper's regression stage);
@@ -52,7 +53,7 @@ from student import load
 from student.finetune import FinetuneConfig, finetune, load_task_model
 from student.models import StudentOutput
 from student.objectives import build_objectives
-from student.objectives.base import ObjectiveName, head_input
+from student.objectives.base import ObjectiveName
 from student.trainer import TrainConfig, train
 
 DATA = Path(os.environ.get("KD_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
@@ -191,15 +192,13 @@ class ObjectiveHead:
         weights = load_file(str(student_dir / "model.safetensors"))
         prefix = f"objectives.{i}."
         objs[i].load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
-        self.obj, self.product = objs[i].eval(), name is ObjectiveName.pair
+        self.obj = objs[i].eval()
 
     @torch.inference_mode()
     def score_vectors(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        if getattr(self.obj, "cosine", False):  # DvBERT with score teachers: calibrated cosine of u and v
-            cos = torch.nn.functional.cosine_similarity(torch.from_numpy(u), torch.from_numpy(v), dim=-1)
-            return self.obj.affine(cos.unsqueeze(1)).numpy()
+        """The objective's own f(u, v) (DSE's MLP, with its cosine residual if any; DvBERT's head or score)."""
         out = (StudentOutput(torch.from_numpy(u), None), StudentOutput(torch.from_numpy(v), None))
-        return self.obj.head(head_input(out, product=self.product)).numpy()
+        return self.obj.score(out).numpy()
 
     def outputs(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         u = self.st.encode([a for a, _ in pairs])
@@ -312,6 +311,9 @@ def run(cfg: BenchConfig) -> dict:
             "dse_scratch": build_student(cfg, stores[k], work / f"dse-{k}", dse, cfg.student_epochs),
             # two-stage (issue 11): sentence distillation on news (sra-base), then DSE on the pairs
             "dse": build_student(cfg, stores[k], work / f"dse2-{k}", dse, cfg.student_epochs, init=sra),
+            # the same with f(u, v) = calibrated cosine + MLP (pair:head=residual, docs/training.md)
+            "dse_res": build_student(cfg, stores[k], work / f"dse2r-{k}", [f"{dse[0]}:head=residual", "cosine"],
+                                     cfg.student_epochs, init=sra),
             "sra": build_finetuned(cfg, sra, TASKS[k], files[k][0], work / f"sra-{k}", None),
             "sra_kd": build_finetuned(cfg, sra, TASKS[k], files[k][0], work / f"sra-kd-{k}", (stores[k], first)),
         }
@@ -329,6 +331,8 @@ def run(cfg: BenchConfig) -> dict:
                       ObjectiveHead(students[k]["dse_scratch"], stores[k], ObjectiveName.pair),
                   "DSE student, two stages (from sra-base)": ObjectiveHead(students[k]["dse"], stores[k],
                                                                             ObjectiveName.pair),
+                  "DSE student, two stages, f = cosine + MLP": ObjectiveHead(students[k]["dse_res"], stores[k],
+                                                                             ObjectiveName.pair),
                   "SRA fine-tuned student": Finetuned(students[k]["sra"]),
                   "SRA+KD fine-tuned student": Finetuned(students[k]["sra_kd"])}
         models["DvBERT student, two stages (from sra-base)"] = ObjectiveHead(students[k]["dvbert"], stores[k],

@@ -157,3 +157,50 @@ def test_regression_stage_learns() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses[::8]
+
+
+# --- DSE's f(u, v) with a cosine residual (pair:head=residual) -----------------------------------------------
+
+def _pair(head: str, seed: int = 0):
+    torch.manual_seed(seed)
+    m = score_store(label=None)
+    (obj,) = build_objectives([f"pair:teacher=ce0:head={head}"], student_cfg(), m)
+    return obj, build_student(student_cfg()), score_batch(m)
+
+
+def test_residual_pair_head_starts_as_the_calibrated_cosine():
+    obj, model, batch = _pair("residual")
+    out = run(model, batch)
+    obj(out, batch, 0.0)  # the first training batch calibrates a, b
+    from student.objectives.base import head_input
+
+    cos = F.cosine_similarity(out[0].embedding, out[1].embedding, dim=-1).detach()
+    f = (obj.head(head_input(out, product=True)) + obj.affine(cos.unsqueeze(1)))[:, 0].detach()
+    target = batch["ce0.logits"][:, 0]
+    assert torch.allclose(f, obj.affine.weight[0, 0] * cos + obj.affine.bias[0])  # the MLP adds 0 at the start
+    assert obj.affine.weight.item() > 0
+    assert f.mean().item() == pytest.approx(target.mean().item(), abs=1e-4)  # matched moments
+    assert f.std(unbiased=False).item() == pytest.approx(target.std(unbiased=False).item(), rel=1e-3)
+    with pytest.raises(KdError, match="unknown pair head"):
+        build_objectives(["pair:teacher=ce0:head=cosine"], student_cfg(), score_store(label=None))
+
+
+def test_residual_pair_head_teaches_the_embeddings_the_score():
+    """The point of head=residual: the cosine of the student's own u, v comes to rank pairs like the teacher;
+    the paper's MLP head can fit the scores while the embeddings' cosine stays uninformative."""
+    from scipy.stats import spearmanr
+
+    rho = {}
+    for head in ("mlp", "residual"):
+        obj, model, batch = _pair(head)
+        opt = torch.optim.Adam([*model.parameters(), *obj.parameters()], lr=1e-2)
+        for _ in range(60):
+            loss = obj(run(model, batch), batch, 0.5)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            a, b = run(model, batch)
+            cos = F.cosine_similarity(a.embedding, b.embedding, dim=-1)
+        rho[head] = spearmanr(cos.numpy(), batch["ce0.logits"][:, 0].numpy()).statistic
+    assert rho["residual"] > 0.9 and rho["residual"] > rho["mlp"] + 0.2, rho

@@ -114,6 +114,7 @@ CASES = {  # objective spec -> store it needs
     "logits": dict(pairs=False),
     "logits:1:mode=mse": dict(pairs=False),
     "pair": dict(pairs=True),
+    "pair:1:head=residual": dict(pairs=True),  # classes (ce0 has 3 logits): the residual is not calibrated
     "multi-teacher": dict(pairs=True),
     "relational": dict(pairs=False),
     "relational:1:mode=kl:tau=0.1": dict(pairs=True),

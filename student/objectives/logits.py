@@ -92,34 +92,68 @@ class Logits(Objective):
         return soft_kl(zs / self.rho, F.softmax(zt / self.rho, -1))
 
 
+class PairHead(str, Enum):
+    mlp = "mlp"  # DSE eq. 3: f(u, v) = MLP([u, v, u*v, |u-v|])
+    residual = "residual"  # a * cos(u, v) + b + MLP(...), the MLP's last layer starting at zero (see Pair)
+
+
 class Pair(Objective):
+    """DSE's f(u, v) regressing the cross-encoder's logits (module docstring).
+
+    `head=residual` (a deliberate deviation, docs/training.md): with few pairs the paper's MLP memorises
+    them (1,500 STS-B pairs: training Spearman ~67, test 32) and leaves the embeddings' geometry
+    untouched. Starting f from a calibrated cosine (a, b matched to the first batch's targets, as
+    DvBERT's score) with a zero residual MLP makes the cosine of u and v carry the score, so the
+    embeddings themselves learn it; the MLP only adds what the cosine cannot express.
+    """
+
     name = ObjectiveName.pair
 
     def __init__(self, weight: float, columns: list[str], width: int, hidden: int, n: int, alpha: float,
-                 label: LabelKind | None) -> None:
+                 label: LabelKind | None, head: PairHead = PairHead.mlp) -> None:
         super().__init__(weight, columns)
-        self.alpha, self.label = alpha, label
+        self.alpha, self.label, self.residual = alpha, label, head is PairHead.residual
         # biases added to eq. 3 (which has none) so a constant offset in the teacher's logits costs nothing
         self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n))
+        self.affine = nn.Linear(1, n) if self.residual else None
+        if self.residual:
+            nn.init.zeros_(self.head[2].weight)
+            nn.init.zeros_(self.head[2].bias)
+        self.register_buffer("calibrated", torch.tensor(False))
 
     @classmethod
     def build(cls, ctx: Context, weight: float, teacher: str | None = None, alpha: float = 0.5,
-              hidden: int = 512) -> Pair:
+              hidden: int = 512, head: str = "mlp") -> Pair:
+        """head: mlp (the paper's f) or residual (calibrated cosine + MLP, see the class docstring)."""
         if not ctx.pairs:
             raise KdError("the pair objective needs a pair store (text_a, text_b), this store holds single texts",
                           ctx.where, "precompute a pair store with a cross-encoder teacher, or use the "
                           "cosine / mse / contrastive / logits objectives")
+        if head not in {h.value for h in PairHead}:
+            raise KdError(f"unknown pair head {head!r}", ctx.where, "use head=mlp (DSE's f) or head=residual")
         t = ctx.pick_teacher("logits", False, teacher, "the pair objective")
         n = _num_logits(ctx, t)
         if ctx.label is LabelKind.regression and n != 1:
             raise KdError(f"score labels need a teacher with one logit, {t!r} has {n}", ctx.where,
                           "use a regression cross-encoder, or precompute without the label column")
         return cls(weight, [f"{t}.logits", *ctx.label_columns()], 4 * ctx.student.out_dim, hidden, n, alpha,
-                   ctx.label)
+                   ctx.label, PairHead(head))
+
+    def score(self, out: Out, target: Tensor | None = None) -> Tensor:
+        """f(u, v) [B, n]. In training, the first call with one-logit targets calibrates the residual's a, b."""
+        s = self.head(head_input(out, product=True))
+        if not self.residual:
+            return s
+        assert isinstance(out, tuple) and self.affine is not None
+        cos = F.cosine_similarity(out[0].embedding, out[1].embedding, dim=-1, eps=1e-8)
+        if self.training and target is not None and not bool(self.calibrated) and target.shape[-1] == 1:
+            calibrate(self.affine, self.calibrated, cos, target.to(cos.dtype))  # scores (classes: as built)
+        return s + self.affine(cos.unsqueeze(1))
 
     def loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
-        s = self.head(head_input(out, product=True))
-        distill = (s - batch[self._columns[0]].to(s.dtype)).pow(2).sum(-1).mean()
+        target = batch[self._columns[0]]
+        s = self.score(out, target)
+        distill = (s - target.to(s.dtype)).pow(2).sum(-1).mean()
         if self.label is None:
             return distill
         return self.alpha * distill + (1.0 - self.alpha) * label_loss(s, batch["label"], self.label)
@@ -180,6 +214,15 @@ class MultiTeacher(Objective):
             total = total + soft_kl(s, lam * gold + (1.0 - lam) * soft)
         return total
 
+    @torch.no_grad()
+    def score(self, out: Out) -> Tensor:
+        """What the student predicts for a pair [B, n]: class logits, or the (calibrated) score."""
+        if self.cosine:
+            assert isinstance(out, tuple) and self.affine is not None
+            return self.affine(F.cosine_similarity(out[0].embedding, out[1].embedding, dim=-1).unsqueeze(1))
+        assert self.head is not None
+        return self.head(head_input(out, product=False))
+
     def _regression_loss(self, out: Out, batch: Batch, progress: float) -> Tensor:
         """Sum over teachers of mean (y - (lambda * gold + (1 - lambda) * z_k))^2; lambda 0 where unlabelled."""
         if self.cosine:
@@ -196,7 +239,7 @@ class MultiTeacher(Objective):
         targets = [lam * gold + (1.0 - lam) * batch[key][:, 0].to(y0.dtype) for key in self.teacher_columns]
         if self.cosine:
             if self.training and not bool(self.calibrated):
-                self._calibrate(cos, torch.stack(targets).mean(0))
+                calibrate(self.affine, self.calibrated, cos, torch.stack(targets).mean(0))
             y = self.affine(cos.unsqueeze(1))[:, 0]
         else:
             y = y0
@@ -205,16 +248,17 @@ class MultiTeacher(Objective):
             total = total + F.mse_loss(y, target)
         return total
 
-    @torch.no_grad()
-    def _calibrate(self, cos: Tensor, target: Tensor) -> None:
-        """a, b := matched moments of the first batch (every rank's: equal init): y has the targets' mean and
-        spread. Not least squares: at the start cos and target barely correlate, and a near-zero slope would
-        starve the encoder of gradient; a > 0 because a higher cosine must mean a higher score."""
-        c, t = gather_rows([cos.detach().float(), target.detach().float()])
-        a = t.std(unbiased=False).clamp_min(1e-3) / c.std(unbiased=False).clamp_min(1e-3)
-        self.affine.weight.fill_(float(a))
-        self.affine.bias.fill_(float(t.mean() - a * c.mean()))
-        self.calibrated.fill_(True)
+@torch.no_grad()
+def calibrate(affine: nn.Linear, done: Tensor, cos: Tensor, target: Tensor) -> None:
+    """y = a * cos + b with a, b := matched moments of the first batch (every rank's: equal init), so y has
+    the targets' mean and spread (per logit). Not least squares: at the start cos and target barely
+    correlate, and a near-zero slope would starve the encoder of gradient; a > 0 because a higher cosine
+    must mean a higher score."""
+    c, t = gather_rows([cos.detach().float(), target.detach().float().reshape(len(cos), -1)])
+    a = t.std(0, unbiased=False).clamp_min(1e-3) / c.std(unbiased=False).clamp_min(1e-3)
+    affine.weight.copy_(a.unsqueeze(1))
+    affine.bias.copy_(t.mean(0) - a * c.mean())
+    done.fill_(True)
 
 
 def _check_gold(ctx: Context, n: int, teachers: list[str]) -> None:
