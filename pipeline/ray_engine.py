@@ -336,6 +336,7 @@ def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer,
 
     if not todo.units:
         commit_texts()
+        check_unchanged(existing, loaded, touts, vdtype, writer.loc.root)
     else:
         by_name = {t.name: t for t in loaded}
 
@@ -357,6 +358,24 @@ def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer,
     writer.publish()
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+# Meta keys that depend on where a teacher runs (GPU workers: fp16 autocast; the driver's copy: CPU).
+DEVICE_META = ("precision", "cast")
+
+
+def check_unchanged(existing: Manifest | None, loaded: list, touts: dict, vdtype, root: str) -> None:
+    """Nothing left to encode, so no worker starts to compare its settings with the store's: the driver's
+    own copy of each teacher must still match what the store holds (weights, outputs, max length, backend,
+    dtype), as the one-process engine checks on every run. Precision is left out: it depends on the device."""
+    for t in loaded:
+        old = existing.tables.get(f"teachers/{t.name}") if existing else None
+        if old is None or not old.meta:
+            continue
+        want = {k: v for k, v in t.meta(touts[t.name], vdtype.value).items() if k not in DEVICE_META}
+        if not same_settings({k: v for k, v in old.meta.items() if k not in DEVICE_META}, want):
+            raise StoreError(f"the store already has teacher {t.name!r} written with other settings", root,
+                             "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
 
 
 def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, touts, pairs, vdtype, batch_tokens,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +163,24 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
     for name in ("texts", "teachers/tiny"):
         assert got.read_table(name).equals(want.read_table(name)), name
         assert got.table(name).shards == want.table(name).shards
+
+
+@pytest.mark.parametrize("change", [["--max-length", "16"], ["--outputs", "cls"]])
+def test_a_complete_store_still_refuses_other_settings(ray_runtime, reference, tiny_teacher, tmp_path, change):
+    """Nothing left to encode means no worker compares settings: the driver must (as the local engine does),
+    or a rerun with another max length or other outputs would report success on a store that lacks them."""
+    src, one = reference
+    out = tmp_path / "done"
+    shutil.copytree(one.root, out)
+    before = {p.name: p.read_bytes() for p in (out / "manifests").iterdir()}
+    args = ["precompute", src, "-t", f"tiny={tiny_teacher}", "--shard-rows", str(SHARD_ROWS), "-o", str(out),
+            "--no-progress"]
+    for engine in ("local", "ray"):
+        r = CliRunner().invoke(app, [*args, *change, "--engine", engine])
+        assert r.exit_code == 2 and "written with other settings" in r.output, (engine, r.output)
+    assert {p.name: p.read_bytes() for p in (out / "manifests").iterdir()} == before
+    same = CliRunner().invoke(app, [*args, "--engine", "ray"])
+    assert same.exit_code == 0 and "nothing to do" in same.output, same.output
 
 
 def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runtime, reference, tiny_teacher,
