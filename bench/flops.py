@@ -5,8 +5,9 @@ the CPU can do at that precision, no change to kd's pipeline can reach it. This 
 - counts the forward FLOPs of the teacher on the benchmark's sentences (bench.precompute_vs_st's
   first `--n` Leipzig sentences), from the real token counts and the model's shapes: per layer
   2*T*(4*d^2 + 2*d*ff) for the projections and feed-forward, 4*T^2*d for attention scores and mixing;
-- measures the ceiling: the best GFLOP/s of torch matmuls of the teacher's own shapes (tokens x d x ff,
-  fp32 and bf16; int8 via torch._int_mm when this torch has it on CPU) at `--threads` threads;
+- measures the ceiling: the best GFLOP/s of torch matmuls of the teacher's own shapes (512 to `--tokens`
+  tokens x d x ff, ff x d, d x d; fp32 and bf16 as F.linear; int8 via torch._int_mm when this torch has it
+  on CPU) at `--threads` threads;
 - prints, for each sentences/s figure given (`--rate NAME=SENT_PER_S`), the GFLOP/s it implies and
   its share of the ceiling at its precision. A rate needing > 100 % of the ceiling is out of reach.
 
@@ -35,26 +36,33 @@ def forward_flops(token_counts: list[int], layers: int, d: int, ff: int) -> floa
     return total
 
 
-def ceiling(dtype: str, m: int, k: int, n: int, repeats: int = 7) -> float:
-    """Best GFLOP/s of an [m, k] x [k, n] matmul in `dtype` (median of the best half of `repeats`)."""
+def ceiling(dtype: str, m: int, k: int, n: int, repeats: int = 20) -> float:
+    """GFLOP/s of an [m, k] x [k, n] matmul in `dtype`: the fastest quartile of `repeats` calls after 3
+    warm-ups (oneDNN picks and caches its kernel on the first ones); float types as F.linear, the call a
+    model makes (weights [n, k]), int8 via torch._int_mm."""
     import torch
+    import torch.nn.functional as F
 
     if dtype == "int8":
         a = torch.randint(-128, 127, (m, k), dtype=torch.int8)
         b = torch.randint(-128, 127, (k, n), dtype=torch.int8)
-        op = torch._int_mm
+
+        def op():
+            return torch._int_mm(a, b)
     else:
         dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-        a, b = torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)
-        op = torch.mm
-    op(a, b)  # warm-up: oneDNN picks and caches its kernel
+        x, w = torch.randn(m, k, dtype=dt), torch.randn(n, k, dtype=dt)
+
+        def op():
+            return F.linear(x, w)
+    for _ in range(3):
+        op()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        op(a, b)
+        op()
         times.append(time.perf_counter() - t0)
-    best = sorted(times)[: max(1, repeats // 2)]
-    return 2 * m * k * n / statistics.median(best) / 1e9
+    return 2 * m * k * n / sorted(times)[repeats // 4] / 1e9
 
 
 def main() -> None:
@@ -62,7 +70,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--teacher", default="minilm")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=4096, help="rows of the timed matmuls (tokens in a batch)")
+    ap.add_argument("--tokens", type=int, default=4096, help="most rows of the timed matmuls (tokens in a batch)")
     ap.add_argument("--rate", action="append", default=[],
                     help="NAME=SENTENCES_PER_S; the precision is read from NAME (fp32 | bf16 | int8)")
     a = ap.parse_args()
@@ -85,13 +93,13 @@ def main() -> None:
     roofs = {}
     for dtype in ("fp32", "bf16", "int8"):
         try:
-            shapes = [(a.tokens, cfg.hidden_size, cfg.intermediate_size), (a.tokens, cfg.intermediate_size,
-                                                                          cfg.hidden_size)]
+            d, ff = cfg.hidden_size, cfg.intermediate_size
+            shapes = [(m, k, n) for m in (512, 2048, a.tokens) for k, n in ((d, ff), (ff, d), (d, d))]
             roofs[dtype] = max(ceiling(dtype, *s) for s in shapes)
         except (RuntimeError, AttributeError) as e:
             print(f"{dtype}: no CPU matmul here ({str(e).splitlines()[0][:80]})")
     for dtype, g in roofs.items():
-        print(f"ceiling {dtype}: {g:,.0f} GFLOP/s (best matmul of the FFN shapes, {a.threads} threads) = "
+        print(f"ceiling {dtype}: {g:,.0f} GFLOP/s (best matmul of the model's shapes, {a.threads} threads) = "
               f"{g * 1e9 / per_sentence:,.0f} sentences/s if the forward were nothing but such matmuls")
     print("| rate | sentences/s | GFLOP/s needed | share of its precision's ceiling |")
     print("|---|---|---|---|")
