@@ -293,10 +293,12 @@ class _Pool:
             opts["runtime_env"] = runtime_env
         self.ray, self.cls, self.args = ray, ray.remote(UnitWorker).options(**opts), args
         self.actors: list[Any] = []
+        self.labels: dict[int, str] = {}  # id(actor) -> w1, w2, ... (a replacement gets the next number)
 
     def start(self) -> Any:
         a = self.cls.remote(*self.args)
         self.actors.append(a)
+        self.labels[id(a)] = f"w{len(self.labels) + 1}"
         return a
 
     def drop(self, actor: Any) -> None:
@@ -404,6 +406,7 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
         texts = commit_texts()
         idle: list[Any] = []
         committed: set[Unit] = set()
+        per_worker: Counter[str] = Counter()  # rows committed per worker, shown on the bar
         attempts: Counter[Unit] = Counter()
         deaths, max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
         since = time.monotonic()
@@ -457,7 +460,8 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
                     summary.rows_computed += got["rows"]
                     summary.truncated += got["truncated"]
                     summary.bytes_written += got["bytes"]
-                    bar.advance(got["rows"])
+                    per_worker[pool.labels[id(a)]] += got["rows"]
+                    bar.advance(got["rows"], workers=" ".join(f"{w}={n:,}" for w, n in per_worker.items()))
                 idle.append(a)
     finally:
         if pool is not None:

@@ -103,6 +103,17 @@ def test_ray_store_equals_the_one_process_store(ray_runtime, reference, tiny_tea
     assert again.exit_code == 0 and "nothing to do" in again.output
 
 
+def test_the_driver_bar_counts_rows_per_worker(ray_runtime, reference, tiny_teacher, tmp_path):
+    src, _ = reference
+    r = CliRunner().invoke(app, ["precompute", src, "-t", f"tiny={tiny_teacher}", "--shard-rows", str(SHARD_ROWS),
+                                 "-o", str(tmp_path / "s"), "--engine", "ray", "--workers", "2"])
+    assert r.exit_code == 0, r.output
+    last = [x for x in r.output.splitlines() if x.startswith("precompute (") and "workers" in x][-1]
+    counts = dict(w.split("=") for w in last.split("workers ")[1].split())
+    assert set(counts) <= {"w1", "w2"} and counts, last  # (a fast worker may take every unit of a tiny job)
+    assert sum(int(n.replace(",", "")) for n in counts.values()) == ROWS, last  # every row, per worker
+
+
 def test_a_dead_worker_unit_is_retried_and_committed_once(ray_runtime, reference, tiny_teacher, tmp_path,
                                                           monkeypatch):
     from storage.store import StoreWriter
