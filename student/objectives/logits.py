@@ -116,10 +116,10 @@ class Pair(Objective):
         # biases added to eq. 3 (which has none) so a constant offset in the teacher's logits costs nothing
         self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n))
         self.affine = nn.Linear(1, n) if self.residual else None
-        if self.residual:
+        if self.residual:  # (only then: an mlp head's saved weights stay what they were before this option)
             nn.init.zeros_(self.head[2].weight)
             nn.init.zeros_(self.head[2].bias)
-        self.register_buffer("calibrated", torch.tensor(False))
+            self.register_buffer("calibrated", torch.tensor(False))
 
     @classmethod
     def build(cls, ctx: Context, weight: float, teacher: str | None = None, alpha: float = 0.5,
