@@ -51,7 +51,7 @@ def precompute(
     label_column: Annotated[str | None, typer.Option(help="Optional label column")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
-    batch_tokens: Annotated[int, typer.Option(help="Token budget per batch (padded length x rows)")] = 16384,
+    batch_tokens: Annotated[int | None, typer.Option(help="Token budget per batch (padded length x rows; default: 4096 on CPU, 16384 on GPU)")] = None,  # noqa: E501
     max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens")] = None,
     shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)")] = 20000,
     num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501

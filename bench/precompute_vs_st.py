@@ -6,12 +6,18 @@
 Per precision, `--pairs` rounds of one run of each side (every kd teacher backend that supports the
 precision, and ST), each in a fresh process (order rotated every round), on the same first `--n` real
 sentences (Leipzig news + Wikipedia 2016) and the same thread count (torch, OpenMP, MKL and the tokenizer
-all limited to `--threads`). Each child times its whole job from a cold start of the work: kd =
-`precompute()` (read input, load teacher, tokenize, forward, write cls + mean + layers as checksummed
-Parquet shards with a manifest); ST = load the model + `encode` (vectors in memory, nothing written).
-Printed per side: wall seconds and sentences/s as median [min-max], peak RSS; per precision the ratio ST
-seconds / kd seconds (> 1: kd faster), and the min / mean cosine of kd's `mean` vectors to ST's at the
-same precision and to ST fp32.
+all limited to `--threads`). Each child first imports the libraries both sides need (torch, transformers'
+BERT modelling code, its own library), then times its whole job: kd = `precompute()` (read input, load
+teacher, tokenize, forward, write cls + mean + layers as checksummed Parquet shards with a manifest);
+ST = load the model + `encode` (vectors in memory, nothing written). Imports are warmed on both sides
+because the import cost is the same stack either way (torch + transformers, ~4 s on a slow CPU) and a
+library that happens to import it before the clock starts would otherwise win by it; the process wall
+time (interpreter start to exit, imports included) is printed beside it, as a user would feel it.
+Printed per side: job seconds and sentences/s as median [min-max], process seconds, peak RSS; per
+precision the ratio ST seconds / kd seconds (> 1: kd faster), and the min / mean cosine of kd's `mean`
+vectors to ST's at the same precision and to ST fp32. The machine line names the CPU and whether it has
+native bf16 and int8 dot products (AVX512-BF16/AMX, AVX512-VNNI/AVX-VNNI), which decide what bf16 and
+int8 can gain; ST's int8 file uses the matching quantization preset (avx512_vnni, else avx2).
 
 Precisions: fp32 (both sides plain fp32); bf16 (kd `--precision bf16`: weights cast to bf16 on CPU, and
 OpenVINO's bf16; ST with the model loaded in bf16, `model_kwargs={"torch_dtype": torch.bfloat16}`); int8
@@ -53,6 +59,42 @@ def load_sentences(n: int) -> list[str]:
 # children: one timed job each, in a fresh process
 
 
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+
+
+def cpu_summary() -> str:
+    """The CPU's model name and the instructions that decide what bf16 and int8 can gain."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        name = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name"))
+        family = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("cpu family"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+    have = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                                 "amx_int8"})
+    return f"{name} (family {family}; {' '.join(have) or 'no AVX2'})"
+
+
+def st_int8_preset() -> str:
+    """ST's quantization config for this CPU: VNNI int8 dot products where the CPU has them."""
+    return "avx512_vnni" if cpu_flags() & {"avx512_vnni", "avx_vnni"} else "avx2"
+
+
+def warm_imports(side: str) -> None:
+    """Import what the timed job needs before the clock starts, on both sides alike (see the docstring)."""
+    import transformers.models.bert.modeling_bert  # noqa: F401  the teacher's architecture, both sides
+
+    if side == "kd":
+        import pipeline.precompute  # noqa: F401
+    else:
+        import sentence_transformers  # noqa: F401
+
+
 def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
     from pipeline.precompute import precompute
     from storage import Store
@@ -78,11 +120,11 @@ def _st_int8_dir() -> Path:
     from pipeline.resolve import resolve_teacher
 
     folder = WORK / "st-minilm-onnx"
-    if not (folder / "onnx" / "model_qint8_avx512_vnni.onnx").exists():
+    if not (folder / "onnx" / f"model_qint8_{st_int8_preset()}.onnx").exists():
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(resolve_teacher("minilm").path, folder)
         model = SentenceTransformer(str(folder), device="cpu", backend="onnx")
-        export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(folder))
+        export_dynamic_quantized_onnx_model(model, st_int8_preset(), str(folder))
     return folder
 
 
@@ -98,7 +140,7 @@ def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
         kwargs = {"model_kwargs": {"torch_dtype": torch.bfloat16}}
     elif a.precision == "int8":
         path = str(_st_int8_dir())
-        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": "onnx/model_qint8_avx512_vnni.onnx"}}
+        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": f"onnx/model_qint8_{st_int8_preset()}.onnx"}}
     t0 = time.perf_counter()
     model = SentenceTransformer(path, device="cpu", **kwargs)
     emb = model.encode(sentences, batch_size=32, convert_to_numpy=True, normalize_embeddings=False)
@@ -111,10 +153,13 @@ def child(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads)
     WORK.mkdir(parents=True, exist_ok=True)
     sentences = load_sentences(a.n)
+    warm_imports(a.side)
     secs, vecs = (child_kd if a.side == "kd" else child_st)(a, sentences)
     np.save(WORK / f"vectors-{side_name(a.side, a.backend)}-{a.precision}.npy", vecs)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    Path(a.result).write_text(json.dumps({"seconds": secs, "rows": len(sentences), "peak_rss_mb": rss_mb}))
+    process = time.time() - a.started  # interpreter start (the parent's clock just before it) to now
+    Path(a.result).write_text(json.dumps({"seconds": secs, "process_seconds": process, "rows": len(sentences),
+                                          "peak_rss_mb": rss_mb}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,8 +180,9 @@ def measure(a: argparse.Namespace, precision: str) -> dict:
         py = a.st_python if (name == "st" and precision == "int8") else None
         return run_fresh("bench.precompute_vs_st", ["--child", "--side", name, "--backend", backend,
                                                     "--precision", precision, "--n", str(a.n),
-                                                    "--threads", str(a.threads), "--batch-tokens",
-                                                    str(a.batch_tokens)], a.threads, py)
+                                                    "--threads", str(a.threads), "--started", repr(time.time()),
+                                                    *(["--batch-tokens", str(a.batch_tokens)] if a.batch_tokens
+                                                      else [])], a.threads, py)
 
     wanted = a.kd_backends.split(",")
     sides = {f"kd-{b}": (lambda b=b: side("kd", b)) for b in BACKENDS[precision] if b in wanted}
@@ -148,14 +194,16 @@ def measure(a: argparse.Namespace, precision: str) -> dict:
     for name, rs in runs.items():
         res[name] = {"seconds": spread([r["seconds"] for r in rs]),
                      "sent_per_s": spread([r["rows"] / r["seconds"] for r in rs]),
+                     "process_seconds": spread([r["process_seconds"] for r in rs]),
                      "peak_rss_mb": spread([r["peak_rss_mb"] for r in rs]), "runs": rs}
     return res
 
 
 def report(results: dict, a: argparse.Namespace) -> list[str]:
     st32 = results.get("fp32", {}).get("st")
-    lines = ["| precision | side | wall s | sentences/s | peak RSS MB | kd / ST same precision | kd / ST fp32 "
-             "| min / mean cosine to ST same precision | to ST fp32 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| precision | side | job s | sentences/s | process s (imports incl.) | peak RSS MB "
+             "| kd / ST same precision | kd / ST fp32 | min / mean cosine to ST same precision | to ST fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p, res in results.items():
         for s, r in res.items():
             same = res.get("st")
@@ -176,7 +224,8 @@ def report(results: dict, a: argparse.Namespace) -> list[str]:
             label = (f"kd precompute, {s[3:]} backend (cls + mean + layers, written)" if kd_side
                      else "sentence-transformers encode")
             lines.append(f"| {p} | {label} | {fmt(r['seconds'])} | {fmt(r['sent_per_s'], 0)} | "
-                         f"{r['peak_rss_mb']['median']:.0f} | {ratio} | {r32} | {cos_same} | {cos32} |")
+                         f"{fmt(r['process_seconds'])} | {r['peak_rss_mb']['median']:.0f} | {ratio} | {r32} | "
+                         f"{cos_same} | {cos32} |")
     return lines
 
 
@@ -186,7 +235,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--precisions", default="fp32,bf16,int8")
-    ap.add_argument("--batch-tokens", type=int, default=16384, help="kd's token budget per batch")
+    ap.add_argument("--batch-tokens", type=int, default=None, help="kd's token budget per batch (default: kd's)")
     ap.add_argument("--kd-backends", default="torch,onnx,openvino", help="kd teacher backends to run")
     ap.add_argument("--st-python", default=None, help="a Python with sentence-transformers[onnx] for ST int8")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -194,6 +243,7 @@ def main() -> None:
     ap.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--started", type=float, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         child(a)
@@ -203,8 +253,8 @@ def main() -> None:
     print(f"load average before: {load_before}; {a.n} sentences, {a.threads} threads, {a.pairs} pairs", flush=True)
     results = {p: measure(a, p) for p in a.precisions.split(",")}
     lines = report(results, a)
-    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, load average before {load_before[0]:.2f}, "
-               f"after {os.getloadavg()[0]:.2f}")
+    machine = (f"{cpu_summary()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+               f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     (WORK / "results.json").write_text(json.dumps({"results": results, "machine": machine, "n": a.n,
                                                    "threads": a.threads, "pairs": a.pairs}, indent=1))
     print("\n".join(lines))

@@ -390,8 +390,8 @@ def fidelity(teacher: Teacher, texts: list | None = None) -> dict:
 
     texts = fidelity_texts(teacher) if texts is None else texts
     outputs = teacher.available()
-    got = encode_all(teacher, texts, outputs, 16384)[0]
-    ref = encode_all(replace(teacher, backend=None, autocast=None), texts, outputs, 16384)[0]
+    got = encode_all(teacher, texts, outputs)[0]
+    ref = encode_all(replace(teacher, backend=None, autocast=None), texts, outputs)[0]
     return {col: _cosines(got[col], ref[col], len(texts)) for col in sorted(got)}
 
 

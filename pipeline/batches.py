@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.plan import plan_batches
+from pipeline.plan import default_batch_tokens, plan_batches
 from pipeline.teacher import Output, Teacher
 
 
@@ -50,9 +50,11 @@ def _run(teacher: Teacher, texts: list, pairs: bool, outputs: list[Output], batc
     return result, n_tokens
 
 
-def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_tokens: int,
+def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_tokens: int | None = None,
                on_batch: Callable[[int], None] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Outputs in input order plus untruncated token counts (max over both sides for pairs)."""
+    """Outputs in input order plus untruncated token counts (max over both sides for pairs). `batch_tokens`
+    None: the default for the device the forward pass runs on."""
+    batch_tokens = batch_tokens or default_batch_tokens(_compute_device(teacher))
     pairs = bool(texts) and not isinstance(texts[0], str)
     if not pairs or teacher.has_head:
         return _run(teacher, texts, pairs, outputs, batch_tokens, on_batch)
@@ -62,6 +64,13 @@ def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_token
     b, nb = _run(teacher, [t[1] for t in texts], False, outputs, batch_tokens, half)
     out = {f"{k}_a": v for k, v in a.items()} | {f"{k}_b": v for k, v in b.items()}
     return out, np.maximum(na, nb)
+
+
+def _compute_device(teacher: Teacher) -> str:
+    """Where the forward pass runs: the torch model's device, or an exported backend's (CPU unless ONNX on CUDA)."""
+    if teacher.backend is None:
+        return teacher.device.type
+    return "cuda" if (teacher.backend.device or "cpu").startswith("cuda") else "cpu"
 
 
 @torch.inference_mode()

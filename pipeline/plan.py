@@ -5,6 +5,8 @@
 - Inside a shard, rows are sorted by token length (longest first, so an out-of-memory shows up on
   the first batch) and grouped greedily while batch_size * longest_length <= batch_tokens:
   padding waste stays small and every batch costs about the same.
+- The budget, when not given, depends on where the forward pass runs: small on a CPU, large on a GPU
+  (`default_batch_tokens`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,18 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+# Token budgets when --batch-tokens is not given. CPU: every elementwise op of the forward pass (GELU,
+# LayerNorm, residual adds, softmax) streams the whole batch's activations, which stay in L2/L3 at a few
+# thousand tokens and spill to DRAM at 16k (`python -m bench.batch_tokens`, docs/results.md: 4096 runs
+# MiniLM ~1.2x faster than 16384 on 2 cores). GPU: large batches keep the device busy.
+CPU_BATCH_TOKENS = 4096
+GPU_BATCH_TOKENS = 16384
+
+
+def default_batch_tokens(device_type: str) -> int:
+    """The token budget per batch for a forward pass on `device_type` ("cpu", "cuda", ...)."""
+    return CPU_BATCH_TOKENS if device_type == "cpu" else GPU_BATCH_TOKENS
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def precompute(
     inputs: list[str], out: str, teachers: list[str], *, outputs: list[str] | None = None,
     segment: str = "none", spacy_model: str | None = None, text_column: str | None = None,
     pair_columns: str | None = None, label_column: str | None = None, delimiter: str | None = None,
-    dedup: bool = False, batch_tokens: int = 16384, max_length: int | None = None, shard_rows: int = 20000,
+    dedup: bool = False, batch_tokens: int | None = None, max_length: int | None = None, shard_rows: int = 20000,
     num_shards: int | None = None, shard_index: int | None = None, dtype: str = "float32",
     precision: str = "auto", device: str | None = None, overwrite: bool = False, progress: bool = True,
     keep_layers: str | None = None, backend: str = "torch", quantize: str = "none", threads: int | None = None,

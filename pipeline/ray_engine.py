@@ -213,7 +213,7 @@ class UnitWorker:
     """A Ray actor (wrapped with ray.remote by the driver): encodes units of one teacher at a time."""
 
     def __init__(self, root: str, specs: dict[str, str], outputs: dict[str, list[str]], load: dict, pairs: bool,
-                 dtype: str, batch_tokens: int, threads: int | None) -> None:
+                 dtype: str, batch_tokens: int | None, threads: int | None) -> None:
         import torch
 
         if threads:
@@ -312,7 +312,7 @@ class _Pool:
 
 
 def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer, loaded, touts, rows: pa.Table,
-          plan: ShardPlan, pairs: bool, vdtype, batch_tokens: int, counts, progress: bool, t0: float):
+          plan: ShardPlan, pairs: bool, vdtype, batch_tokens: int | None, counts, progress: bool, t0: float):
     """The driver's part of `kd precompute --engine ray` (see the module docstring); returns the summary."""
     from pipeline.precompute import PrecomputeSummary, _remove_own_temps, _save_teacher_files, _span, declare_teacher
     from storage.schema import type_name

@@ -233,7 +233,7 @@ class Teacher:
         return torch.nn.functional.normalize(v, dim=-1) if self.st.normalize else v
 
     def encode(
-        self, texts: list, outputs: list[Output] | None = None, batch_tokens: int = 16384
+        self, texts: list, outputs: list[Output] | None = None, batch_tokens: int | None = None
     ) -> dict[str, np.ndarray]:
         """Convenience for evaluation and search: encode texts (or (a, b) pairs) in input order."""
         from pipeline.batches import encode_all

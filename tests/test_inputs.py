@@ -105,6 +105,28 @@ def test_plan_batches_respects_budget_and_covers_rows():
     assert lengths[batches[0]].max() == lengths.max()  # longest first: OOM shows up at once
 
 
+def test_default_budget_is_cache_sized_on_cpu_and_large_on_gpu(tiny_teacher, sentences):
+    """Without --batch-tokens a CPU forward pass gets CPU_BATCH_TOKENS per batch (fewer rows per batch than
+    the GPU budget); an exported backend counts as CPU unless it runs ONNX on CUDA."""
+    from types import SimpleNamespace
+
+    from pipeline.batches import _compute_device, encode_all
+    from pipeline.plan import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
+    from pipeline.teacher import Output, load_teacher
+
+    assert default_batch_tokens("cpu") == CPU_BATCH_TOKENS < GPU_BATCH_TOKENS == default_batch_tokens("cuda")
+    teacher = load_teacher(str(tiny_teacher), "cpu")
+    texts = (sentences * 40)[:2000]
+    sizes: dict = {}
+    for budget in (None, CPU_BATCH_TOKENS, GPU_BATCH_TOKENS):
+        sizes[budget] = []
+        encode_all(teacher, texts, [Output.mean], budget, on_batch=sizes[budget].append)
+        assert sum(sizes[budget]) == len(texts)
+    assert sizes[None] == sizes[CPU_BATCH_TOKENS] and len(sizes[None]) > len(sizes[GPU_BATCH_TOKENS])
+    for device, want in ((None, "cpu"), ("cpu", "cpu"), ("cuda:1", "cuda")):
+        assert _compute_device(SimpleNamespace(backend=SimpleNamespace(device=device), device=None)) == want
+
+
 def test_shard_plan_is_disjoint_across_writers():
     plan = ShardPlan(num_rows=1050, shard_rows=100)
     assert plan.num_shards == 11 and plan.bounds(10) == (1000, 1050)
