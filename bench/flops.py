@@ -6,8 +6,8 @@ the CPU can do at that precision, no change to kd's pipeline can reach it. This 
   first `--n` Leipzig sentences), from the real token counts and the model's shapes: per layer
   2*T*(4*d^2 + 2*d*ff) for the projections and feed-forward, 4*T^2*d for attention scores and mixing;
 - measures the ceiling: the best GFLOP/s of torch matmuls of the teacher's own shapes (512 to `--tokens`
-  tokens x d x ff, ff x d, d x d; fp32 and bf16 as F.linear; int8 via torch._int_mm when this torch has it
-  on CPU) at `--threads` threads;
+  tokens x d x ff, ff x d, d x d; fp32 and bf16 as F.linear; int8 as the faster of torch._int_mm and
+  ONNX Runtime's MatMulInteger, the kernel int8 ONNX models run) at `--threads` threads;
 - prints, for each sentences/s figure given (`--rate NAME=SENT_PER_S`), the GFLOP/s it implies and
   its share of the ceiling at its precision. A rate needing > 100 % of the ceiling is out of reach.
 
@@ -65,6 +65,34 @@ def ceiling(dtype: str, m: int, k: int, n: int, repeats: int = 20) -> float:
     return 2 * m * k * n / sorted(times)[repeats // 4] / 1e9
 
 
+def ceiling_ort_int8(m: int, k: int, n: int, threads: int, repeats: int = 20) -> float:
+    """GFLOP/s of ONNX Runtime's MatMulInteger, uint8 activations x int8 weights: the kernel (MLAS) that
+    ONNX Runtime's dynamic int8 models (kd's and sentence-transformers') run. torch._int_mm has no fast CPU
+    kernel without VNNI, so on AVX2 it would understate the int8 ceiling by ~20x."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.integers(-128, 127, (k, n), dtype=np.int8), "w")
+    node = helper.make_node("MatMulInteger", ["a", "w"], ["y"])
+    graph = helper.make_graph([node], "mm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [m, n])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {"a": rng.integers(0, 255, (m, k), dtype=np.uint8)}
+    for _ in range(3):
+        session.run(None, feed)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return 2 * m * k * n / sorted(times)[repeats // 4] / 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=10000)
@@ -98,6 +126,15 @@ def main() -> None:
             roofs[dtype] = max(ceiling(dtype, *s) for s in shapes)
         except (RuntimeError, AttributeError) as e:
             print(f"{dtype}: no CPU matmul here ({str(e).splitlines()[0][:80]})")
+    try:
+        d, ff = cfg.hidden_size, cfg.intermediate_size
+        ort_int8 = max(ceiling_ort_int8(m, k, n, a.threads) for m in (512, 2048, a.tokens)
+                       for k, n in ((d, ff), (ff, d), (d, d)))
+        print(f"int8: torch._int_mm {roofs.get('int8', 0):,.0f} GFLOP/s, ONNX Runtime MatMulInteger "
+              f"{ort_int8:,.0f} GFLOP/s; the ceiling is the faster")
+        roofs["int8"] = max(roofs.get("int8", 0.0), ort_int8)
+    except ImportError:
+        print("int8: onnxruntime not installed, the ceiling is torch._int_mm's")
     for dtype, g in roofs.items():
         print(f"ceiling {dtype}: {g:,.0f} GFLOP/s (best matmul of the model's shapes, {a.threads} threads) = "
               f"{g * 1e9 / per_sentence:,.0f} sentences/s if the forward were nothing but such matmuls")

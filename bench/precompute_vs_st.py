@@ -85,6 +85,12 @@ def st_int8_preset() -> str:
     return "avx512_vnni" if cpu_flags() & {"avx512_vnni", "avx_vnni"} else "avx2"
 
 
+def st_int8_file() -> str:
+    # Named by us, not by ST: ST's default suffix follows the preset's weight dtype (qint8 for VNNI, quint8
+    # for avx2), and a wrong guess makes ST silently try to re-export from a folder it cannot read.
+    return f"onnx/model_int8_{st_int8_preset()}.onnx"
+
+
 def warm_imports(side: str) -> None:
     """Import what the timed job needs before the clock starts, on both sides alike (see the docstring)."""
     import transformers.models.bert.modeling_bert  # noqa: F401  the teacher's architecture, both sides
@@ -120,11 +126,12 @@ def _st_int8_dir() -> Path:
     from pipeline.resolve import resolve_teacher
 
     folder = WORK / "st-minilm-onnx"
-    if not (folder / "onnx" / f"model_qint8_{st_int8_preset()}.onnx").exists():
+    if not (folder / st_int8_file()).exists():
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(resolve_teacher("minilm").path, folder)
         model = SentenceTransformer(str(folder), device="cpu", backend="onnx")
-        export_dynamic_quantized_onnx_model(model, st_int8_preset(), str(folder))
+        export_dynamic_quantized_onnx_model(model, st_int8_preset(), str(folder),
+                                            file_suffix=f"int8_{st_int8_preset()}")
     return folder
 
 
@@ -140,7 +147,7 @@ def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
         kwargs = {"model_kwargs": {"torch_dtype": torch.bfloat16}}
     elif a.precision == "int8":
         path = str(_st_int8_dir())
-        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": f"onnx/model_qint8_{st_int8_preset()}.onnx"}}
+        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": st_int8_file()}}
     t0 = time.perf_counter()
     model = SentenceTransformer(path, device="cpu", **kwargs)
     emb = model.encode(sentences, batch_size=32, convert_to_numpy=True, normalize_embeddings=False)
