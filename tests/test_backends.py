@@ -153,6 +153,30 @@ def test_the_export_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path, tiny_teac
     assert len(calls) == 3 and (folder / backends.SPEC).is_file()
 
 
+@pytest.mark.parametrize("legacy_gone", [False, True], ids=["torchscript", "dynamo-fallback"])
+def test_the_tracing_exporter_is_preferred_and_dynamo_takes_over_where_it_is_gone(tmp_path, tiny_teacher,
+                                                                                  monkeypatch, legacy_gone):
+    _needs(Backend.onnx)
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    real, seen = backends.torch.onnx.export, []
+
+    def export(*a, dynamo=True, **kw):
+        seen.append(dynamo)
+        if legacy_gone and not dynamo:
+            raise TypeError("export() got an unexpected keyword argument 'dynamic_axes'")  # a future torch
+        return real(*a, dynamo=dynamo, **kw)
+
+    monkeypatch.setattr(backends.torch.onnx, "export", export)
+    t = backends.load(str(tiny_teacher), "onnx")
+    spec = json.loads((t.backend.folder / backends.SPEC).read_text())
+    assert seen == ([False, True] if legacy_gone else [False])
+    assert spec["versions"]["exporter"] == ("dynamo" if legacy_gone else "torchscript")
+    assert spec["opset"] == (backends.OPSET if legacy_gone else backends.LEGACY_OPSET)
+    assert sorted(os.listdir(t.backend.folder)) == ["kd_backend.json", "model.onnx"]  # no half file left over
+    ref, got = load_teacher(str(tiny_teacher), "cpu").encode(TEXTS), t.encode(TEXTS)
+    assert all(np.abs(got[c] - ref[c]).max() <= 1e-4 for c in ref)
+
+
 def test_a_killed_export_leaves_no_cache_and_its_temp_folder_is_removed_later(tmp_path, tiny_teacher, monkeypatch):
     _needs(Backend.onnx)
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
