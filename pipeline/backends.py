@@ -53,14 +53,15 @@ class Quantize(str, Enum):
     int8 = "int8"
 
 
-FORMAT = 2  # bump when the exported graphs change: cache folders of another format are rebuilt
+FORMAT = 3  # bump when the exported graphs change: cache folders of another format are rebuilt
 OPSET = 18  # dynamo exporter
 LEGACY_OPSET = 17  # torchscript exporter
 SPEC = "kd_backend.json"
 FIDELITY_ROWS = 64
+CALIBRATION_ROWS = 256  # int8 smoothing statistics (bundled sentences after the fidelity sample's)
 # min cosine to torch fp32 a backend must reach on the fidelity sample (per output column, over its rows):
 # fp32 graphs, bf16 compute, int8 weights. int8 is 0.98: ONNX Runtime's dynamic quantization of MiniLM reaches
-# min 0.989 / mean 0.996 (docs/design.md); a broken export falls far below.
+# min 0.9947 / mean 0.9967 smoothed (0.989 / 0.996 without; docs/design.md); a broken export falls far below.
 THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
@@ -182,8 +183,9 @@ class Runner:
         return (out[:-1], out[-1]) if logits else (out, None)
 
     def meta(self) -> dict:
+        smoothing = {"smoothing": self.spec["smoothing"]} if "smoothing" in self.spec else {}
         return {"backend": self.backend.value, "quantize": self.quantize.value, "precision": self.precision,
-                "fidelity": self.fidelity}
+                **smoothing, "fidelity": self.fidelity}  # smoothing is a setting: a store is not extended across it
 
 
 class OnnxRunner(Runner):
@@ -307,10 +309,12 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
     big = teacher.model.num_parameters() * 4 > 1.5e9  # the 2 GB protobuf limit: weights in an external file
     exporter = _to_onnx(graph, args, fp32, inputs, outputs, big)
     versions = {"torch": torch.__version__, "exporter": exporter}
+    spec: dict = {}
     if b is Backend.onnx:
         versions["onnxruntime"] = version("onnxruntime")
         file = "model.onnx"
         if q is Quantize.int8:
+            spec["smoothing"] = _smooth_onnx(teacher, fp32, inputs)
             _quantize_onnx(fp32, tmp / file)
             _remove_onnx(fp32, keep=tmp / file)
         else:
@@ -319,7 +323,7 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
         file = "model.xml"
         versions |= _openvino_ir(fp32, tmp / file, q)
         _remove_onnx(fp32)
-    return {"file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
+    return {**spec, "file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
             "opset": LEGACY_OPSET if exporter == "torchscript" else OPSET, "versions": versions}
 
 
@@ -357,6 +361,33 @@ def _remove_onnx(path: Path, keep: Path | None = None) -> None:
     for p in path.parent.iterdir():
         if p != keep and p.name.startswith(path.name):
             p.unlink()
+
+
+def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
+    """SmoothQuant the fp32 graph in place before int8 (pipeline/smooth_quant.py), calibrated on bundled
+    sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
+    import onnx
+
+    from apps.corpus import demo_sentences
+    from pipeline import smooth_quant
+
+    s = demo_sentences()[2 * FIDELITY_ROWS:2 * FIDELITY_ROWS + 2 * CALIBRATION_ROWS]
+    texts = list(zip(s[::2], s[1::2])) if teacher.has_head else s[:CALIBRATION_ROWS]
+    feeds = []
+    for i in range(0, len(texts), 32):
+        batch = texts[i:i + 32]
+        args = (list(zip(*batch))) if teacher.has_head else (batch,)
+        enc = teacher.tokenizer(*args, padding=True, truncation=True, max_length=teacher.max_length,
+                                return_tensors="np")
+        feeds.append({n: enc[n].astype(np.int64) for n in inputs})
+    model = onnx.load(str(path))
+    found = smooth_quant.targets(model.graph)
+    absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
+    smooth_quant.smooth(model, found, absmax)
+    external = any(p.name.startswith(path.name) and p != path for p in path.parent.iterdir())
+    onnx.save(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+    return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": len(texts),
+            "layer_norms": len(found)}
 
 
 def _quantize_onnx(src: Path, dst: Path) -> None:
