@@ -363,6 +363,11 @@ def _remove_onnx(path: Path, keep: Path | None = None) -> None:
             p.unlink()
 
 
+def _has_external_data(path: Path) -> bool:
+    """Whether the graph's weights sit in a file beside it (models past the 2 GB protobuf limit)."""
+    return any(p.name.startswith(path.name) and p != path for p in path.parent.iterdir())
+
+
 def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     """SmoothQuant the fp32 graph in place before int8 (pipeline/smooth_quant.py), calibrated on bundled
     sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
@@ -376,7 +381,7 @@ def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     feeds = []
     for i in range(0, len(texts), 32):
         batch = texts[i:i + 32]
-        args = (list(zip(*batch))) if teacher.has_head else (batch,)
+        args = tuple(zip(*batch)) if teacher.has_head else (batch,)
         enc = teacher.tokenizer(*args, padding=True, truncation=True, max_length=teacher.max_length,
                                 return_tensors="np")
         feeds.append({n: enc[n].astype(np.int64) for n in inputs})
@@ -384,8 +389,7 @@ def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     found = smooth_quant.targets(model.graph)
     absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
     smooth_quant.smooth(model, found, absmax)
-    external = any(p.name.startswith(path.name) and p != path for p in path.parent.iterdir())
-    onnx.save(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+    onnx.save(model, str(path), save_as_external_data=_has_external_data(path), location=f"{path.name}.data")
     return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": len(texts),
             "layer_norms": len(found)}
 
@@ -403,7 +407,7 @@ def _quantize_onnx(src: Path, dst: Path) -> None:
     shapes = {i.name: list(i.dims) for i in graph.initializer}
     narrowing = [n.name for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2
                  and shapes[n.input[1]][0] > shapes[n.input[1]][1]]
-    external = any(p.name.startswith(src.name) and p != src for p in src.parent.iterdir())
+    external = _has_external_data(src)
     with quiet("torch.onnx", ""):  # "Please consider to run pre-processing": the dynamo export is optimised
         quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
                          op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=narrowing,

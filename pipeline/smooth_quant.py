@@ -41,19 +41,18 @@ class Target:
 def targets(graph) -> list[Target]:
     """LayerNormalization outputs read by MatMuls with 2-D weight initializers used nowhere else."""
     weights = {i.name for i in graph.initializer if len(i.dims) == 2}
-    uses: dict[str, int] = {}
+    readers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+            readers.setdefault(name, []).append(node)
     found = []
     for index, node in enumerate(graph.node):
         if node.op_type not in ("LayerNormalization", "SkipLayerNormalization"):
             continue
         x = node.output[0]
-        readers = [n for n in graph.node if x in n.input]
-        matmuls = [n for n in readers if n.op_type == "MatMul" and n.input[0] == x and n.input[1] in weights]
-        # a weight shared with another node (tied embeddings) cannot be rescaled for this input alone
-        matmuls = [n for n in matmuls if uses[n.input[1]] == 1]
+        # a weight read by another node too (tied embeddings) cannot be rescaled for this input alone
+        matmuls = [n for n in readers.get(x, []) if n.op_type == "MatMul" and n.input[0] == x
+                   and n.input[1] in weights and len(readers[n.input[1]]) == 1]
         if matmuls:
             found.append(Target(x, index, matmuls))
     return found
