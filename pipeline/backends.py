@@ -7,8 +7,10 @@ stays in `Teacher.forward`, in fp32, so every backend pools identically.
 - Export once per (weights, backend, quantize) into `$KD_CACHE/teachers/<weights_sha256>-<backend>-<quantize>/`
   (default `~/.cache/kd`): torch's tracing exporter (dynamo past 2 GB) -> ONNX with dynamic batch and sequence
   axes; int8 for ONNX Runtime is its dynamic quantization (int8 weights, activations quantized per batch at
-  run time); OpenVINO converts that fp32 ONNX graph to IR, int8 being NNCF's data-free int8 weight
-  compression. The folder is built in a temp folder and renamed into place, with the sha256 of each file in
+  run time); OpenVINO converts that fp32 ONNX graph to IR, int8 being NNCF's static quantization (int8
+  weights and activations, SmoothQuant, calibrated on bundled sentences) where the CPU has int8 dot products
+  (VNNI/AMX), and its data-free int8 weight compression elsewhere (`int8_method`; recorded). The folder is
+  built in a temp folder and renamed into place, with the sha256 of each file in
   `kd_backend.json`: a killed export leaves no half cache, and a damaged one (a file edited or truncated) is rebuilt.
 - Threads: `threads` (default `torch.get_num_threads()`, i.e. OMP_NUM_THREADS when set) goes to ONNX
   Runtime's intra-op pool and OpenVINO's INFERENCE_NUM_THREADS, so backends compare at equal threads.
@@ -38,7 +40,7 @@ from pipeline.resolve import cache_dir
 from pipeline.teacher import Precision, Teacher, load_teacher
 from storage import fs
 from storage.errors import InputError, KdError
-from storage.hardware import native_bf16
+from storage.hardware import native_bf16, native_int8
 from storage.quiet import quiet
 
 
@@ -59,6 +61,10 @@ LEGACY_OPSET = 17  # torchscript exporter
 SPEC = "kd_backend.json"
 FIDELITY_ROWS = 64
 CALIBRATION_ROWS = 256  # int8 smoothing statistics (bundled sentences after the fidelity sample's)
+# NNCF's SmoothQuant strength for OpenVINO static int8 (its default is 0.95). MiniLM, 3,000 Leipzig sentences,
+# min cosine to torch fp32: 0.95 -> 0.9786, 0.85 -> 0.9878, 0.8 -> 0.9875, 0.75 -> 0.9904, 0.7 -> 0.9911,
+# 0.5 -> 0.9679, off -> 0.9727 (docs/design.md)
+OPENVINO_SMOOTH_ALPHA = 0.7
 # min cosine to torch fp32 a backend must reach on the fidelity sample (per output column, over its rows):
 # fp32 graphs, bf16 compute, int8 weights. int8 is 0.98: ONNX Runtime's dynamic quantization of MiniLM reaches
 # min 0.9947 / mean 0.9967 smoothed (0.989 / 0.996 without; docs/design.md); a broken export falls far below.
@@ -183,9 +189,10 @@ class Runner:
         return (out[:-1], out[-1]) if logits else (out, None)
 
     def meta(self) -> dict:
-        smoothing = {"smoothing": self.spec["smoothing"]} if "smoothing" in self.spec else {}
+        # the int8 recipe is a setting: a store is not extended across it
+        recipe = {k: self.spec[k] for k in ("smoothing", "int8_recipe") if k in self.spec}
         return {"backend": self.backend.value, "quantize": self.quantize.value, "precision": self.precision,
-                **smoothing, "fidelity": self.fidelity}  # smoothing is a setting: a store is not extended across it
+                **recipe, "fidelity": self.fidelity}
 
 
 class OnnxRunner(Runner):
@@ -225,8 +232,17 @@ class OpenVinoRunner(Runner):
 # --- export and the cache ----------------------------------------------------------------------------------
 
 
+def int8_method(b: Backend, q: Quantize) -> str | None:
+    """OpenVINO's int8 recipe on this CPU: `static` (int8 activations too) where int8 dot products exist,
+    `weights` (int8 weights, fp32 compute) elsewhere, where static int8 measured slower than fp32."""
+    if b is not Backend.openvino or q is not Quantize.int8:
+        return None
+    return "static" if native_int8() else "weights"
+
+
 def cache_folder(sha: str, b: Backend, q: Quantize) -> Path:
-    return cache_dir() / "teachers" / f"{sha}-{b.value}-{q.value}"
+    method = int8_method(b, q)
+    return cache_dir() / "teachers" / (f"{sha}-{b.value}-{q.value}" + (f"-{method}" if method else ""))
 
 
 def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
@@ -234,6 +250,8 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
     sha = teacher.meta([], "float32")["weights_sha256"]
     final = cache_folder(sha, b, q)
     want = {"format": FORMAT, "weights_sha256": sha, "backend": b.value, "quantize": q.value}
+    if int8_method(b, q):
+        want["int8_method"] = int8_method(b, q)
     if _sound(final, want):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -321,7 +339,8 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
             fp32.rename(tmp / file)
     else:
         file = "model.xml"
-        versions |= _openvino_ir(fp32, tmp / file, q)
+        versions |= _openvino_ir(fp32, tmp / file, int8_method(b, q),
+                                 lambda: _calibration_feeds(teacher, inputs, by_length=True), spec)
         _remove_onnx(fp32)
     return {**spec, "file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
             "opset": LEGACY_OPSET if exporter == "torchscript" else OPSET, "versions": versions}
@@ -373,11 +392,30 @@ def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
     import onnx
 
-    from apps.corpus import demo_sentences
     from pipeline import smooth_quant
+
+    feeds = _calibration_feeds(teacher, inputs)
+    model = onnx.load(str(path))
+    found = smooth_quant.targets(model.graph)
+    absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
+    smooth_quant.smooth(model, found, absmax)
+    onnx.save(model, str(path), save_as_external_data=_has_external_data(path), location=f"{path.name}.data")
+    return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": CALIBRATION_ROWS,
+            "layer_norms": len(found)}
+
+
+def _calibration_feeds(teacher: Teacher, inputs: list[str], by_length: bool = False
+                       ) -> list[dict[str, np.ndarray]]:
+    """CALIBRATION_ROWS bundled sentences (pairs for cross-encoders) after the fidelity sample's, so the
+    fidelity measured after loading is not flattered; batches of 32, in corpus order (padding included, for
+    SmoothQuant's run-time-scaled activations) or sorted by length as precompute batches them (for static
+    activation ranges, which padded positions' outliers would widen: min cosine 0.9857 vs 0.99 on MiniLM)."""
+    from apps.corpus import demo_sentences
 
     s = demo_sentences()[2 * FIDELITY_ROWS:2 * FIDELITY_ROWS + 2 * CALIBRATION_ROWS]
     texts = list(zip(s[::2], s[1::2])) if teacher.has_head else s[:CALIBRATION_ROWS]
+    if by_length:
+        texts = sorted(texts, key=lambda t: len(t[0]) + len(t[1]) if teacher.has_head else len(t))
     feeds = []
     for i in range(0, len(texts), 32):
         batch = texts[i:i + 32]
@@ -385,13 +423,7 @@ def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
         enc = teacher.tokenizer(*args, padding=True, truncation=True, max_length=teacher.max_length,
                                 return_tensors="np")
         feeds.append({n: enc[n].astype(np.int64) for n in inputs})
-    model = onnx.load(str(path))
-    found = smooth_quant.targets(model.graph)
-    absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
-    smooth_quant.smooth(model, found, absmax)
-    onnx.save(model, str(path), save_as_external_data=_has_external_data(path), location=f"{path.name}.data")
-    return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": len(texts),
-            "layer_norms": len(found)}
+    return feeds
 
 
 def _quantize_onnx(src: Path, dst: Path) -> None:
@@ -414,24 +446,48 @@ def _quantize_onnx(src: Path, dst: Path) -> None:
                          use_external_data_format=external)
 
 
-def _openvino_ir(src: Path, dst: Path, q: Quantize) -> dict:
-    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16); int8: NNCF's data-free
-    int8 weight compression (asymmetric, per output channel) of every MatMul."""
+def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Any, spec: dict) -> dict:
+    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16). int8 by `method`:
+    - static: NNCF post-training quantization for transformers (int8 weights per channel, int8 activations
+      with ranges from `calibration()` feeds, SmoothQuant alpha OPENVINO_SMOOTH_ALPHA; softmax, LayerNorm and
+      GELU stay fp32): int8 x int8 matmuls, which VNNI/AMX run ~4x fp32's rate;
+    - weights: NNCF's data-free int8 weight compression (asymmetric, per output channel) of every MatMul."""
     import openvino as ov
 
     model = ov.convert_model(str(src))
     versions = {"openvino": ov.__version__.split("-")[0]}
-    if q is Quantize.int8:
-        try:
-            import nncf
-        except ImportError:
-            raise KdError("--backend openvino --quantize int8 needs nncf, which is not installed",
-                          "--quantize int8", "pip install 'kd[openvino]'") from None
-        with quiet("torch.onnx", "nncf"):  # its statistics table and progress bar
+    if method is None:
+        ov.save_model(model, str(dst), compress_to_fp16=False)
+        return versions
+    try:
+        import nncf
+    except ImportError:
+        raise KdError("--backend openvino --quantize int8 needs nncf, which is not installed",
+                      "--quantize int8", "pip install 'kd[openvino]'") from None
+    with quiet("torch.onnx", "nncf"):  # its statistics table and progress bar
+        if method == "static":
+            feeds = calibration()
+            smooth = nncf.AdvancedSmoothQuantParameters(matmul=OPENVINO_SMOOTH_ALPHA)
+            fp32_matmuls = _activation_matmuls(model)
+            model = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=fp32_matmuls),
+                                  advanced_parameters=nncf.AdvancedQuantizationParameters(smooth_quant_alphas=smooth))
+            spec["int8_recipe"] = {"method": "static", "smooth_quant_alpha": OPENVINO_SMOOTH_ALPHA,
+                                   "calibration_rows": CALIBRATION_ROWS, "fp32_matmuls": len(fp32_matmuls)}
+        else:
             model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-        versions["nncf"] = nncf.__version__
+            spec["int8_recipe"] = {"method": "weights"}
+    versions["nncf"] = nncf.__version__
     ov.save_model(model, str(dst), compress_to_fp16=False)
     return versions
+
+
+def _activation_matmuls(model: Any) -> list[str]:
+    """MatMuls of two activations (attention scores Q.K^T and probabilities.V), kept fp32 by static int8: a
+    few % of MiniLM's FLOPs on short sentences, but quantizing softmax outputs to 8 bits cost the most
+    fidelity (min cosine to fp32 over 3,000 sentences 0.9866 -> 0.9921 kept fp32, at the same speed)."""
+    return [op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul"
+            and all(op.input_value(i).get_node().get_type_name() != "Constant" for i in range(2))]
 
 
 # --- fidelity ----------------------------------------------------------------------------------------------

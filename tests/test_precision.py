@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from safetensors.numpy import load_file
 from pipeline.precompute import precompute
 from pipeline.teacher import Precision, cast_weights, load_teacher, resolve_precision
 from storage import Store
+from storage.hardware import native_bf16, native_int8
 from storage.schema import arrow_to_vectors
 from storage.validate import validate
 
@@ -69,3 +72,27 @@ def test_training_autocast_on_cpu(monkeypatch, arch, flag, amp, want):
 
     monkeypatch.setenv("KD_CPU_BF16", flag)
     assert amp_dtype(TrainConfig("s", "o", arch=arch, amp=amp), torch.device("cpu")) is want
+
+
+@pytest.mark.parametrize("detect,env,flags", [(native_bf16, "KD_CPU_BF16", {"amx_bf16", "avx512_bf16"}),
+                                               (native_int8, "KD_CPU_INT8", {"avx512_vnni", "avx_vnni", "amx_int8"})])
+def test_cpu_features_read_whole_flags_and_obey_their_override(monkeypatch, tmp_path, detect, env, flags):
+    monkeypatch.delenv(env, raising=False)
+    real = builtins.open
+    cpuinfo = tmp_path / "cpuinfo"
+
+    def fake(path, *a, **kw):
+        return real(cpuinfo if path == "/proc/cpuinfo" else path, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", fake)
+    for line, want in [("fpu avx2 fma", False), (f"fpu {sorted(flags)[0]} fma", True),
+                       ("fpu avx512_bf16x avx512_vnnix", False)]:  # a flag's name inside another is not it
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {line}\n")
+        assert detect() is want, line
+    monkeypatch.setenv(env, "0")
+    assert detect() is False
+    cpuinfo.unlink()
+    monkeypatch.setenv(env, "1")
+    assert detect() is True
+    monkeypatch.delenv(env)
+    assert detect() is False  # no /proc/cpuinfo (not Linux): nothing assumed
