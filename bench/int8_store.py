@@ -67,6 +67,7 @@ def main() -> None:
     manifest = json.loads((stores["int8"] / "manifest.json").read_text())
     meta = manifest["tables"]["teachers/minilm"]["meta"]
     print(f"int8 store: backend {meta.get('backend')}, quantize {meta.get('quantize')}, "
+          f"recipe {json.dumps(meta.get('int8_recipe') or meta.get('smoothing'))}, "
           f"fidelity {json.dumps(meta.get('fidelity'))}")
     ev = eval_texts()
     rows = {}
