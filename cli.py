@@ -63,7 +63,7 @@ def precompute(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
     backend: Annotated[str, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
-    quantize: Annotated[str, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: NNCF int8 weights)")] = "none",  # noqa: E501
+    quantize: Annotated[str, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")] = "none",  # noqa: E501
     allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
     engine: Annotated[str, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd\\[ray]')")] = "local",  # noqa: E501
     ray_address: Annotated[str | None, typer.Option(help="--engine ray: auto | HOST:PORT of a running cluster (default: RAY_ADDRESS, else a local Ray runtime)")] = None,  # noqa: E501
