@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline import signal_stack
 from pipeline.resolve import cache_dir
 from pipeline.teacher import Precision, Teacher, load_teacher
 from storage import fs
@@ -220,9 +221,9 @@ class OpenVinoRunner(Runner):
         self.backend = Backend.openvino
         config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bfloat16" else "f32",
                   "INFERENCE_NUM_THREADS": self.threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-        core = ov.Core()
-        self.compiled = core.compile_model(str(self.folder / self.spec["file"]), "CPU", config)
-        self.request = self.compiled.create_infer_request()
+        with signal_stack.kept():  # the CPU plugin's own signal stack would outlive it (pipeline/signal_stack.py)
+            self.compiled = ov.Core().compile_model(str(self.folder / self.spec["file"]), "CPU", config)
+            self.request = self.compiled.create_infer_request()
 
     def _run(self, feeds, names):
         res = self.request.infer(feeds)  # outputs are copied (share_outputs=False)
@@ -339,8 +340,9 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
             fp32.rename(tmp / file)
     else:
         file = "model.xml"
-        versions |= _openvino_ir(fp32, tmp / file, int8_method(b, q),
-                                 lambda: _calibration_feeds(teacher, inputs, by_length=True), spec)
+        with signal_stack.kept():  # NNCF compiles models too (pipeline/signal_stack.py)
+            versions |= _openvino_ir(fp32, tmp / file, int8_method(b, q),
+                                     lambda: _calibration_feeds(teacher, inputs, by_length=True), spec)
         _remove_onnx(fp32)
     return {**spec, "file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
             "opset": LEGACY_OPSET if exporter == "torchscript" else OPSET, "versions": versions}

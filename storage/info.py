@@ -32,7 +32,9 @@ def summary_table(store_path: str) -> Group:
                        f"max_len={rec.meta.get('max_length')} {rec.meta.get('dtype')}")
             if rec.meta.get("backend", "torch") != "torch":  # e.g. "onnx int8 float32, min cosine 0.9886"
                 low = min((f["min_cosine"] for f in (rec.meta.get("fidelity") or {}).values()), default=None)
-                details += (f" {rec.meta['backend']} {rec.meta.get('quantize')} {rec.meta.get('precision')}"
+                recipe = (rec.meta.get("int8_recipe") or {}).get("method")  # openvino: static | weights
+                details += (f" {rec.meta['backend']} {rec.meta.get('quantize')}" + (f" ({recipe})" if recipe else "")
+                            + f" {rec.meta.get('precision')}"
                             + (f", min cosine {low:.4f}" if low is not None else ""))
         cols = ", ".join(c for c in rec.columns if c not in ("id",))
         tables.add_row(name, rec.kind, f"{len(rec.shards)}/{m.num_shards}", f"{rows:,}", f"{mb:.1f}", cols, details)

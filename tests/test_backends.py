@@ -141,6 +141,9 @@ def test_openvino_int8_recipe_follows_the_cpu_and_is_a_setting(cache, tiny_teach
                progress=False)
     meta = json.loads((tmp_path / "s" / "manifest.json").read_text())["tables"]["teachers/t"]["meta"]
     assert meta["int8_recipe"] == {"method": "weights"}
+    console = Console(width=400, record=True)
+    console.print(summary_table(str(tmp_path / "s")))
+    assert "openvino int8 (weights) float32, min cosine " in console.export_text()
     monkeypatch.setenv("KD_CPU_INT8", "1")
     with pytest.raises(StoreError, match="other settings"):
         precompute([str(src)], str(tmp_path / "s"), [f"t={tiny_teacher}"], backend="openvino", quantize="int8",
@@ -333,3 +336,37 @@ def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
     fid = t.backend.fidelity
     assert set(fid) == {"cls", "mean", "layers", "sentence"}
     assert min(f["min_cosine"] for f in fid.values()) >= 0.993, fid
+
+
+CHILD_EXIT_AFTER_OPENVINO = """
+import gc, signal, subprocess, sys
+from pipeline import backends
+t = backends.load(sys.argv[1], "openvino", sys.argv[2], precision="fp32")
+t.encode(["the cat sat on the mat", "a dog"])
+del t
+gc.collect()  # the OpenVINO plugin unloads here
+got = []
+signal.signal(signal.SIGCHLD, lambda *a: got.append(1))  # as torch's DataLoader does; handled on the signal stack
+subprocess.run(["true"], check=True)
+print("survived", len(got) > 0)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack is read through Linux's libc")
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_openvino_leaves_the_threads_signal_stack_usable(cache, tiny_teacher, tmp_path, quantize):
+    """OpenVINO's CPU plugin put its own signal stack on the compiling thread and freed it on unload: the next
+    signal handled there (a child's SIGCHLD) killed the process with SIGSEGV (pipeline/signal_stack.py)."""
+    _needs(Backend.openvino)
+    import subprocess
+
+    from pipeline import signal_stack
+
+    before = signal_stack.current()
+    t = backends.load(str(tiny_teacher), "openvino", quantize, precision="fp32")
+    t.encode(TEXTS)
+    assert signal_stack.current() == before
+    env = {**os.environ, "KD_CACHE": str(tmp_path / "fresh-cache"), "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-c", CHILD_EXIT_AFTER_OPENVINO, str(tiny_teacher), quantize],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "survived True" in r.stdout, (r.returncode, r.stderr[-2000:])
