@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -251,8 +252,9 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
     sha = teacher.meta([], "float32")["weights_sha256"]
     final = cache_folder(sha, b, q)
     want = {"format": FORMAT, "weights_sha256": sha, "backend": b.value, "quantize": q.value}
-    if int8_method(b, q):
-        want["int8_method"] = int8_method(b, q)
+    method = int8_method(b, q)
+    if method:
+        want["int8_method"] = method
     if _sound(final, want):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -341,8 +343,11 @@ def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
     else:
         file = "model.xml"
         with signal_stack.kept():  # NNCF compiles models too (pipeline/signal_stack.py)
-            versions |= _openvino_ir(fp32, tmp / file, int8_method(b, q),
-                                     lambda: _calibration_feeds(teacher, inputs, by_length=True), spec)
+            ov_versions, recipe = _openvino_ir(fp32, tmp / file, int8_method(b, q),
+                                               lambda: _calibration_feeds(teacher, inputs, by_length=True))
+        versions |= ov_versions
+        if recipe:
+            spec["int8_recipe"] = recipe
         _remove_onnx(fp32)
     return {**spec, "file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
             "opset": LEGACY_OPSET if exporter == "torchscript" else OPSET, "versions": versions}
@@ -448,8 +453,10 @@ def _quantize_onnx(src: Path, dst: Path) -> None:
                          use_external_data_format=external)
 
 
-def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Any, spec: dict) -> dict:
-    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16). int8 by `method`:
+def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Callable[[], list[dict[str, np.ndarray]]]
+                 ) -> tuple[dict, dict | None]:
+    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16); returns the versions used
+    and the int8 recipe (None without int8). int8 by `method`:
     - static: NNCF post-training quantization for transformers (int8 weights per channel, int8 activations
       with ranges from `calibration()` feeds, SmoothQuant alpha OPENVINO_SMOOTH_ALPHA; softmax, LayerNorm and
       GELU stay fp32): int8 x int8 matmuls, which VNNI/AMX run ~4x fp32's rate;
@@ -460,7 +467,7 @@ def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Any, spe
     versions = {"openvino": ov.__version__.split("-")[0]}
     if method is None:
         ov.save_model(model, str(dst), compress_to_fp16=False)
-        return versions
+        return versions, None
     try:
         import nncf
     except ImportError:
@@ -474,14 +481,14 @@ def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Any, spe
             model = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                                   subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=fp32_matmuls),
                                   advanced_parameters=nncf.AdvancedQuantizationParameters(smooth_quant_alphas=smooth))
-            spec["int8_recipe"] = {"method": "static", "smooth_quant_alpha": OPENVINO_SMOOTH_ALPHA,
-                                   "calibration_rows": CALIBRATION_ROWS, "fp32_matmuls": len(fp32_matmuls)}
+            recipe = {"method": "static", "smooth_quant_alpha": OPENVINO_SMOOTH_ALPHA,
+                      "calibration_rows": CALIBRATION_ROWS, "fp32_matmuls": len(fp32_matmuls)}
         else:
             model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-            spec["int8_recipe"] = {"method": "weights"}
+            recipe = {"method": "weights"}
     versions["nncf"] = nncf.__version__
     ov.save_model(model, str(dst), compress_to_fp16=False)
-    return versions
+    return versions, recipe
 
 
 def _activation_matmuls(model: Any) -> list[str]:

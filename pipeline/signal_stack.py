@@ -33,26 +33,24 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def _read(libc: ctypes.CDLL | None) -> _Stack | None:
+    old = _Stack()
+    return old if libc is not None and libc.sigaltstack(None, ctypes.byref(old)) == 0 else None
+
+
 def current() -> tuple[int, int, int] | None:
     """(address, flags, size) of this thread's alternate signal stack, or None where it cannot be read."""
-    libc = _libc()
-    if libc is None:
-        return None
-    old = _Stack()
-    if libc.sigaltstack(None, ctypes.byref(old)) != 0:
-        return None
-    return old.ss_sp or 0, old.ss_flags, old.ss_size
+    old = _read(_libc())
+    return None if old is None else (old.ss_sp or 0, old.ss_flags, old.ss_size)
 
 
 @contextlib.contextmanager
 def kept() -> Iterator[None]:
     """Run the body, then give this thread back the signal stack it had before."""
     libc = _libc()
-    old = _Stack()
-    if libc is None or libc.sigaltstack(None, ctypes.byref(old)) != 0:
-        yield
-        return
+    old = _read(libc)
     try:
         yield
     finally:
-        libc.sigaltstack(ctypes.byref(old), None)
+        if old is not None:
+            libc.sigaltstack(ctypes.byref(old), None)
