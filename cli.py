@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from storage.errors import KdError
+from kd.storage.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Offline knowledge distillation of sentence encoders.")
@@ -28,7 +28,7 @@ def _fail(e: KdError) -> None:
     raise typer.Exit(2)
 
 
-def main() -> None:  # pragma: no cover - console entry for `python -m cli`
+def main() -> None:  # pragma: no cover - console entry for `python -m kd`
     try:
         app()
     except KdError as e:
@@ -71,7 +71,7 @@ def precompute(
     gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)")] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
-    from pipeline.precompute import precompute as run
+    from kd.pipeline.precompute import precompute as run
 
     try:
         s = run(inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
@@ -101,7 +101,7 @@ def precompute(
 @app.command()
 def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
     """Print a store's manifest summary: inputs, tables, shards, teachers."""
-    from storage.info import summary_table
+    from kd.storage.info import summary_table
 
     try:
         term.print(summary_table(store))
@@ -115,11 +115,11 @@ def validate(
     repair: Annotated[bool, typer.Option(help="Drop damaged shards from the record (re-run precompute to redo them)")] = False,  # noqa: E501
 ) -> None:
     """Re-check checksums, schemas and id alignment of every shard; exit 1 on any problem."""
-    from storage.validate import check
+    from kd.storage.validate import check
 
     if repair:
-        from storage.repair import describe
-        from storage.repair import repair as run_repair
+        from kd.storage.repair import describe
+        from kd.storage.repair import repair as run_repair
 
         try:
             lines = describe(run_repair(store))
@@ -182,7 +182,7 @@ def train_student(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from student.trainer import TrainConfig, arch_defaults, train
+    from kd.student.trainer import TrainConfig, arch_defaults, train
 
     try:
         tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
@@ -215,7 +215,7 @@ def leakage(
     """Check a store against the evaluation sets: which rows are STS-B / SST-2 / clustering texts?"""
     from rich.table import Table
 
-    from apps.leakage import check_store
+    from kd.apps.leakage import check_store
 
     try:
         res = check_store(store)
@@ -244,7 +244,7 @@ def embed(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
-    from student.embed import embed as run
+    from kd.student.embed import embed as run
 
     try:
         s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
@@ -264,7 +264,7 @@ def export_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors)."""
-    from student.st_export import export_student
+    from kd.student.st_export import export_student
 
     try:
         path = export_student(student, format, out, overwrite)
@@ -305,7 +305,7 @@ def eval_(
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
     """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
-    from apps.eval import EvalConfig, Measure, evaluate
+    from kd.apps.eval import EvalConfig, Measure, evaluate
 
     try:
         cols = tuple(text_columns.split(",")) if text_columns else None
@@ -340,7 +340,7 @@ def demo(
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
-    from apps.demo import DemoConfig, run_demo
+    from kd.apps.demo import DemoConfig, run_demo
 
     try:
         res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, threads=threads, overwrite=overwrite,
@@ -366,7 +366,7 @@ def query_cmd(
     out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
 ) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
-    from apps.query_shell import query, repl
+    from kd.apps.query_shell import query, repl
 
     try:
         if sql is not None:
@@ -387,7 +387,7 @@ def index_cmd(
     kind: Annotated[str, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
 ) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
-    from storage.index import build_index, default_vector
+    from kd.storage.index import build_index, default_vector
 
     try:
         if table is None or column is None:
@@ -414,7 +414,7 @@ def search_cmd(
     """Top-k texts of the store nearest to a query (build the index first with kd index)."""
     from rich.table import Table
 
-    from apps.search import search_text
+    from kd.apps.search import search_text
 
     try:
         res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
@@ -438,7 +438,7 @@ def cluster_cmd(
     k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph")] = 30,
 ) -> None:
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
-    from storage.cluster import cluster_store
+    from kd.storage.cluster import cluster_store
 
     try:
         s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
@@ -482,7 +482,7 @@ def finetune_teacher_cmd(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Fine-tune a task teacher (a cross-encoder for pairs) that kd precompute --teacher DIR runs for logits."""
-    from pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
+    from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
 
     try:
         s = finetune_teacher(TeacherFinetuneConfig(
@@ -524,7 +524,7 @@ def finetune_cmd(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Fine-tune a student with an MLP head on a labelled task (SRA); with --kd-store also match a teacher (SRA+KD)."""
-    from student.finetune import FinetuneConfig, finetune
+    from kd.student.finetune import FinetuneConfig, finetune
 
     try:
         s = finetune(FinetuneConfig(

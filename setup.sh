@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q --disable-pip-version-check "torch==2.13.0"
 fi
-if ! python -c "import cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
+if ! python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   pip install -q --disable-pip-version-check -e ".[test]"
   touch .venv/.kd-installed
 fi

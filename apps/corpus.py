@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from apps import tasks
+from kd.apps import tasks
 
 DEMO_CORPUS = Path(__file__).with_name("data") / "demo_corpus.tsv.gz"
 SOURCES = ("leipzig-news", "leipzig-wikipedia", "brown", "wordnet-glosses")

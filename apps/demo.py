@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apps.corpus import demo_corpus
-from apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
-from apps.speed import pick_threads
+from kd.apps.corpus import demo_corpus
+from kd.apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
+from kd.apps.speed import pick_threads
 
 
 @dataclass
@@ -74,9 +74,9 @@ def preflight(cfg: DemoConfig) -> Path:
     """
     import os
 
-    from apps import tasks
-    from pipeline.resolve import resolve_teacher
-    from storage.errors import KdError
+    from kd.apps import tasks
+    from kd.pipeline.resolve import resolve_teacher
+    from kd.storage.errors import KdError
 
     out = Path(cfg.out).resolve()
     if out.exists() and not out.is_dir():
@@ -95,8 +95,8 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
     """precompute -> train-student -> eval; returns where everything went and the report."""
     import torch
 
-    from pipeline.precompute import precompute
-    from student.trainer import train
+    from kd.pipeline.precompute import precompute
+    from kd.student.trainer import train
 
     out = preflight(cfg)
     torch.set_num_threads(pick_threads(cfg.threads))
@@ -137,7 +137,7 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
 
 def _tier_config(cfg: DemoConfig, tier: str, store: Path, folder: Path):
     """Training options of a demo tier: the arch's defaults, sized to finish in minutes on 2 cores."""
-    from student.trainer import TrainConfig, arch_defaults
+    from kd.student.trainer import TrainConfig, arch_defaults
 
     steps = dict(max_steps=30, epochs=1) if cfg.quick else {}
     common = dict(objectives=["cosine"], patience=0, val_percent=5.0, checkpoint_every=10_000,

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from apps import metrics, tasks
-from apps.models import (
+from kd.apps import metrics, tasks
+from kd.apps.models import (
     EvalModel,
     model2vec_available,
     model2vec_baseline,
@@ -28,10 +28,10 @@ from apps.models import (
     student_model,
     teacher_model,
 )
-from apps.speed import measure_speed, pick_threads
-from apps.store_teacher import StoreTeacher
-from storage.errors import InputError, KdError
-from storage.progress import Bar
+from kd.apps.speed import measure_speed, pick_threads
+from kd.apps.store_teacher import StoreTeacher
+from kd.storage.errors import InputError, KdError
+from kd.storage.progress import Bar
 
 
 class Measure(str, Enum):
@@ -249,7 +249,7 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
         others.append(model2vec_folder(cfg.baseline_dir))
     elif cfg.baseline and model2vec_available():
         try:  # resolve the checkpoint folder without loading the teacher's weights
-            from pipeline.resolve import resolve_teacher
+            from kd.pipeline.resolve import resolve_teacher
 
             src = store.meta.get("source") if store else cfg.teacher
             base = model2vec_baseline(resolve_teacher(str(src).split("=")[-1]).path)
@@ -306,7 +306,7 @@ def write_outputs(report: EvalReport, cfg: EvalConfig) -> None:
         Path(cfg.markdown_path).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.markdown_path).write_text(report.markdown())
     if cfg.plot_dir:
-        from apps.plots import write_plots
+        from kd.apps.plots import write_plots
 
         report.info["plots"] = [str(p) for p in write_plots(report, Path(cfg.plot_dir))]
 
@@ -365,7 +365,7 @@ def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[l
     if teacher.store is not None:
         texts, tv = teacher.store.sample(cfg.agreement_rows)
         return texts, tv, f"{len(texts)} rows of the store (of {teacher.store.num_rows})"
-    from apps.corpus import demo_sentences
+    from kd.apps.corpus import demo_sentences
 
     if cfg.agreement_texts:
         lines = Path(cfg.agreement_texts).read_text(encoding="utf-8").splitlines()

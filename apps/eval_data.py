@@ -14,7 +14,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
-from apps import tasks
+from kd.apps import tasks
 
 
 def _write(path: Path, lines: list[str]) -> None:

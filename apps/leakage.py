@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from apps import tasks
-from storage.store import Store
+from kd.apps import tasks
+from kd.storage.store import Store
 
 
 def normalise(text: str) -> str:

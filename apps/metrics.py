@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from apps.metrics_cluster import PairScores, pair_f1
+from kd.apps.metrics_cluster import PairScores, pair_f1
 
 
 def normalize(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from apps.speed import SizeResult, model_size
+from kd.apps.speed import SizeResult, model_size
 
 EncodeFn = Callable[[list[str]], np.ndarray]
 
@@ -73,13 +73,13 @@ def teacher_model(spec: str, target: str | None = None, name: str | None = None)
     """A teacher checkpoint (alias, directory or NAME=PATH) giving its `target` output."""
 
     def load() -> Loaded:
-        from pipeline.teacher import load_teacher
+        from kd.pipeline.teacher import load_teacher
 
         t = load_teacher(spec)
         out = target or ("sentence" if t.st is not None else "mean")
         outputs = [o for o in t.available() if o.value == out]
         if not outputs:
-            from storage.errors import InputError
+            from kd.storage.errors import InputError
 
             raise InputError(f"teacher {t.name} has no output {out!r}", spec,
                              f"pick one of: {', '.join(o.value for o in t.available())}")
@@ -98,8 +98,8 @@ def student_model(folder: str | Path, name: str | None = None) -> EvalModel:
     """A student saved by `kd train-student` (student.export)."""
 
     def load() -> Loaded:
-        import student
-        from student.export import CONFIG, TOKENIZER, WEIGHTS
+        from kd import student
+        from kd.student.export import CONFIG, TOKENIZER, WEIGHTS
 
         s = student.load(folder)
         files = [Path(folder) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]
@@ -126,7 +126,7 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
 
         from model2vec import StaticModel
 
-        from pipeline.resolve import cache_dir
+        from kd.pipeline.resolve import cache_dir
 
         key = hashlib.sha256(f"{Path(teacher_dir).resolve()}:{pca_dims}".encode()).hexdigest()[:16]
         folder = cache_dir() / "model2vec" / key

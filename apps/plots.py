@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from apps.eval import EvalReport
+    from kd.apps.eval import EvalReport
 
 
 def write_plots(report: EvalReport, folder: Path) -> list[Path]:

@@ -18,10 +18,10 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from storage.errors import KdError
-from storage.query import Format, connect, export, run_query
-from storage.schema import vector_shape
-from storage.store import Store
+from kd.storage.errors import KdError
+from kd.storage.query import Format, connect, export, run_query
+from kd.storage.schema import vector_shape
+from kd.storage.store import Store
 
 MAX_CELL = 60
 

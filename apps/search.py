@@ -16,15 +16,15 @@ import os
 
 import numpy as np
 
-from storage.errors import InputError, KdError
-from storage.index import SearchResult, search
-from storage.store import Store
+from kd.storage.errors import InputError, KdError
+from kd.storage.index import SearchResult, search
+from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")
 
 
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
-    from pipeline.teacher import Output, load_teacher, weights_sha256
+    from kd.pipeline.teacher import Output, load_teacher, weights_sha256
 
     # a teacher of the store by name, or by the spec it was precomputed from (e.g. its path)
     by_source = [t for t in store.manifest.teachers() if store.table(f"teachers/{t}").meta.get("source") == teacher]
@@ -47,7 +47,7 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -
 
 
 def _student_vector(student_dir: str, text: str) -> np.ndarray:
-    import student
+    from kd import student
 
     return np.asarray(student.load(student_dir).encode([text]))[0]
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from storage import Store
-from storage.errors import StoreError
-from storage.schema import arrow_to_vectors
+from kd.storage import Store
+from kd.storage.errors import StoreError
+from kd.storage.schema import arrow_to_vectors
 
 # Above this many rows a text->row map costs more memory than running the teacher on a task.
 MAX_LOOKUP_ROWS = 5_000_000

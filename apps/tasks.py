@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.errors import InputError
+from kd.storage.errors import InputError
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))

@@ -49,8 +49,8 @@ def child(a: argparse.Namespace) -> None:
     import torch
 
     from bench.precompute_vs_st import load_sentences
-    from pipeline.batches import encode_all
-    from pipeline.teacher import Output, load_teacher
+    from kd.pipeline.batches import encode_all
+    from kd.pipeline.teacher import Output, load_teacher
 
     torch.set_num_threads(a.threads)
     texts = load_sentences(a.n)

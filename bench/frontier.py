@@ -71,7 +71,7 @@ def load(spec: Spec):
     if spec.kind in ("teacher", "teacher-int8"):
         import torch
 
-        from pipeline.teacher import load_teacher
+        from kd.pipeline.teacher import load_teacher
 
         t = load_teacher(spec.path, device="cpu")
         if spec.kind == "teacher-int8":
@@ -85,8 +85,8 @@ def load(spec: Spec):
         m = StaticModel.from_pretrained(spec.path)
         return (lambda texts: m.encode(texts, batch_size=max(1, len(texts)))), [Path(spec.path)]
     if spec.kind == "kd":
-        import student
-        from student.export import CONFIG, TOKENIZER, WEIGHTS
+        from kd import student
+        from kd.student.export import CONFIG, TOKENIZER, WEIGHTS
 
         s = student.load(spec.path)
         files = [Path(spec.path) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]
@@ -100,7 +100,7 @@ def _int8_mb(spec: Spec) -> float | None:
 
     import torch
 
-    from pipeline.teacher import load_teacher
+    from kd.pipeline.teacher import load_teacher
 
     t = load_teacher(spec.path, device="cpu")
     q = torch.ao.quantization.quantize_dynamic(t.model, {torch.nn.Linear}, dtype=torch.qint8)
@@ -110,7 +110,7 @@ def _int8_mb(spec: Spec) -> float | None:
 
 
 def child(args: argparse.Namespace) -> None:
-    from apps.speed import disk_mb, measure_speed
+    from kd.apps.speed import disk_mb, measure_speed
 
     _set_threads(args.threads)
     spec = Spec.parse(args.child)
@@ -138,7 +138,7 @@ class EvalTexts:
 
 
 def eval_texts() -> EvalTexts:
-    from apps import tasks
+    from kd.apps import tasks
 
     sts = tasks.load_stsb("test")
     probe = tasks.load_sst2(4000)
@@ -157,7 +157,7 @@ def eval_texts() -> EvalTexts:
 
 
 def score(v: np.ndarray, ev: EvalTexts) -> dict[str, float]:
-    from apps import metrics
+    from kd.apps import metrics
 
     n, _, gold = ev.sts
     out = {"stsb": metrics.sts_spearman(v[:n], v[n : 2 * n], gold)}

@@ -28,7 +28,7 @@ from bench.frontier import ROOT, eval_texts, score
 
 
 def kd(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "cli", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "kd", *args], check=True, cwd=ROOT)
 
 
 def build(work: Path, backend: str, brown: int) -> dict[str, Path]:
@@ -62,7 +62,7 @@ def main() -> None:
     work = ROOT / a.work
     work.mkdir(parents=True, exist_ok=True)
     stores = build(work, a.backend, a.brown)
-    import student
+    from kd import student
 
     manifest = json.loads((stores["int8"] / "manifest.json").read_text())
     meta = manifest["tables"]["teachers/minilm"]["meta"]

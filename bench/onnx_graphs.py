@@ -32,8 +32,8 @@ GRAPHS = ("torch", "traced", "dynamo", "traced-int8", "dynamo-int8", "traced-int
 
 def load(graph: str):
     """The teacher on `graph`, exporting it into WORK/<graph> first if needed (KD_CACHE points there)."""
-    from pipeline import backends
-    from pipeline.teacher import load_teacher
+    from kd.pipeline import backends
+    from kd.pipeline.teacher import load_teacher
 
     if graph == "torch":
         return load_teacher("minilm", "cpu")
@@ -50,8 +50,8 @@ def child(a: argparse.Namespace) -> None:
     import torch
 
     from bench.precompute_vs_st import load_sentences
-    from pipeline.batches import encode_all
-    from pipeline.teacher import Output
+    from kd.pipeline.batches import encode_all
+    from kd.pipeline.teacher import Output
 
     torch.set_num_threads(a.threads)
     texts = load_sentences(a.n)

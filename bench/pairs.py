@@ -43,18 +43,18 @@ import numpy as np
 import torch
 
 from bench.retrieval import median_time
-from pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
-from pipeline.precompute import precompute
-from pipeline.teacher import Output, load_teacher
-from storage.inputs import ColumnSpec
-from storage.store import Store
-from storage.tasks import LabelSet, Task, read_task, task_metrics
-from student import load
-from student.finetune import FinetuneConfig, finetune, load_task_model
-from student.models import StudentOutput
-from student.objectives import build_objectives
-from student.objectives.base import ObjectiveName
-from student.trainer import TrainConfig, train
+from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
+from kd.pipeline.precompute import precompute
+from kd.pipeline.teacher import Output, load_teacher
+from kd.storage.inputs import ColumnSpec
+from kd.storage.store import Store
+from kd.storage.tasks import LabelSet, Task, read_task, task_metrics
+from kd.student import load
+from kd.student.finetune import FinetuneConfig, finetune, load_task_model
+from kd.student.models import StudentOutput
+from kd.student.objectives import build_objectives
+from kd.student.objectives.base import ObjectiveName
+from kd.student.trainer import TrainConfig, train
 
 DATA = Path(os.environ.get("KD_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
 PAIR = dict(pair_columns="a,b", label_column="label")
@@ -101,7 +101,7 @@ def log(msg: str) -> None:
 def write_subset(src: Path, spec: ColumnSpec, task: Task, rows: int | None, seed: int, out: Path) -> Path:
     if out.exists():
         return out
-    from storage.tasks import TaskRows
+    from kd.storage.tasks import TaskRows
 
     data: TaskRows = read_task(str(src), task, spec)
     keep = np.arange(len(data)) if rows is None or rows >= len(data) else \
@@ -279,7 +279,7 @@ def query_speedup(cfg: BenchConfig, ce: CrossEncoder, dse: ObjectiveHead, query:
 
 
 def run(cfg: BenchConfig) -> dict:
-    from apps.speed import pick_threads
+    from kd.apps.speed import pick_threads
 
     torch.manual_seed(cfg.seed)
     # on a busy 2-core machine a second intra-op thread made MiniLM fine-tuning 5x slower, not faster

@@ -98,15 +98,15 @@ def warm_imports(side: str) -> None:
     import transformers.models.bert.modeling_bert  # noqa: F401  the teacher's architecture, both sides
 
     if side == "kd":
-        import pipeline.precompute  # noqa: F401
+        import kd.pipeline.precompute  # noqa: F401
     else:
         import sentence_transformers  # noqa: F401
 
 
 def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
-    from pipeline.precompute import precompute
-    from storage import Store
-    from storage.schema import arrow_to_vectors
+    from kd.pipeline.precompute import precompute
+    from kd.storage import Store
+    from kd.storage.schema import arrow_to_vectors
 
     with tempfile.TemporaryDirectory(dir=WORK) as tmp:
         src = Path(tmp) / "in.txt"
@@ -125,7 +125,7 @@ def _st_int8_dir() -> Path:
     """A copy of the packaged MiniLM with ST's dynamically quantized ONNX file (made once, not timed)."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
-    from pipeline.resolve import resolve_teacher
+    from kd.pipeline.resolve import resolve_teacher
 
     folder = WORK / "st-minilm-onnx"
     if not (folder / st_int8_file()).exists():
@@ -141,7 +141,7 @@ def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.resolve import resolve_teacher
+    from kd.pipeline.resolve import resolve_teacher
 
     kwargs: dict = {}
     path = resolve_teacher("minilm").path
@@ -191,7 +191,7 @@ def cell(c: dict) -> str:
 
 def kd_label(backend: str, precision: str) -> str:
     """The side's name, with the int8 recipe kd picks on this CPU (OpenVINO's follows its int8 dot products)."""
-    from pipeline.backends import Backend, Quantize, int8_method
+    from kd.pipeline.backends import Backend, Quantize, int8_method
 
     recipe = ""
     if precision == "int8":
@@ -202,7 +202,7 @@ def kd_label(backend: str, precision: str) -> str:
 
 def export_once(kd_backends: list[str], precision: str) -> None:
     """Fill kd's export cache before the clock (as ST's int8 file is made once): a user exports once."""
-    from pipeline import backends
+    from kd.pipeline import backends
 
     for b in kd_backends:
         if b != "torch":

@@ -31,14 +31,14 @@ OUT = ROOT / "bench" / "out"
 
 
 def load_sentences(n: int) -> list[str]:
-    from apps.corpus import _leipzig
+    from kd.apps.corpus import _leipzig
 
     return (_leipzig("news") + _leipzig("wikipedia"))[:n]
 
 
 def child(a: argparse.Namespace) -> None:
     """One timed run in this (fresh) process; writes {seconds, rows, ...} to --result."""
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     tmp = Path(tempfile.mkdtemp(prefix="kd-ray-bench-"))
     try:

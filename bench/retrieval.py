@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.index import IndexKind, make_index, normalize
-from storage.query import connect, view_names
-from storage.schema import arrow_to_vectors
-from storage.store import Store
+from kd.storage.index import IndexKind, make_index, normalize
+from kd.storage.query import connect, view_names
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
 
 STSB_TEST = Path(os.environ.get("KD_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data" / "stsb" \
     / "sts-test.csv"
@@ -72,7 +72,7 @@ def cross_encoder_seconds(query: str, rows: list[str], batch: int) -> float:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from pipeline.resolve import resolve_teacher
+    from kd.pipeline.resolve import resolve_teacher
 
     hf_logging.set_verbosity_error()  # the new one-logit head's "newly initialized" notice
     path = resolve_teacher("minilm").path
@@ -124,8 +124,8 @@ def main() -> None:
     import faiss
     import torch
 
-    import student
-    from pipeline.teacher import load_teacher
+    from kd import student
+    from kd.pipeline.teacher import load_teacher
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)

@@ -78,7 +78,7 @@ def eval_overlap_ids(store) -> np.ndarray:
     """Ids of store rows whose text (lower-cased, whitespace collapsed) is in an evaluation set."""
     import re
 
-    from apps import tasks
+    from kd.apps import tasks
 
     def norm(t: str) -> str:
         return re.sub(r"\s+", " ", t.strip().lower())
@@ -95,7 +95,7 @@ def eval_overlap_ids(store) -> np.ndarray:
 def export_training_data(store_path: str, teacher: str, out: Path) -> int:
     """Store texts + `mean` vectors minus evaluation-set overlaps, as Tokenlearn's inputs."""
 
-    from storage.store import Store
+    from kd.storage.store import Store
 
     store = Store.open(store_path)
     texts = store.read_table("texts", ["id", "text"])
@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--teacher", default="minilm")
     ap.add_argument("--budget", type=float, default=900.0, help="Tokenlearn training seconds")
     a = ap.parse_args()
-    from pipeline.resolve import resolve_teacher
+    from kd.pipeline.resolve import resolve_teacher
 
     teacher_dir = resolve_teacher(a.teacher).path
     py = str(venv())

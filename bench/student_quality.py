@@ -57,9 +57,9 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true", help="evaluate students already in bench/out")
     args = ap.parse_args()
 
-    from apps.eval import EvalConfig, Measure, evaluate
-    from pipeline.resolve import resolve_teacher
-    from student.trainer import TrainConfig, train
+    from kd.apps.eval import EvalConfig, Measure, evaluate
+    from kd.pipeline.resolve import resolve_teacher
+    from kd.student.trainer import TrainConfig, train
 
     students = []
     for arch in args.arch:

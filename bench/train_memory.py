@@ -28,7 +28,7 @@ WRAPPER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check
 
 
 def peak_rss_mb(store: Path, out: Path, steps: int) -> float:
-    cmd = [sys.executable, "-m", "cli", "train-student", "-s", str(store), "-o", str(out), "--max-steps", str(steps),
+    cmd = [sys.executable, "-m", "kd", "train-student", "-s", str(store), "-o", str(out), "--max-steps", str(steps),
            "--objective", "cosine", "--objective", "contrastive:0.5", "--batch-size", "64", "--hidden-dim", "128",
            "--no-progress", "--eval-every", "1000000", "--patience", "0"]
     res = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], check=True, cwd=ROOT, capture_output=True, text=True)

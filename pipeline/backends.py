@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline import signal_stack
-from pipeline.resolve import cache_dir
-from pipeline.teacher import Precision, Teacher, load_teacher
-from storage import fs
-from storage.errors import InputError, KdError
-from storage.hardware import native_bf16, native_int8
-from storage.quiet import quiet
+from kd.pipeline import signal_stack
+from kd.pipeline.resolve import cache_dir
+from kd.pipeline.teacher import Precision, Teacher, load_teacher
+from kd.storage import fs
+from kd.storage.errors import InputError, KdError
+from kd.storage.hardware import native_bf16, native_int8
+from kd.storage.quiet import quiet
 
 
 class Backend(str, Enum):
@@ -399,7 +399,7 @@ def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
     import onnx
 
-    from pipeline import smooth_quant
+    from kd.pipeline import smooth_quant
 
     feeds = _calibration_feeds(teacher, inputs)
     model = onnx.load(str(path))
@@ -417,7 +417,7 @@ def _calibration_feeds(teacher: Teacher, inputs: list[str], by_length: bool = Fa
     fidelity measured after loading is not flattered; batches of 32, in corpus order (padding included, for
     SmoothQuant's run-time-scaled activations) or sorted by length as precompute batches them (for static
     activation ranges, which padded positions' outliers would widen: min cosine 0.9857 vs 0.99 on MiniLM)."""
-    from apps.corpus import demo_sentences
+    from kd.apps.corpus import demo_sentences
 
     s = demo_sentences()[2 * FIDELITY_ROWS:2 * FIDELITY_ROWS + 2 * CALIBRATION_ROWS]
     texts = list(zip(s[::2], s[1::2])) if teacher.has_head else s[:CALIBRATION_ROWS]
@@ -504,7 +504,7 @@ def _activation_matmuls(model: Any) -> list[str]:
 
 def fidelity_texts(teacher: Teacher) -> list:
     """64 bundled sentences mixing the four sources of apps/data; pairs for cross-encoders."""
-    from apps.corpus import demo_sentences
+    from kd.apps.corpus import demo_sentences
 
     s = demo_sentences()[: 2 * FIDELITY_ROWS]
     return list(zip(s[:FIDELITY_ROWS], s[FIDELITY_ROWS:])) if teacher.has_head else s[:FIDELITY_ROWS]
@@ -512,7 +512,7 @@ def fidelity_texts(teacher: Teacher) -> list:
 
 def fidelity(teacher: Teacher, texts: list | None = None) -> dict:
     """{column: {min_cosine, mean_cosine, sample_rows}} of the teacher's backend against torch fp32."""
-    from pipeline.batches import encode_all
+    from kd.pipeline.batches import encode_all
 
     texts = fidelity_texts(teacher) if texts is None else texts
     outputs = teacher.available()

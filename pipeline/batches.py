@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.plan import default_batch_tokens, plan_batches
-from pipeline.teacher import Output, Teacher
+from kd.pipeline.plan import default_batch_tokens, plan_batches
+from kd.pipeline.teacher import Output, Teacher
 
 
 def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, list], np.ndarray]:

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.resolve import resolve_teacher
-from pipeline.teacher import pick_device
-from storage.errors import InputError, KdError
-from storage.progress import Bar
-from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
+from kd.pipeline.resolve import resolve_teacher
+from kd.pipeline.teacher import pick_device
+from kd.storage.errors import InputError, KdError
+from kd.storage.progress import Bar
+from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
 

@@ -3,6 +3,6 @@
 Re-exported here so stage one keeps its import path.
 """
 
-from storage.inputs import SUFFIXES, ColumnSpec, Records, expand_inputs, parse_pair_columns, read_inputs
+from kd.storage.inputs import SUFFIXES, ColumnSpec, Records, expand_inputs, parse_pair_columns, read_inputs
 
 __all__ = ["SUFFIXES", "ColumnSpec", "Records", "expand_inputs", "parse_pair_columns", "read_inputs"]

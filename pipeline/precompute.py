@@ -26,19 +26,19 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pipeline import backends
-from pipeline import inputs as inp
-from pipeline.batches import encode_all, input_embeddings
-from pipeline.plan import ShardPlan, writer_rank
-from pipeline.rows import RowCounts, build_texts
-from pipeline.segment import segment as split_sentences
-from pipeline.teacher import Output, Teacher
-from storage import fs
-from storage.errors import InputError, StoreError
-from storage.manifest import Manifest, same_settings
-from storage.progress import Bar
-from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
-from storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
+from kd.pipeline import backends
+from kd.pipeline import inputs as inp
+from kd.pipeline.batches import encode_all, input_embeddings
+from kd.pipeline.plan import ShardPlan, writer_rank
+from kd.pipeline.rows import RowCounts, build_texts
+from kd.pipeline.segment import segment as split_sentences
+from kd.pipeline.teacher import Output, Teacher
+from kd.storage import fs
+from kd.storage.errors import InputError, StoreError
+from kd.storage.manifest import Manifest, same_settings
+from kd.storage.progress import Bar
+from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
+from kd.storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
 
 
 @dataclass
@@ -132,7 +132,7 @@ def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.T
     rec = existing.tables.get("texts")
     if rec is None or not all(k in rec.shards for k in owned):
         return None
-    from storage.store import Store
+    from kd.storage.store import Store
 
     store = Store(loc, existing)  # verified reads: a tampered texts shard must not be encoded by a new teacher
     return pa.concat_tables([store.read_shard("texts", k) for k in owned])
@@ -151,7 +151,7 @@ def precompute(
 ) -> PrecomputeSummary:
     """Run `teachers` over `inputs` and write/extend the store at `out`. See the module docstring;
     `engine="ray"`: pipeline/ray_engine.py."""
-    from pipeline import ray_engine
+    from kd.pipeline import ray_engine
 
     t0 = time.perf_counter()
     # Options first: nothing may be read, loaded or created before they are known to be usable.
@@ -263,7 +263,7 @@ def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> li
 
 def _write_init(writer, t: Teacher, keep_layers: str | None) -> bool:
     """Write teachers/<name>/init-<layers>/ (embeddings + kept layers, config) once, checksummed."""
-    from pipeline.keep_layers import folder_name, init_files, parse_layers
+    from kd.pipeline.keep_layers import folder_name, init_files, parse_layers
 
     layers = parse_layers(keep_layers, t.num_layers)
     base = f"teachers/{t.name}/{folder_name(layers)}"
@@ -279,7 +279,7 @@ def _write_init(writer, t: Teacher, keep_layers: str | None) -> bool:
 
 def _write_vocab(writer, t: Teacher, progress: bool) -> bool:
     """Write teachers/<name>/vocab.safetensors once (with its sha256 in the manifest); False if present."""
-    from pipeline.vocab import VOCAB_FILE, vocab_bytes
+    from kd.pipeline.vocab import VOCAB_FILE, vocab_bytes
 
     rel = f"teachers/{t.name}/{VOCAB_FILE}"
     if rel in writer.manifest.extras.get("files", {}) and fs.exists(writer.loc, *rel.split("/")):

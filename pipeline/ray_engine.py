@@ -47,11 +47,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.plan import ShardPlan
-from storage import fs
-from storage.errors import InputError, KdError, StoreError
-from storage.manifest import Manifest, ShardRecord, same_settings
-from storage.store import Store, shard_file
+from kd.pipeline.plan import ShardPlan
+from kd.storage import fs
+from kd.storage.errors import InputError, KdError, StoreError
+from kd.storage.manifest import Manifest, ShardRecord, same_settings
+from kd.storage.store import Store, shard_file
 
 ENGINES = ("local", "ray")
 MAX_ATTEMPTS = 3  # a unit whose worker died this many times stops the job (it likely kills workers: memory)
@@ -225,8 +225,8 @@ class UnitWorker:
 
     def _teacher(self, name: str) -> tuple[Any, dict]:
         if self.held is None or self.held[0] != name:
-            from pipeline import backends
-            from pipeline.teacher import Output
+            from kd.pipeline import backends
+            from kd.pipeline.teacher import Output
 
             self.held = None
             gc.collect()  # the previous teacher goes before the next one loads
@@ -241,9 +241,9 @@ class UnitWorker:
 
     def encode(self, name: str, k: int, texts: ShardRecord) -> dict:
         """Encode unit (name, k) into a temp file next to its shard; the driver commits it."""
-        from pipeline.precompute import encode_shard
-        from pipeline.teacher import Output
-        from storage.schema import VectorDType
+        from kd.pipeline.precompute import encode_shard
+        from kd.pipeline.teacher import Output
+        from kd.storage.schema import VectorDType
 
         t, meta = self._teacher(name)
         shard = read_texts(self.loc, texts)
@@ -314,9 +314,9 @@ class _Pool:
 def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer, loaded, touts, rows: pa.Table,
           plan: ShardPlan, pairs: bool, vdtype, batch_tokens: int | None, counts, progress: bool, t0: float):
     """The driver's part of `kd precompute --engine ray` (see the module docstring); returns the summary."""
-    from pipeline.precompute import PrecomputeSummary, _remove_own_temps, _save_teacher_files, _span, declare_teacher
-    from storage.schema import type_name
-    from storage.store import load_manifest
+    from kd.pipeline.precompute import PrecomputeSummary, _remove_own_temps, _save_teacher_files, _span, declare_teacher
+    from kd.storage.schema import type_name
+    from kd.storage.store import load_manifest
 
     existing = load_manifest(writer.loc)
     names = [t.name for t in loaded]
@@ -383,7 +383,7 @@ def check_unchanged(existing: Manifest | None, loaded: list, touts: dict, vdtype
 def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, touts, pairs, vdtype, batch_tokens,
                progress, summary, settle) -> None:
     """Hand the units to Ray actors one at a time (to whichever is free), commit what they return."""
-    from storage.progress import Bar
+    from kd.storage.progress import Bar
 
     ray = require_ray()
     limit = start_timeout()

@@ -22,8 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import KdError
-from storage.names import check_name
+from kd.storage.errors import KdError
+from kd.storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
 

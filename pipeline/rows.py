@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.inputs import Records
-from storage.ids import is_empty as _is_empty
-from storage.ids import text_id
-from storage.ids import text_key as _key
-from storage.schema import texts_schema
+from kd.pipeline.inputs import Records
+from kd.storage.ids import is_empty as _is_empty
+from kd.storage.ids import text_id
+from kd.storage.ids import text_key as _key
+from kd.storage.schema import texts_schema
 
 
 @dataclass

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.resolve import TeacherRef, resolve_teacher
-from storage.errors import KdError
-from storage.hardware import native_bf16
+from kd.pipeline.resolve import TeacherRef, resolve_teacher
+from kd.storage.errors import KdError
+from kd.storage.hardware import native_bf16
 
 
 class Output(str, Enum):
@@ -236,7 +236,7 @@ class Teacher:
         self, texts: list, outputs: list[Output] | None = None, batch_tokens: int | None = None
     ) -> dict[str, np.ndarray]:
         """Convenience for evaluation and search: encode texts (or (a, b) pairs) in input order."""
-        from pipeline.batches import encode_all
+        from kd.pipeline.batches import encode_all
 
         return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
 

@@ -4,8 +4,8 @@
 package and never each other.
 """
 
-from storage.errors import KdError, StoreError
-from storage.manifest import FORMAT_VERSION, Manifest, ShardRecord, TableRecord
-from storage.store import Store
+from kd.storage.errors import KdError, StoreError
+from kd.storage.manifest import FORMAT_VERSION, Manifest, ShardRecord, TableRecord
+from kd.storage.store import Store
 
 __all__ = ["FORMAT_VERSION", "KdError", "Manifest", "ShardRecord", "Store", "StoreError", "TableRecord"]

@@ -35,10 +35,10 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
-from storage.errors import InputError
-from storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
-from storage.query import resolve_table, view_names
-from storage.store import Store, drop_table, open_writer
+from kd.storage.errors import InputError
+from kd.storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
+from kd.storage.query import resolve_table, view_names
+from kd.storage.store import Store, drop_table, open_writer
 
 
 class Method(str, Enum):

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from storage.names import inside
+from kd.storage.names import inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
 

@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import fs
-from storage.errors import InputError, StoreError
-from storage.query import resolve_table, view_names
-from storage.schema import arrow_to_vectors, vector_shape
-from storage.store import Store, iter_shards, open_writer
+from kd.storage import fs
+from kd.storage.errors import InputError, StoreError
+from kd.storage.query import resolve_table, view_names
+from kd.storage.schema import arrow_to_vectors, vector_shape
+from kd.storage.store import Store, iter_shards, open_writer
 
 WRITER_ID = "index"
 EXTRA_PREFIX = "index:"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from storage.store import Store
+from kd.storage.store import Store
 
 
 def summary_table(store_path: str) -> Group:

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from storage.errors import InputError
+from kd.storage.errors import InputError
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
 

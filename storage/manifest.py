@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storage.errors import StoreError
+from kd.storage.errors import StoreError
 
 FORMAT_NAME = "kd-store"
 FORMAT_VERSION = 1

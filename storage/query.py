@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from storage.errors import InputError, KdError
-from storage.manifest import Manifest
-from storage.schema import vector_shape
-from storage.store import Store
+from kd.storage.errors import InputError, KdError
+from kd.storage.manifest import Manifest
+from kd.storage.schema import vector_shape
+from kd.storage.store import Store
 
 RESERVED = ("texts", "outputs")
 _KIND_PREFIX = {"teacher": "teacher_", "student": "student_", "derived": "derived_"}

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from storage import fs
-from storage.errors import StoreError
-from storage.manifest import Manifest
-from storage.store import FRAGMENTS, MANIFEST, load_manifest
+from kd.storage import fs
+from kd.storage.errors import StoreError
+from kd.storage.manifest import Manifest
+from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 
 @dataclass

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from storage import fs
-from storage.errors import StoreError
-from storage.manifest import Manifest, ShardRecord, TableRecord, merge
+from kd.storage import fs
+from kd.storage.errors import StoreError
+from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
 
 MANIFEST = "manifest.json"
 REPAIR = "run `kd validate STORE --repair` to drop the damaged shards, then re-run the command that wrote them"

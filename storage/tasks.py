@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.errors import InputError, KdError
-from storage.ids import is_empty, row_ids
-from storage.inputs import ColumnSpec, expand_inputs, read_inputs
+from kd.storage.errors import InputError, KdError
+from kd.storage.ids import is_empty, row_ids
+from kd.storage.inputs import ColumnSpec, expand_inputs, read_inputs
 
 
 class Task(str, Enum):

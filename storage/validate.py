@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import fs
-from storage.errors import StoreError
-from storage.schema import type_name
-from storage.store import Store
+from kd.storage import fs
+from kd.storage.errors import StoreError
+from kd.storage.schema import type_name
+from kd.storage.store import Store
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _check_files(store: Store) -> list[Problem]:
 
 def _check_indexes(store: Store) -> list[Problem]:
     """Every faiss index the manifest lists: files present, checksums, row counts, not stale."""
-    from storage.index import list_indexes, load_index
+    from kd.storage.index import list_indexes, load_index
 
     out = []
     for info in list_indexes(store):

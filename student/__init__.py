@@ -2,11 +2,11 @@
 
 Never imports `pipeline` or any transformers model class: a student trains from Parquet shards alone.
 
-    import student
+    from kd import student
     model = student.load("runs/bilstm")       # a folder written by `kd train-student`
     vectors = model.encode(["a sentence", "another one"])
 """
 
-from student.export import LoadedStudent, load
+from kd.student.export import LoadedStudent, load
 
 __all__ = ["LoadedStudent", "load"]

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from storage import fs
-from storage.errors import KdError
-from storage.manifest import Manifest
+from kd.storage import fs
+from kd.storage.errors import KdError
+from kd.storage.manifest import Manifest
 
 CHECKPOINT = "checkpoint.pt"
 

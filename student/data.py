@@ -28,9 +28,9 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from storage.errors import InputError, StoreError
-from storage.schema import arrow_to_vectors
-from storage.store import Store
+from kd.storage.errors import InputError, StoreError
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
 
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)

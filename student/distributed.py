@@ -33,7 +33,7 @@ def init_dist(device: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda") and not torch.cuda.is_available():
-        from storage.errors import KdError
+        from kd.storage.errors import KdError
 
         raise KdError(f"--device {device} was asked for, but this machine has no CUDA device", "--device",
                       "use --device cpu, or --device auto")

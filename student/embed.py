@@ -20,14 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import fs
-from storage.errors import InputError, StoreError
-from storage.manifest import Manifest
-from storage.names import check_name
-from storage.progress import Bar
-from storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
-from storage.store import Store, open_writer
-from student.export import LoadedStudent, load
+from kd.storage import fs
+from kd.storage.errors import InputError, StoreError
+from kd.storage.manifest import Manifest
+from kd.storage.names import check_name
+from kd.storage.progress import Bar
+from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
+from kd.storage.store import Store, open_writer
+from kd.student.export import LoadedStudent, load
 
 
 @dataclass
@@ -105,7 +105,7 @@ def read_texts(path: str, text_column: str | None = None) -> list[str]:
     Read by `storage.inputs` (what precompute uses): non-UTF-8 bytes, malformed JSON lines and missing
     columns are errors naming the file and line.
     """
-    from storage.inputs import ColumnSpec, read_inputs
+    from kd.storage.inputs import ColumnSpec, read_inputs
 
     p = Path(path)
     if not p.exists():

@@ -26,9 +26,9 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
-from storage import fs
-from storage.errors import InputError
-from student.models import Arch, Student, StudentConfig, build_student
+from kd.storage import fs
+from kd.storage.errors import InputError
+from kd.student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"
 FORMAT_VERSION = 1
@@ -77,7 +77,7 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
         **(info or {}),
     }
     _atomic_json(out / CONFIG, config)
-    from student.model_card import write_model_card  # README.md: teacher, store, objectives, how to load
+    from kd.student.model_card import write_model_card  # README.md: teacher, store, objectives, how to load
 
     write_model_card(out)
     return out

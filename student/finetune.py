@@ -33,14 +33,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from storage.errors import InputError, KdError
-from storage.ids import text_id, text_key
-from storage.progress import Bar
-from storage.schema import arrow_to_vectors
-from storage.store import Store
-from storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
-from student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
-from student.models import Student
+from kd.storage.errors import InputError, KdError
+from kd.storage.ids import text_id, text_key
+from kd.storage.progress import Bar
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
+from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
+from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
+from kd.student.models import Student
 
 TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
 

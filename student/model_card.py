@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from storage import fs
+from kd.storage import fs
 
 CARD = "README.md"
 BUILT_IN = ("static", "transformer-init")  # sentence-transformers modules only: no trust_remote_code
@@ -64,7 +64,7 @@ A `{cfg['arch']}` sentence encoder distilled offline with kd from the precompute
 With kd:
 
 ```python
-import student
+from kd import student
 model = student.load("{name}")
 vectors = model.encode(["A sentence.", "Another one."])
 ```
@@ -80,7 +80,7 @@ vectors = model.encode(["A sentence.", "Another one."])
 With onnxruntime, no torch (after `kd export {name} --format onnx --out {name}-onnx`):
 
 ```python
-from student.onnx_export import onnx_encode   # or the 15 lines of it: tokenizers + onnxruntime
+from kd.student.onnx_export import onnx_encode   # or the 15 lines of it: tokenizers + onnxruntime
 vectors = onnx_encode("{name}-onnx", ["A sentence.", "Another one."])
 ```
 

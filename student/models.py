@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from storage.errors import KdError
-from student.pooling import Pool, Pooling, masked_mean
-from student.static import StaticEncoder
-from student.transformer_init import TransformerInitEncoder
+from kd.storage.errors import KdError
+from kd.student.pooling import Pool, Pooling, masked_mean
+from kd.student.static import StaticEncoder
+from kd.student.transformer_init import TransformerInitEncoder
 
 __all__ = [
     "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "pca_embeddings",

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from storage.quiet import quiet
-from student.models import RecurrentEncoder, Student
+from kd.storage.quiet import quiet
+from kd.student.models import RecurrentEncoder, Student
 
 ONNX, SPEC = "model.onnx", "kd_onnx.json"
 OPSET = 18
@@ -35,8 +35,8 @@ OPSET = 18
 
 def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode."""
-    from student.export import load
-    from student.st_export import _replace, prepare_output
+    from kd.student.export import load
+    from kd.student.st_export import _replace, prepare_output
 
     st = load(student_dir)
     target = prepare_output(out, student_dir, overwrite)

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from storage.errors import InputError, KdError
-from student.export import LoadedStudent, load
-from student.models import Arch, Student
+from kd.storage.errors import InputError, KdError
+from kd.student.export import LoadedStudent, load
+from kd.student.models import Arch, Student
 
 CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
@@ -46,7 +46,7 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
         raise InputError(f"--format {fmt} needs {', '.join(missing)}, which is not installed", fmt,
                          f"pip install {' '.join(m.replace('_', '-') for m in missing)} (kd's 'export' extra)")
     if fmt == "onnx":
-        from student.onnx_export import export_onnx
+        from kd.student.onnx_export import export_onnx
 
         return export_onnx(student_dir, out, overwrite)
     return export_sentence_transformers(student_dir, out, overwrite)
@@ -108,7 +108,7 @@ def _dense(model: Student) -> nn.Module | None:
 
 
 def _custom_modules(st: LoadedStudent) -> list[nn.Module]:
-    from student.st_module import KdTokenEncoder
+    from kd.student.st_module import KdTokenEncoder
 
     enc = KdTokenEncoder(st.config.to_dict(), pool=st.config.pooling.value == "attentive", tokenizer=st.tokenizer)
     state = {k: v for k, v in st.model.state_dict().items() if not k.startswith("head.")}

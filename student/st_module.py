@@ -17,7 +17,7 @@ import torch
 from sentence_transformers.base.modules.input_module import InputModule
 from torch import nn
 
-from student.models import StudentConfig, build_student
+from kd.student.models import StudentConfig, build_student
 
 
 class KdTokenEncoder(InputModule):

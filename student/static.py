@@ -50,7 +50,7 @@ def sif_weights(counts: np.ndarray, a: float = SIF_A) -> np.ndarray:
 
 def static_init(vocab_vectors: np.ndarray, dim: int, weights: np.ndarray | None, pad_id: int) -> np.ndarray:
     """PCA of the teacher's per-token outputs to `dim`, scaled per token; the padding row is zero."""
-    from student.models import pca_embeddings
+    from kd.student.models import pca_embeddings
 
     m = pca_embeddings(vocab_vectors, dim)
     if weights is not None:

@@ -41,22 +41,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from storage import fs
-from storage.errors import InputError, KdError
-from storage.hardware import native_bf16
-from storage.progress import Bar
-from storage.store import Store
-from student import checkpoint
-from student import data as D
-from student.checkpoint import CHECKPOINT, Trainables, TrainState
-from student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
-from student.export import save_student, weights_state, write_weights
-from student.metrics import CURVE, METRICS, Metrics, plot_curve
-from student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
-from student.objectives import build_objectives, required_columns
-from student.objectives.base import Context
-from student.static import sif_weights, static_init, token_counts
-from student.transformer_init import bert_config, load_init_weights
+from kd.storage import fs
+from kd.storage.errors import InputError, KdError
+from kd.storage.hardware import native_bf16
+from kd.storage.progress import Bar
+from kd.storage.store import Store
+from kd.student import checkpoint
+from kd.student import data as D
+from kd.student.checkpoint import CHECKPOINT, Trainables, TrainState
+from kd.student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
+from kd.student.export import save_student, weights_state, write_weights
+from kd.student.metrics import CURVE, METRICS, Metrics, plot_curve
+from kd.student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
+from kd.student.objectives import build_objectives, required_columns
+from kd.student.objectives.base import Context
+from kd.student.static import sif_weights, static_init, token_counts
+from kd.student.transformer_init import bert_config, load_init_weights
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
 
@@ -291,7 +291,7 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
     """
     from transformers import AutoTokenizer  # tokenizer only
 
-    from student.export import TOKENIZER, read_config
+    from kd.student.export import TOKENIZER, read_config
 
     source = StudentConfig.from_dict(read_config(cfg.init)["student"])
     if source.arch.value != cfg.arch:
@@ -580,7 +580,7 @@ def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     student = build_student(s.student_cfg)
     if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
-        from student.export import load
+        from kd.student.export import load
 
         student.load_state_dict(load(cfg.init).model.state_dict())
         return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)

@@ -72,7 +72,7 @@ def sentences() -> list[str]:
 
 def precompute_news(root: Path, teacher: Path, sentences: list[str], rows: int, shard_rows: int) -> Path:
     """A real store: the first `rows` news sentences through `teacher` (named "tiny"), at root/store."""
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     src = root / "news.txt"
     src.write_text("\n".join(sentences[:rows]) + "\n", encoding="utf-8")

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storage.manifest import Manifest
-from storage.schema import VectorDType, texts_schema, vectors_to_arrow
-from storage.store import Store, open_writer
+from kd.storage.manifest import Manifest
+from kd.storage.schema import VectorDType, texts_schema, vectors_to_arrow
+from kd.storage.store import Store, open_writer
 
 
 @dataclass

@@ -15,9 +15,9 @@ import pyarrow as pa
 from conftest import WORDS, build_tiny_bert
 from safetensors.numpy import save_file
 
-from storage.manifest import Manifest
-from storage.schema import VectorDType, texts_schema, type_name, vector_type, vectors_to_arrow
-from storage.store import open_writer
+from kd.storage.manifest import Manifest
+from kd.storage.schema import VectorDType, texts_schema, type_name, vector_type, vectors_to_arrow
+from kd.storage.store import open_writer
 
 TEACHER = "tiny"
 

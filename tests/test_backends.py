@@ -22,13 +22,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline import backends
-from pipeline.backends import Backend, Quantize
-from pipeline.teacher import load_teacher
-from storage.errors import InputError, KdError, StoreError
-from storage.info import summary_table
-from storage.manifest import Manifest, merge, same_settings
+from kd.cli import app
+from kd.pipeline import backends
+from kd.pipeline.backends import Backend, Quantize
+from kd.pipeline.teacher import load_teacher
+from kd.storage.errors import InputError, KdError, StoreError
+from kd.storage.info import summary_table
+from kd.storage.manifest import Manifest, merge, same_settings
 
 TEXTS = ["the cat sat on the mat", "a dog", "news", "the market rose and the price of water fell this week",
          "the children play in the river by the old house near the city", "x"]
@@ -122,7 +122,7 @@ def test_openvino_int8_recipe_follows_the_cpu_and_is_a_setting(cache, tiny_teach
     """Static int8 where the CPU has int8 dot products, int8 weights elsewhere: separate cache folders, the
     recipe in the manifest, and a store written by one is not extended by the other."""
     _needs(Backend.openvino)
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     monkeypatch.setenv("KD_CPU_INT8", "1")
     static = backends.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
@@ -293,7 +293,7 @@ def test_a_missing_extra_names_the_install(tmp_path, monkeypatch, backend, extra
 
 def test_a_store_from_another_backend_is_not_resumed_silently(cache, tmp_path, tiny_teacher):
     _needs(Backend.openvino)
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -340,7 +340,7 @@ def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
 
 CHILD_EXIT_AFTER_OPENVINO = """
 import gc, signal, subprocess, sys
-from pipeline import backends
+from kd.pipeline import backends
 t = backends.load(sys.argv[1], "openvino", sys.argv[2], precision="fp32")
 t.encode(["the cat sat on the mat", "a dog"])
 del t
@@ -360,7 +360,7 @@ def test_openvino_leaves_the_threads_signal_stack_usable(cache, tiny_teacher, tm
     _needs(Backend.openvino)
     import subprocess
 
-    from pipeline import signal_stack
+    from kd.pipeline import signal_stack
 
     before = signal_stack.current()
     t = backends.load(str(tiny_teacher), "openvino", quantize, precision="fp32")

@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 from conftest import precompute_news
 
-from storage.store import Store
-from student import data as D
+from kd.storage.store import Store
+from kd.student import data as D
 
 
 def _epoch(store: Store, bucket: bool) -> tuple[list[np.ndarray], float]:

@@ -7,8 +7,8 @@ import torch
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.teacher import pick_device
+from kd.cli import app
+from kd.pipeline.teacher import pick_device
 
 
 def _run(*args: str):

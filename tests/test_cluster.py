@@ -11,12 +11,12 @@ import pytest
 from store_builder import TableSpec, build_store, grouped_vectors, unit
 from typer.testing import CliRunner
 
-from apps.metrics_cluster import annotated_pair_f1, pair_f1
-from cli import app
-from storage.cluster import Method, agglomerative, cluster_store
-from storage.errors import InputError
-from storage.query import connect
-from storage.store import Store
+from kd.apps.metrics_cluster import annotated_pair_f1, pair_f1
+from kd.cli import app
+from kd.storage.cluster import Method, agglomerative, cluster_store
+from kd.storage.errors import InputError
+from kd.storage.query import connect
+from kd.storage.store import Store
 
 
 def same_partition(a, b) -> bool:

@@ -16,12 +16,12 @@ from single_thread import one_thread  # noqa: F401  (autouse: this module runs o
 from student_stores import TEACHER, make_store
 from test_objectives import B, hash_ids, make_batch, manifest, run, student_cfg
 
-from storage.store import Store
-from student import data as D
-from student.distributed import Dist, wrap
-from student.models import build_student
-from student.objectives import Contrastive, build_objectives, info_nce
-from student.trainer import Distiller
+from kd.storage.store import Store
+from kd.student import data as D
+from kd.student.distributed import Dist, wrap
+from kd.student.models import build_student
+from kd.student.objectives import Contrastive, build_objectives, info_nce
+from kd.student.trainer import Distiller
 
 
 def test_64_hash_ids_in_a_64_slot_bank_occupy_64_slots() -> None:

@@ -12,10 +12,10 @@ import torch
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
 
-from storage.errors import InputError, StoreError
-from storage.schema import arrow_to_vectors
-from storage.store import Store
-from student import data as D
+from kd.storage.errors import InputError, StoreError
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
+from kd.student import data as D
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_id_mismatch_names_the_shard(tmp_path):
     # committed with a matching checksum (a buggy writer): only the id check can notice
     import hashlib
 
-    from storage.manifest import ShardRecord
+    from kd.storage.manifest import ShardRecord
 
     data = f.read_bytes()
     rec = store.manifest.tables[f"teachers/{TEACHER}"].shards[1]

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from storage.validate import check
+from kd.cli import app
+from kd.storage.validate import check
 
 
 @pytest.mark.slow
@@ -39,7 +39,7 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path):
 
 def test_demo_checks_its_inputs_before_any_stage(tmp_path, monkeypatch):
     """A missing evaluation set stops the demo at once with exit 2, before a store is written."""
-    from apps import tasks
+    from kd.apps import tasks
 
     monkeypatch.setattr(tasks, "BUNDLE", tmp_path / "no-bundle")
     monkeypatch.setenv("KD_SHARED", str(tmp_path / "no-shared"))

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from test_objectives import make_batch, manifest, run, student_cfg
 
-from storage.errors import KdError
-from storage.manifest import Manifest
-from storage.schema import VectorDType, vector_type
-from student import trainer as T
-from student.models import build_student
-from student.objectives import MultiTeacher, build_objectives
+from kd.storage.errors import KdError
+from kd.storage.manifest import Manifest
+from kd.storage.schema import VectorDType, vector_type
+from kd.student import trainer as T
+from kd.student.models import build_student
+from kd.student.objectives import MultiTeacher, build_objectives
 
 
 def score_store(label: str | None = "double") -> Manifest:
@@ -109,7 +109,7 @@ def cross_encoder_pairs(root: Path, teachers: dict[str, Path], rows: int = 90) -
     """A pair store written by the real precompute with cross-encoder teachers only (logits, no embedding)."""
     from conftest import WORDS
 
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     rng = np.random.default_rng(0)
     lines = ["a\tb\tlabel"] + [f"{' '.join(rng.choice(WORDS, 6))}\t{' '.join(rng.choice(WORDS, 6))}\t{i % 3}"
@@ -172,7 +172,7 @@ def test_residual_pair_head_starts_as_the_calibrated_cosine():
     obj, model, batch = _pair("residual")
     out = run(model, batch)
     obj(out, batch, 0.0)  # the first training batch calibrates a, b
-    from student.objectives.base import head_input
+    from kd.student.objectives.base import head_input
 
     cos = F.cosine_similarity(out[0].embedding, out[1].embedding, dim=-1).detach()
     f = (obj.head(head_input(out, product=True)) + obj.affine(cos.unsqueeze(1)))[:, 0].detach()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import precompute_news
 
-from storage.store import Store
+from kd.storage.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from student_stores import TEACHER, make_store
 from typer.testing import CliRunner
 
-import student
-from cli import app
-from storage.errors import InputError, StoreError
-from storage.schema import arrow_to_vectors
-from storage.store import Store
-from student.embed import embed
-from student.trainer import TrainConfig, train
+from kd import student
+from kd.cli import app
+from kd.storage.errors import InputError, StoreError
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
+from kd.student.embed import embed
+from kd.student.trainer import TrainConfig, train
 
 
 @pytest.fixture(scope="module")

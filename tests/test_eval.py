@@ -11,11 +11,11 @@ import pytest
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from typer.testing import CliRunner
 
-from apps import tasks
-from apps.eval import COLUMNS, EvalConfig, Measure, evaluate
-from cli import app
-from pipeline.precompute import precompute
-from student.trainer import TrainConfig, train
+from kd.apps import tasks
+from kd.apps.eval import COLUMNS, EvalConfig, Measure, evaluate
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.student.trainer import TrainConfig, train
 
 STS_PAIRS = 60
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps import eval_data, tasks
+from kd.apps import eval_data, tasks
 
 needs_shared = pytest.mark.skipif(not tasks.shared_data_dir().is_dir(), reason="../shared/data not present")
 

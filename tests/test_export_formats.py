@@ -10,8 +10,8 @@ import pytest
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.precompute import precompute
+from kd.cli import app
+from kd.pipeline.precompute import precompute
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +63,8 @@ def _texts(sentences: list[str]) -> list[str]:
 def test_sentence_transformers_directory_reproduces_the_student(arch, students, sentences, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    import student
-    from student.st_export import export_sentence_transformers
+    from kd import student
+    from kd.student.st_export import export_sentence_transformers
 
     st = student.load(students[arch])
     assert not np.allclose(st.model.embed.weight.detach().numpy()[5:40], 0)  # trained, not a blank table
@@ -84,7 +84,7 @@ def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
 
     from sentence_transformers import SentenceTransformer
 
-    from student.st_export import export_sentence_transformers
+    from kd.student.st_export import export_sentence_transformers
 
     out = export_sentence_transformers(students[arch], tmp_path / "st")
     types = [m["type"] for m in json.loads((out / "modules.json").read_text())]
@@ -94,8 +94,8 @@ def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_onnx_model_reproduces_the_student(arch, students, sentences, tmp_path):
-    import student
-    from student.onnx_export import export_onnx, onnx_encode
+    from kd import student
+    from kd.student.onnx_export import export_onnx, onnx_encode
 
     out = export_onnx(students[arch], tmp_path / "onnx")
     assert {"model.onnx", "tokenizer.json", "kd_onnx.json"} <= {p.name for p in out.iterdir()}
@@ -121,7 +121,7 @@ def test_export_refuses_a_non_empty_output_and_writes_nothing_half(students, tmp
 
 
 def test_student_folder_carries_a_model_card(students, store):
-    from storage.store import Store
+    from kd.storage.store import Store
 
     card = (students["bilstm"] / "README.md").read_text(encoding="utf-8")
     assert "tiny.mean" in card and "teacher" in card.lower()
@@ -133,8 +133,8 @@ def test_student_folder_carries_a_model_card(students, store):
 def test_packing_free_recurrence_equals_packed_sequences(arch):
     import torch
 
-    from student.models import StudentConfig, build_student
-    from student.onnx_export import MaskedRecurrent
+    from kd.student.models import StudentConfig, build_student
+    from kd.student.onnx_export import MaskedRecurrent
 
     torch.manual_seed(0)
     model = build_student(StudentConfig(arch=arch, vocab_size=50, embed_dim=6, hidden_dim=5, num_layers=2,
@@ -166,8 +166,8 @@ def test_static_export_with_a_tokenizer_saved_with_padding(students, sentences, 
 
     from sentence_transformers import SentenceTransformer
 
-    import student
-    from student.st_export import export_sentence_transformers
+    from kd import student
+    from kd.student.st_export import export_sentence_transformers
 
     folder = Path(shutil.copytree(students["static"], tmp_path / "static"))
     tj = folder / "tokenizer" / "tokenizer.json"

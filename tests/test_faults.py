@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from conftest import precompute_news
 
-from storage.errors import KdError
-from storage.index import build_index, list_indexes, load_index
-from storage.query import connect
-from storage.store import Store
-from storage.validate import check
-from student import data as D
+from kd.storage.errors import KdError
+from kd.storage.index import build_index, list_indexes, load_index
+from kd.storage.query import connect
+from kd.storage.store import Store
+from kd.storage.validate import check
+from kd.student import data as D
 
 TARGETS = {
     "texts shard": "texts/part-00001.parquet",
@@ -42,8 +42,8 @@ def clean(tmp_path_factory, tiny_teacher, sentences) -> Path:
     root = tmp_path_factory.mktemp("faults")
     store = precompute_news(root, tiny_teacher, sentences, 150, 50)
     build_index(store, "teachers/tiny", "mean")
-    from student.embed import embed
-    from student.trainer import TrainConfig, train
+    from kd.student.embed import embed
+    from kd.student.trainer import TrainConfig, train
 
     folder = train(TrainConfig(str(store), str(root / "st"), arch="bilstm", target="tiny.mean", embed_dim=8,
                                hidden_dim=8, max_steps=2, batch_size=16, progress=False))

@@ -15,17 +15,17 @@ from conftest import WORDS
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
-from pipeline.precompute import precompute
-from pipeline.teacher import load_teacher
-from storage.errors import InputError, KdError
-from storage.ids import row_ids
-from storage.store import Store
-from storage.tasks import LabelSet, Task, read_task, task_columns
-from student import load
-from student.finetune import FinetuneConfig, finetune, load_task_model
-from student.trainer import TrainConfig, train
+from kd.cli import app
+from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
+from kd.pipeline.precompute import precompute
+from kd.pipeline.teacher import load_teacher
+from kd.storage.errors import InputError, KdError
+from kd.storage.ids import row_ids
+from kd.storage.store import Store
+from kd.storage.tasks import LabelSet, Task, read_task, task_columns
+from kd.student import load
+from kd.student.finetune import FinetuneConfig, finetune, load_task_model
+from kd.student.trainer import TrainConfig, train
 
 PAIRS = dict(pair_columns="a,b", label_column="quality")
 

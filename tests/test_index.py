@@ -10,10 +10,10 @@ import pytest
 from store_builder import TableSpec, build_store, grouped_vectors, unit
 from typer.testing import CliRunner
 
-from cli import app
-from storage.errors import InputError, StoreError
-from storage.index import build_index, list_indexes, search
-from storage.store import Store, open_writer
+from kd.cli import app
+from kd.storage.errors import InputError, StoreError
+from kd.storage.index import build_index, list_indexes, search
+from kd.storage.store import Store, open_writer
 
 DIM = 24
 
@@ -134,7 +134,7 @@ def test_kd_index_and_search_with_a_student(store, monkeypatch, sentences):
 
 
 def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     src = tmp_path / "in.txt"
     src.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
@@ -170,7 +170,7 @@ def test_pair_store_search_returns_the_embedded_side(tmp_path):
 
 
 def test_default_vector_is_the_first_teachers_sentence_else_mean_else_first(tmp_path, sentences):
-    from storage.index import default_vector
+    from kd.storage.index import default_vector
 
     x, _ = grouped_vectors(4, 10, DIM, spread=0.1, seed=3)
     path = tmp_path / "store"

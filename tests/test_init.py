@@ -13,10 +13,10 @@ from student_stores import make_store
 from test_dvbert import cross_encoder_pairs
 from typer.testing import CliRunner
 
-import student
-from cli import app
-from storage.errors import KdError
-from student import trainer as T
+from kd import student
+from kd.cli import app
+from kd.storage.errors import KdError
+from kd.student import trainer as T
 
 TEXTS = ["the cat runs in the house", "a man reads the news", "stock price fell this week", "big red car"]
 TINY = dict(embed_dim=8, hidden_dim=8, batch_size=8, val_percent=10, progress=False)

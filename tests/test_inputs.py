@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DATA
 
-from pipeline.inputs import ColumnSpec, expand_inputs, read_inputs
-from pipeline.plan import ShardPlan, plan_batches
-from pipeline.rows import build_texts, text_id
-from pipeline.segment import segment
-from storage.errors import InputError
+from kd.pipeline.inputs import ColumnSpec, expand_inputs, read_inputs
+from kd.pipeline.plan import ShardPlan, plan_batches
+from kd.pipeline.rows import build_texts, text_id
+from kd.pipeline.segment import segment
+from kd.storage.errors import InputError
 
 
 def test_every_format_reads_the_same_texts(tmp_path):
@@ -110,9 +110,9 @@ def test_default_budget_is_cache_sized_on_cpu_and_large_on_gpu(tiny_teacher, sen
     the GPU budget); an exported backend counts as CPU unless it runs ONNX on CUDA."""
     from types import SimpleNamespace
 
-    from pipeline.batches import _compute_device, encode_all
-    from pipeline.plan import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
-    from pipeline.teacher import Output, load_teacher
+    from kd.pipeline.batches import _compute_device, encode_all
+    from kd.pipeline.plan import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
+    from kd.pipeline.teacher import Output, load_teacher
 
     assert default_batch_tokens("cpu") == CPU_BATCH_TOKENS < GPU_BATCH_TOKENS == default_batch_tokens("cuda")
     teacher = load_teacher(str(tiny_teacher), "cpu")
@@ -198,7 +198,7 @@ def test_quoted_multiline_paragraphs_and_literal_quotes_are_kept(tmp_path):
 
 
 def test_a_runaway_quote_without_delimiters_is_refused_by_size(tmp_path, monkeypatch):
-    import storage.inputs as si
+    import kd.storage.inputs as si
 
     monkeypatch.setattr(si, "MAX_QUOTED_FIELD", 50)
     (tmp_path / "x.csv").write_text('text\n"' + "\n".join(["one more swallowed line"] * 5) + "\n")

@@ -6,12 +6,12 @@ import numpy as np
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-from apps import tasks
-from apps.leakage import check_store
-from cli import app
-from storage.store import Store
-from student import data as D
-from student.trainer import read_ids
+from kd.apps import tasks
+from kd.apps.leakage import check_store
+from kd.cli import app
+from kd.storage.store import Store
+from kd.student import data as D
+from kd.student.trainer import read_ids
 
 
 def test_a_planted_eval_sentence_is_found_and_excluded(tmp_path, tiny_teacher, sentences):

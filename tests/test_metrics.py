@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from apps import metrics
-from apps.metrics_cluster import pair_f1
+from kd.apps import metrics
+from kd.apps.metrics_cluster import pair_f1
 
 
 @pytest.fixture(scope="module")

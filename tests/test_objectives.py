@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from student_stores import tiny_bert_config
 
-from storage.errors import KdError
-from storage.ids import row_ids
-from storage.manifest import Manifest, TableRecord
-from storage.schema import VectorDType, vector_type
-from student.models import Arch, StudentConfig, build_student
-from student.objectives import (
+from kd.storage.errors import KdError
+from kd.storage.ids import row_ids
+from kd.storage.manifest import Manifest, TableRecord
+from kd.storage.schema import VectorDType, vector_type
+from kd.student.models import Arch, StudentConfig, build_student
+from kd.student.objectives import (
     Contrastive,
     LogitsMode,
     MemoryBank,
@@ -347,8 +347,8 @@ def test_label_objective_and_codir_fine_tuning_stage() -> None:
 
 def test_sra_targets_cls_and_sra_kd_mixes_with_alpha() -> None:
     """SRA distils [CLS]: --target <teacher>.cls for any teacher storing it; SRA+KD: a CE + (1 - a) MSE."""
-    from storage.tasks import Task
-    from student.finetune import FinetuneConfig, _mixed_loss
+    from kd.storage.tasks import Task
+    from kd.student.finetune import FinetuneConfig, _mixed_loss
 
     (sra,) = build_objectives(["cosine:0.5"], student_cfg(), manifest(), target="ce1.cls")
     assert sra.columns() == ["ce1.cls"]

@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from pipeline.precompute import precompute
-from pipeline.teacher import Precision, cast_weights, load_teacher, resolve_precision
-from storage import Store
-from storage.hardware import native_bf16, native_int8
-from storage.schema import arrow_to_vectors
-from storage.validate import validate
+from kd.pipeline.precompute import precompute
+from kd.pipeline.teacher import Precision, cast_weights, load_teacher, resolve_precision
+from kd.storage import Store
+from kd.storage.hardware import native_bf16, native_int8
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.validate import validate
 
 
 @pytest.mark.parametrize("flag,dtype", [("1", torch.bfloat16), ("0", None)])
@@ -68,7 +68,7 @@ def test_library_default_is_fp32(monkeypatch, tiny_teacher):
     ("static", "1", True, None),
 ])
 def test_training_autocast_on_cpu(monkeypatch, arch, flag, amp, want):
-    from student.trainer import TrainConfig, amp_dtype
+    from kd.student.trainer import TrainConfig, amp_dtype
 
     monkeypatch.setenv("KD_CPU_BF16", flag)
     assert amp_dtype(TrainConfig("s", "o", arch=arch, amp=amp), torch.device("cpu")) is want

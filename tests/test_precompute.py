@@ -17,12 +17,12 @@ import torch
 from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.precompute import precompute
-from storage import Store
-from storage.errors import InputError, StoreError
-from storage.schema import arrow_to_vectors
-from storage.validate import validate
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.storage import Store
+from kd.storage.errors import InputError, StoreError
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.validate import validate
 
 
 def _write_lines(path: Path, lines: list[str]) -> str:
@@ -142,8 +142,8 @@ def test_cli_errors_are_clear_and_write_nothing(tmp_path, tiny_teacher):
 
 
 def test_two_writers_with_the_same_rank_are_locked_out(tmp_path):
-    from storage.manifest import Manifest
-    from storage.store import open_writer
+    from kd.storage.manifest import Manifest
+    from kd.storage.store import open_writer
 
     header = Manifest({"fingerprint": "f", "num_shards": 1, "num_rows": 1})
     w = open_writer(tmp_path / "st", header, "writer-00000-of-00001")
@@ -163,7 +163,7 @@ def test_corrupt_shard_is_named_by_validate(tmp_path, tiny_teacher, sentences):
 
 
 def _kd(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+    return subprocess.Popen([sys.executable, "-m", "kd", *args], cwd=ROOT, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

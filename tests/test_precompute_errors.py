@@ -8,11 +8,11 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from storage import fs
-from storage.errors import KdError
-from storage.store import Store
-from storage.validate import validate
+from kd.cli import app
+from kd.storage import fs
+from kd.storage.errors import KdError
+from kd.storage.store import Store
+from kd.storage.validate import validate
 
 
 def _run(*args: str):

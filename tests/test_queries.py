@@ -20,9 +20,9 @@ import pytest
 from store_builder import TableSpec, build_store
 from typer.testing import CliRunner
 
-from cli import app
-from storage.cluster import cluster_store
-from storage.query import connect, view_names
+from kd.cli import app
+from kd.storage.cluster import cluster_store
+from kd.storage.query import connect, view_names
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"
 N, DIM, LAYERS, MAX_LEN = 120, 8, 3, 32
@@ -237,7 +237,7 @@ def test_views_casts_and_outputs(store):
 
 
 def test_view_name_rule_and_clashes():
-    from storage.manifest import Manifest, TableRecord
+    from kd.storage.manifest import Manifest, TableRecord
 
     m = Manifest({"fingerprint": "x", "num_shards": 1}, {
         "texts": TableRecord("texts"), "teachers/minilm": TableRecord("teacher"),

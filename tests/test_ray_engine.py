@@ -21,15 +21,15 @@ import torch
 from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.plan import ShardPlan
-from pipeline.precompute import precompute
-from pipeline.ray_engine import RayOptions, Unit, options, plan_units, plan_workers
-from storage import Store
-from storage.errors import InputError, KdError, StoreError
-from storage.manifest import Manifest, ShardRecord, TableRecord
-from storage.schema import arrow_to_vectors
-from storage.validate import validate
+from kd.cli import app
+from kd.pipeline.plan import ShardPlan
+from kd.pipeline.precompute import precompute
+from kd.pipeline.ray_engine import RayOptions, Unit, options, plan_units, plan_workers
+from kd.storage import Store
+from kd.storage.errors import InputError, KdError, StoreError
+from kd.storage.manifest import Manifest, ShardRecord, TableRecord
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.validate import validate
 
 ROWS, SHARD_ROWS = 240, 40  # 6 shards: 6 units for 2 workers
 
@@ -116,7 +116,7 @@ def test_the_driver_bar_counts_rows_per_worker(ray_runtime, reference, tiny_teac
 
 def test_a_dead_worker_unit_is_retried_and_committed_once(ray_runtime, reference, tiny_teacher, tmp_path,
                                                           monkeypatch):
-    from storage.store import StoreWriter
+    from kd.storage.store import StoreWriter
 
     src, one = reference
     hook = tmp_path / "die-once"
@@ -151,7 +151,7 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
     src = _corpus(tmp_path / "wiki.txt", 2000, "wikipedia")  # 50 units
     args = [src, "-t", f"tiny={tiny_teacher}", "--shard-rows", "40", "--no-progress"]
     address = ray_runtime.get_runtime_context().gcs_address
-    victim = subprocess.Popen([sys.executable, "-m", "cli", "precompute", *args, "-o", str(tmp_path / "cut"),
+    victim = subprocess.Popen([sys.executable, "-m", "kd", "precompute", *args, "-o", str(tmp_path / "cut"),
                                "--engine", "ray", "--ray-address", address, "--workers", "2"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 180
@@ -199,7 +199,7 @@ def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runti
     """Actors Ray cannot place (here: 64 CPUs each on a 2-CPU runtime, as after a lost node) used to leave the
     driver waiting forever. Now: a StoreError after KD_RAY_START_TIMEOUT, the texts kept, and the same command
     resumes once workers fit."""
-    from pipeline import ray_engine
+    from kd.pipeline import ray_engine
 
     src, want = reference
     real = ray_engine.plan_workers
@@ -221,7 +221,7 @@ def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runti
 
 @pytest.mark.parametrize("value", ["0", "soon", "-5"])
 def test_a_bad_start_timeout_is_refused_by_name(monkeypatch, value):
-    from pipeline.ray_engine import start_timeout
+    from kd.pipeline.ray_engine import start_timeout
 
     monkeypatch.setenv("KD_RAY_START_TIMEOUT", value)
     with pytest.raises(InputError, match="KD_RAY_START_TIMEOUT"):

@@ -8,17 +8,17 @@ import pytest
 from conftest import DATA
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.precompute import precompute
-from storage import Store
-from storage.schema import arrow_to_vectors
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.storage import Store
+from kd.storage.schema import arrow_to_vectors
 
 
 @pytest.mark.slow
 def test_minilm_on_stsb_test_matches_sentence_transformers(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from pipeline.resolve import resolve_teacher
+    from kd.pipeline.resolve import resolve_teacher
 
     out = tmp_path / "stsb"
     r = CliRunner().invoke(app, ["precompute", str(DATA / "stsb" / "sts-test.csv"), "--pair-columns", "5,6",

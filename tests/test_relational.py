@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from student.objectives.relational import relational_loss
+from kd.student.objectives.relational import relational_loss
 
 
 def test_zero_when_the_student_is_the_teacher_up_to_scale_and_rotation():

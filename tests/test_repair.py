@@ -8,9 +8,9 @@ import pytest
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.precompute import precompute
-from storage.store import Store
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.storage.store import Store
 
 
 @pytest.fixture(scope="module")

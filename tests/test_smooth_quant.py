@@ -18,8 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import smooth_quant
-from storage.manifest import same_settings
+from kd.pipeline import smooth_quant
+from kd.storage.manifest import same_settings
 
 ort = pytest.importorskip("onnxruntime")
 HIDDEN, OUT = 64, 96
@@ -74,7 +74,7 @@ def test_smoothing_is_exact_in_fp32_and_shrinks_the_int8_error(tmp_path):
 
 
 def test_minilm_int8_is_smoothed_and_clears_its_fidelity(tmp_path, monkeypatch):
-    from pipeline import backends
+    from kd.pipeline import backends
 
     monkeypatch.setenv("KD_CACHE", str(tmp_path))
     t = backends.load("minilm", "onnx", "int8")

@@ -12,12 +12,12 @@ import torch
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.precompute import precompute
-from storage.store import Store
-from storage.validate import check
-from student.models import Arch, StudentConfig, build_student
-from student.static import sif_weights, static_init
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.storage.store import Store
+from kd.storage.validate import check
+from kd.student.models import Arch, StudentConfig, build_student
+from kd.student.static import sif_weights, static_init
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_static_student_trains_and_loads(store, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])  # it learns
-    import student
+    from kd import student
 
     s = student.load(out)
     texts = Store.open(store).read_table("texts")["text"].to_pylist()[:40]

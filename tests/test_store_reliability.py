@@ -10,11 +10,11 @@ import pytest
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-import pipeline.precompute as P
-from cli import app
-from storage.errors import KdError, StoreError
-from storage.store import Store
-from storage.validate import check
+import kd.pipeline.precompute as P
+from kd.cli import app
+from kd.storage.errors import KdError, StoreError
+from kd.storage.store import Store
+from kd.storage.validate import check
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_validate_and_training_stop_on_nan_vectors(clean, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from storage import fs
+    from kd.storage import fs
 
     store = shutil.copytree(clean, tmp_path / "store")
     f = store / "teachers" / "tiny" / "part-00001.parquet"
@@ -101,7 +101,7 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(clean, tmp_path, content):
 
 
 def test_queries_on_an_incomplete_store_say_so(clean, tmp_path, capsys):
-    from storage.query import connect
+    from kd.storage.query import connect
 
     store = shutil.copytree(clean, tmp_path / "store")
     for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:

@@ -12,7 +12,7 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from student_stores import make_store
 from test_trainer import SMALL, _cli, _killed_run
 
-from student import trainer as T
+from kd.student import trainer as T
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def _copy(trained: Path, tmp_path: Path) -> Path:
 
 
 def _load_error(folder: Path) -> str:
-    import student
+    from kd import student
 
     with pytest.raises(Exception) as e:
         student.load(folder)
@@ -129,7 +129,7 @@ def test_damaged_student_folders_give_clear_errors(trained, tmp_path, damage, ex
 
 
 def test_encode_takes_a_string_and_refuses_none(trained):
-    import student
+    from kd import student
 
     s = student.load(trained)
     one = s.encode("the market fell")
@@ -140,7 +140,7 @@ def test_encode_takes_a_string_and_refuses_none(trained):
 
 
 def test_cuda_without_cuda_is_a_clear_error(trained, monkeypatch):
-    import student
+    from kd import student
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(Exception, match="no CUDA device"):
@@ -152,7 +152,7 @@ def test_a_second_run_into_the_same_folder_is_refused(store_path, tmp_path):
     import subprocess
     import sys
 
-    from storage import fs
+    from kd.storage import fs
 
     out = tmp_path / "out"
     held = fs.exclusive_lock(str(out / ".kd-train.lock"))  # what a running first process holds
@@ -179,7 +179,7 @@ def test_out_that_is_a_file_is_refused(store_path, tmp_path):
 def _embed(*args: str):
     from typer.testing import CliRunner
 
-    from cli import app
+    from kd.cli import app
 
     return CliRunner().invoke(app, ["embed", *args, "--no-progress"])
 
@@ -227,8 +227,8 @@ def test_eval_says_why_a_cell_is_empty():
 
     import numpy as np
 
-    from apps import metrics
-    from apps.eval import COLUMNS, EvalReport, ModelResult
+    from kd.apps import metrics
+    from kd.apps.eval import COLUMNS, EvalReport, ModelResult
 
     rng = np.random.default_rng(0)
     tv = rng.normal(size=(20, 8)).astype(np.float32)

@@ -22,11 +22,11 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from student_stores import TEACHER, make_store
 from typer.testing import CliRunner
 
-from cli import app
-from storage.store import Store
-from student import data as D
-from student import trainer as T
-from student.models import pca_embeddings
+from kd.cli import app
+from kd.storage.store import Store
+from kd.student import data as D
+from kd.student import trainer as T
+from kd.student.models import pca_embeddings
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny and fast: 2 shards, ~13 steps per epoch; dropout and a memory-bank objective so RNG state matters.
@@ -109,7 +109,7 @@ def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_pa
 
 def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "cli", "train-student", "--shards", str(store_path), "--out", str(out),
+    args = [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
             "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
             "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
             "--no-bucket", "--checkpoint-every", "1", "--no-progress"]
@@ -157,11 +157,11 @@ class Forbid(importlib.abc.MetaPathFinder):
             raise ImportError(f"teacher model code imported: {name}")
 
 sys.meta_path.insert(0, Forbid())
-from student.trainer import TrainConfig, train
+from kd.student.trainer import TrainConfig, train
 train(TrainConfig(sys.argv[1], sys.argv[2], embed_dim=8, hidden_dim=8, epochs=2, batch_size=8, val_percent=10,
                   shuffle_buffer=16, log_every=1, progress=False))
 if os.environ.get("RANK", "0") == "0":
-    import student
+    from kd import student
     assert student.load(sys.argv[2]).encode(["the cat runs"]).shape == (1, 32)
     bert = os.path.join(sys.argv[2], "bert-config")  # a config AutoModel resolves to BertModel
     os.makedirs(bert)
@@ -182,7 +182,7 @@ def ddp_run(tmp_path_factory):
     """A store from the real precompute (its meta points at the teacher), trained by two gloo ranks."""
     from conftest import WORDS, build_tiny_bert
 
-    from pipeline.precompute import precompute
+    from kd.pipeline.precompute import precompute
 
     root = tmp_path_factory.mktemp("ddp")
     teacher = build_tiny_bert(root / "teacher")

@@ -13,10 +13,10 @@ from conftest import precompute_news
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from typer.testing import CliRunner
 
-from cli import app
-from pipeline.keep_layers import default_layers
-from pipeline.precompute import precompute
-from storage.validate import check
+from kd.cli import app
+from kd.pipeline.keep_layers import default_layers
+from kd.pipeline.precompute import precompute
+from kd.storage.validate import check
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +64,12 @@ def _train(store: Path, out: Path, layers: str, steps: int) -> CliRunner:
 def test_all_layers_kept_reproduce_the_teacher(store, tmp_path, tiny_teacher, sentences):
     from transformers import AutoTokenizer, BertModel
 
-    import student
+    from kd import student
 
     res = _train(store, tmp_path / "st", "0,1", 1)
     assert res.exit_code == 0, res.output
     # undo the one step: reload the stored weights into the saved student's architecture
-    from student.transformer_init import load_init_weights
+    from kd.student.transformer_init import load_init_weights
 
     s = student.load(tmp_path / "st")
     load_init_weights(s.model, store / "teachers/tiny/init-0-1")
@@ -120,9 +120,9 @@ def test_bf16_autocast_trains_and_keeps_fp32_weights(store, tmp_path, monkeypatc
 def _fixed_batch_losses(store: Path, folder: Path, layers: str) -> tuple[float, float]:
     """The cosine loss on one fixed batch of store rows (eval mode), before (the stored init weights) and
     after training. Not the logged training loss: that one is dominated by BERT's dropout."""
-    import student
-    from storage.store import Store
-    from student.transformer_init import load_init_weights
+    from kd import student
+    from kd.storage.store import Store
+    from kd.student.transformer_init import load_init_weights
 
     st = Store.open(store)
     texts, targets = st.read_table("texts", ["id", "text"]), st.read_table("teachers/tiny", ["id", "mean"])

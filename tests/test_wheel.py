@@ -14,6 +14,7 @@ import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,13 @@ def _fresh_venv(base: Path) -> Path:
     # A plain path line: its folder goes on sys.path but its own .pth files (the editable kd) do not run.
     Path(target, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return py
+
+
+def _top_level_names(wheel: Path) -> set[str]:
+    """The import names a wheel adds at the top of site-packages (its files outside .dist-info / .data)."""
+    with zipfile.ZipFile(wheel) as z:
+        tops = {n.split("/", 1)[0] for n in z.namelist()}
+    return {t.removesuffix(".py") for t in tops if not t.endswith((".dist-info", ".data"))}
 
 
 @pytest.mark.slow
@@ -49,9 +57,13 @@ def test_wheel_runs_the_quick_demo_without_shared_data(tmp_path):
     work.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("KD_SHARED", "PYTHONPATH")}
     env["KD_CACHE"] = str(tmp_path / "cache")
-    where = subprocess.run([str(py), "-c", "import cli, apps; print(cli.__file__)"], cwd=work, env=env,
+    where = subprocess.run([str(py), "-c", "import kd.cli, kd.apps; print(kd.cli.__file__)"], cwd=work, env=env,
                            check=True, capture_output=True, text=True).stdout
     assert str(ROOT) not in where and "site-packages" in where  # kd from the wheel, not the clone
+    assert _top_level_names(wheel) == {"kd"}  # nothing else lands at the top of site-packages
+    for name in ("cli", "pipeline", "student", "storage", "apps"):  # the old generic names are gone
+        gone = subprocess.run([str(py), "-c", f"import {name}"], cwd=work, env=env, capture_output=True, text=True)
+        assert gone.returncode != 0, name
     kd = py.parent / "kd"
     res = subprocess.run([str(kd), "demo", "--quick", "--no-progress", "--threads", "1"], cwd=work, env=env,
                          capture_output=True, text=True, timeout=900)

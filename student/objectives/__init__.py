@@ -15,7 +15,7 @@ In pair stores the embedding and contrastive objectives use each side's columns 
 `sentence_b`, `layers_a`, `layers_b`); the logit objectives score the pair from both embeddings.
 """
 
-from student.objectives.base import (
+from kd.student.objectives.base import (
     Context,
     LabelKind,
     Objective,
@@ -24,11 +24,11 @@ from student.objectives.base import (
     pair_features,
     parse_objective,
 )
-from student.objectives.build import REGISTRY, build_objectives, required_columns, total_loss
-from student.objectives.contrastive import Contrastive, MemoryBank, info_nce
-from student.objectives.embedding import Cosine, Mse, cosine_loss, mse_loss
-from student.objectives.logits import Label, Logits, LogitsMode, MultiTeacher, Pair, annealing_weight, soft_kl
-from student.objectives.relational import Relational, relational_loss
+from kd.student.objectives.build import REGISTRY, build_objectives, required_columns, total_loss
+from kd.student.objectives.contrastive import Contrastive, MemoryBank, info_nce
+from kd.student.objectives.embedding import Cosine, Mse, cosine_loss, mse_loss
+from kd.student.objectives.logits import Label, Logits, LogitsMode, MultiTeacher, Pair, annealing_weight, soft_kl
+from kd.student.objectives.relational import Relational, relational_loss
 
 __all__ = [
     "REGISTRY", "Context", "Contrastive", "Cosine", "Label", "LabelKind", "Logits", "LogitsMode", "MemoryBank", "Mse",

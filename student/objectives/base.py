@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from storage.errors import KdError
-from storage.manifest import Manifest
-from student.models import StudentConfig, StudentOutput
+from kd.storage.errors import KdError
+from kd.storage.manifest import Manifest
+from kd.student.models import StudentConfig, StudentOutput
 
 Out = StudentOutput | tuple[StudentOutput, StudentOutput]
 Batch = dict[str, Tensor]

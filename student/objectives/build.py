@@ -18,14 +18,14 @@ from typing import Any
 
 from torch import Tensor
 
-from storage.errors import KdError
-from storage.manifest import Manifest
-from student.models import StudentConfig
-from student.objectives.base import Batch, Context, Objective, ObjectiveName, ObjectiveSpec, Out, parse_objective
-from student.objectives.contrastive import Contrastive
-from student.objectives.embedding import Cosine, Mse
-from student.objectives.logits import Label, Logits, MultiTeacher, Pair
-from student.objectives.relational import Relational
+from kd.storage.errors import KdError
+from kd.storage.manifest import Manifest
+from kd.student.models import StudentConfig
+from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, ObjectiveSpec, Out, parse_objective
+from kd.student.objectives.contrastive import Contrastive
+from kd.student.objectives.embedding import Cosine, Mse
+from kd.student.objectives.logits import Label, Logits, MultiTeacher, Pair
+from kd.student.objectives.relational import Relational
 
 REGISTRY: dict[ObjectiveName, type[Objective]] = {
     cls.name: cls for cls in (Cosine, Mse, Contrastive, Logits, Pair, MultiTeacher, Relational, Label)

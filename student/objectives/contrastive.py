@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from student.distributed import gather_rows
-from student.objectives.base import Batch, Context, LabelKind, Objective, ObjectiveName, Out, sides
+from kd.student.distributed import gather_rows
+from kd.student.objectives.base import Batch, Context, LabelKind, Objective, ObjectiveName, Out, sides
 
 POS = "pos"  # student.data.POS (objectives do not import the data layer)
 

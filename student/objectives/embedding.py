@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from student.objectives.base import Batch, Context, Objective, ObjectiveName, Out, sides
+from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, Out, sides
 
 
 def cosine_loss(s: Tensor, t: Tensor) -> Tensor:

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from storage.errors import KdError
-from student.distributed import gather_rows
-from student.objectives.base import (
+from kd.storage.errors import KdError
+from kd.student.distributed import gather_rows
+from kd.student.objectives.base import (
     Batch,
     Context,
     LabelKind,
