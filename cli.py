@@ -174,6 +174,7 @@ def train_student(
     token_weights: Annotated[str, typer.Option(help="Static students: sif | none")] = "sif",
     exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
     init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
+    init_teacher: Annotated[str | None, typer.Option(help="Stored teacher whose tokenizer, embeddings and vocab/init outputs the student starts from (default: the target's; transformer-init: the teacher with an init output)")] = None,  # noqa: E501
     bucket: Annotated[bool, typer.Option(help="Batches of similar length inside the shuffle buffer (less padding)")] = True,  # noqa: E501
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     amp: Annotated[bool, typer.Option(help="Mixed precision: CUDA; bf16 for Transformer students on CPUs with native bf16")] = True,  # noqa: E501
@@ -194,7 +195,7 @@ def train_student(
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
             val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights,
-            exclude_ids=exclude_ids, init_layers=init_layers, bucket=bucket, device=device,
+            exclude_ids=exclude_ids, init_layers=init_layers, init_teacher=init_teacher, bucket=bucket, device=device,
             amp=amp, resume=resume,
             overwrite=overwrite, progress=progress,
         )

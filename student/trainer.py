@@ -131,6 +131,9 @@ class TrainConfig:
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
     init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
+    # stored teacher whose tokenizer, embeddings, vocab/init outputs the student starts from (`source_teacher`);
+    # None: the target's teacher, or for transformer-init the one teacher with an init output
+    init_teacher: str | None = None
     bucket: bool = True  # length-bucketed batches inside the shuffle buffer (student.data._bucketed)
     resume: bool = True
     overwrite: bool = False
@@ -232,7 +235,8 @@ def setup(cfg: TrainConfig) -> Setup:
     probe = StudentConfig()
     ctx = Context.from_manifest(store.manifest, probe, cfg.target)
     keys = _target_keys(ctx)
-    teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
+    target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
+    teacher = source_teacher(store, target_teacher, cfg)
     tok_dir = store.tokenizer_dir(teacher)
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
@@ -268,6 +272,41 @@ def setup(cfg: TrainConfig) -> Setup:
         bucket=cfg.bucket,
     )
     return Setup(store, student_cfg, objectives, keys, teacher, data)
+
+
+def init_teachers(store: Store) -> list[str]:
+    """Teachers of the store with a stored `init` output (embeddings + kept layers)."""
+    files = store.manifest.extras.get("files", {})
+    return sorted({rel.split("/")[1] for rel in files if rel.startswith("teachers/") and "/init-" in rel})
+
+
+def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig) -> str:
+    """The stored teacher a student starts from: tokenizer, input embeddings, `vocab` and `init` outputs.
+
+    The target may be another teacher's output of another width (MiniLM's tokenizer and layers, mpnet's
+    768-d `sentence` as the target): the student reads ids of the source's tokenizer, and the width gap is
+    bridged by `out_dim` (a learned head) or the objective's projection. Rules:
+    - `--init-teacher NAME`: that teacher, which must be in the store;
+    - transformer-init: the one teacher with an `init` output; with several, `--init-teacher` picks;
+    - otherwise the target's teacher (the behaviour of single-teacher stores).
+    """
+    teachers = sorted(t.split("/", 1)[1] for t, r in store.manifest.tables.items() if r.kind == "teacher")
+    if cfg.init_teacher is not None:
+        if cfg.init_teacher not in teachers:
+            raise KdError(f"--init-teacher {cfg.init_teacher!r} is not a teacher of the store", store.root,
+                          f"pick one of: {', '.join(teachers)}")
+        return cfg.init_teacher
+    if cfg.arch != "transformer-init" or cfg.init:
+        return target_teacher
+    have = init_teachers(store)
+    if len(have) == 1:
+        return have[0]
+    if not have:
+        raise KdError("no teacher of the store has an init output (embeddings + layers) for transformer-init",
+                      store.root, "add one (no row is recomputed): kd precompute <same inputs and options> -t "
+                      f"{target_teacher} --outputs init --keep-layers 2,5")
+    raise KdError(f"several teachers of the store have an init output: {', '.join(have)}", store.root,
+                  f"pick the one the student starts from: --init-teacher {have[0]}")
 
 
 def _target_keys(ctx: Context) -> list[str]:

@@ -23,14 +23,16 @@ WORDS = (
 ).split()
 
 
-def build_tiny_bert(path: Path, *, num_labels: int = 0, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    """Save a random BERT (optionally with a classification head) plus a WordPiece tokenizer to `path`."""
+def build_tiny_bert(path: Path, *, num_labels: int = 0, hidden: int = 32, layers: int = 2, seed: int = 0,
+                    extra_words: tuple[str, ...] = ()) -> Path:
+    """Save a random BERT (optionally with a classification head) plus a WordPiece tokenizer to `path`
+    (`extra_words` makes another vocabulary: a teacher whose token ids differ)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
-             *"abcdefghijklmnopqrstuvwxyz.,!?'"]
+             *"abcdefghijklmnopqrstuvwxyz.,!?'", *extra_words]
     tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))}, do_lower_case=True)
     tok.model_max_length = 64
     tok.save_pretrained(path)

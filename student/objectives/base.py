@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -184,6 +185,14 @@ class Context:
             raise KdError(f"teacher {ctx.target_teacher!r} is not in the store", f"target {target!r}",
                           f"teachers in the store: {sorted(shapes) or 'none (run kd precompute)'}")
         return ctx
+
+    def with_target(self, target: str) -> Context:
+        """This context aiming at another "<teacher>[.<column>]" (an objective's own `target=` option)."""
+        teacher, _, column = target.partition(".")
+        if teacher not in self.shapes:
+            raise KdError(f"teacher {teacher!r} is not in the store", f"target {target!r}",
+                          f"teachers in the store: {sorted(self.shapes)}")
+        return dataclasses.replace(self, target_teacher=teacher, target_column=column or None)
 
     # -- columns -----------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@
 - In pair stores both sides are matched (sentence_a with a, sentence_b with b) and averaged.
 - If the student's `out_dim` differs from the target's width, a bias-free linear map (owned here,
   saved with the student) carries the embedding to the target's space first.
+- `target=<teacher>.<column>` points one objective at another teacher's vector: several weighted
+  objectives distil several teachers (e.g. mpnet's 768-d and MiniLM's 384-d sentence vectors) at once.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ class _Match(Objective):
         self.proj = nn.Linear(student_dim, target_dim, bias=False) if student_dim != target_dim else None
 
     @classmethod
-    def build(cls, ctx: Context, weight: float) -> _Match:
-        keys = ctx.embedding_target()
+    def build(cls, ctx: Context, weight: float, target: str | None = None) -> _Match:
+        """`target` ("<teacher>[.<column>]") overrides --target for this objective alone, so one student can
+        match several teachers at once: `--objective cosine --objective cosine:0.5:target=minilm.sentence`."""
+        keys = (ctx.with_target(target) if target else ctx).embedding_target()
         return cls(weight, keys, ctx.student.out_dim, ctx.shape(keys[0])[0])
 
     def distance(self, s: Tensor, t: Tensor) -> Tensor:
