@@ -106,3 +106,27 @@ def test_static_student_trains_and_loads(store, tmp_path):
     with torch.no_grad():
         padded = s.model(ids["input_ids"], ids["attention_mask"]).embedding.numpy()
     np.testing.assert_allclose(bags, padded, atol=1e-5)  # the fast path is the model
+
+
+@pytest.mark.parametrize("out_dim", [16, 48])
+def test_numpy_encode_equals_the_torch_embedding_bag(store, tmp_path, sentences, out_dim):
+    """The CPU fast path (numpy sums of token rows, then the bias-free head) gives the torch path's vectors,
+    for one text and for batches that mix lengths; no head (16 = 16: Identity) and a 16 -> 48 head."""
+    from kd import student
+
+    args = ["--embed-dim", "16", "--out-dim", str(out_dim)]
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "st"), "--arch",
+                                   "static", "--max-steps", "3", "--no-progress", *args])
+    assert res.exit_code == 0, res.output
+    st = student.load(tmp_path / "st")
+    assert st._static_arrays() is not None  # the numpy path is the one encode() takes for a few texts on a CPU
+    texts = ["", "market", *sentences[:40]]
+    ids = st._token_ids(texts)
+    lengths = np.array([len(x) for x in ids])
+    want = np.zeros((len(texts), st.dim), dtype=np.float32)
+    st._encode_bags(ids, lengths, 7, want)
+    for batch in (1, 7, 256):
+        got = np.concatenate([st.encode(texts[i : i + batch], batch_size=batch) for i in range(0, len(texts), batch)])
+        assert got.dtype == np.float32 and got.shape == (len(texts), out_dim)
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(st.encode("market"), want[1], atol=1e-6, rtol=1e-5)
