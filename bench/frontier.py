@@ -5,7 +5,10 @@ One run, the same test sets, the same thread count, each model in a fresh proces
   it" alternative: torch dynamic quantization of every Linear, no training);
 - model2vec distilled from the same teacher (`--model2vec DIR`), Tokenlearn trained on the same store
   texts and teacher vectors (`--tokenlearn DIR`; both made by bench/static_baselines.py);
-- every kd student given with `--student NAME=DIR`.
+- every kd student given with `--student NAME=DIR`, and with `--onnx` the same student through
+  `kd export --format onnx` (onnxruntime alone);
+- the teacher on kd's own runtimes (`--teacher-backend openvino:int8`, `onnx:int8`, `openvino:none`) and
+  other teachers in fp32 (`--extra-teacher mpnet`), so every model is timed on its best runtime.
 
 Algorithm:
 - quality: one child process per model encodes the evaluation texts (STS-B test pairs, SST-2 probe
@@ -79,6 +82,23 @@ def load(spec: Spec):
             t.model = torch.ao.quantization.quantize_dynamic(t.model, {torch.nn.Linear}, dtype=torch.qint8)
         out = [o for o in t.available() if o.value == "sentence"] or [o for o in t.available() if o.value == "mean"]
         return (lambda texts: t.encode(texts, out)[out[0].value]), [Path(t.ref.path)]
+    if spec.kind == "teacher-backend":  # path "SPEC@BACKEND:QUANTIZE", e.g. "minilm@openvino:int8"
+        import torch
+
+        from kd.pipeline.backends import load as load_backend
+
+        ref, _, how = spec.path.partition("@")
+        backend, _, quantize = how.partition(":")
+        t = load_backend(ref, backend, quantize or "none", device="cpu", threads=torch.get_num_threads())
+        out = [o for o in t.available() if o.value == "sentence"] or [o for o in t.available() if o.value == "mean"]
+        return (lambda texts: t.encode(texts, out)[out[0].value]), [t.backend.folder]
+    if spec.kind == "kd-onnx":  # a `kd export --format onnx` folder, onnxruntime alone
+        import torch
+
+        from kd.student.onnx_export import OnnxEncoder
+
+        enc = OnnxEncoder(spec.path, threads=torch.get_num_threads())
+        return (lambda texts: enc.encode(texts, batch_size=max(1, len(texts)))), [Path(spec.path)]
     if spec.kind == "static":
         from model2vec import StaticModel
 
@@ -183,6 +203,11 @@ def run_child(spec: Spec, mode: str, texts: Path, result: Path, a: argparse.Name
 def specs(a: argparse.Namespace) -> list[Spec]:
     out = [Spec("MiniLM fp32 (teacher)", "teacher", a.teacher),
            Spec("MiniLM int8 (dynamic)", "teacher-int8", a.teacher)]
+    for how in a.teacher_backend:  # the same teacher on kd's own runtimes: each model on its best one
+        out.append(Spec(f"MiniLM {how.replace(':', ' ')}", "teacher-backend", f"{a.teacher}@{how}"))
+    for extra in a.extra_teacher:
+        name, _, ref = extra.partition("=")
+        out.append(Spec(f"{name} fp32", "teacher", ref or name))
     if a.model2vec:
         out.append(Spec("model2vec distill", "static", a.model2vec))
     if a.tokenlearn:
@@ -190,7 +215,18 @@ def specs(a: argparse.Namespace) -> list[Spec]:
     for s in a.student:
         name, path = s.split("=", 1)
         out.append(Spec(f"kd {name}", "kd", path))
+        if a.onnx:
+            out.append(Spec(f"kd {name} onnx", "kd-onnx", str(onnx_export(path, Path(a.out) / f"onnx-{name}"))))
     return out
+
+
+def onnx_export(student_dir: str, folder: Path) -> Path:
+    """The student through `kd export --format onnx`, once (an existing export is reused)."""
+    if not (folder / "model.onnx").exists():
+        from kd.student.onnx_export import export_onnx
+
+        export_onnx(student_dir, folder, overwrite=True)
+    return folder
 
 
 def measure_all(a: argparse.Namespace) -> dict[str, dict]:
@@ -229,15 +265,14 @@ def measure_all(a: argparse.Namespace) -> dict[str, dict]:
     return rows
 
 
-def pareto(rows: dict[str, dict]) -> list[str]:
-    """Names no other model beats on both STS-B and sentences/s at batch 256."""
+def pareto(rows: dict[str, dict], speed: str = "sent_per_s_b256") -> list[str]:
+    """Names no other model beats on both STS-B and `speed` (sentences/s at batch 256, or at batch 1)."""
     front = []
     for n, r in rows.items():
-        if not any(o["stsb"] >= r["stsb"] and o["sent_per_s_b256"] >= r["sent_per_s_b256"]
-                   and (o["stsb"], o["sent_per_s_b256"]) != (r["stsb"], r["sent_per_s_b256"])
+        if not any(o["stsb"] >= r["stsb"] and o[speed] >= r[speed] and (o["stsb"], o[speed]) != (r["stsb"], r[speed])
                    for m, o in rows.items() if m != n):
             front.append(n)
-    return sorted(front, key=lambda n: rows[n]["sent_per_s_b256"])
+    return sorted(front, key=lambda n: rows[n][speed])
 
 
 def markdown(rows: dict[str, dict], front: list[str]) -> str:
@@ -255,23 +290,25 @@ def markdown(rows: dict[str, dict], front: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: dict[str, dict], front: list[str], path: Path) -> None:
+def plot(rows: dict[str, dict], path: Path, speed: str = "sent_per_s_b256") -> None:
+    """STS-B against `speed` (log x), the Pareto front of that speed drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    front = pareto(rows, speed)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for n, r in rows.items():
-        kd = r["kind"] == "kd"
-        ax.scatter(r["sent_per_s_b256"], r["stsb"], s=60, marker="o" if kd else "s",
+        kd = r["kind"] in ("kd", "kd-onnx")
+        ax.scatter(r[speed], r["stsb"], s=60, marker="o" if kd else "s",
                    color="tab:blue" if kd else "tab:gray", zorder=3)
-        ax.annotate(n, (r["sent_per_s_b256"], r["stsb"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    xs = [rows[n]["sent_per_s_b256"] for n in front]
+        ax.annotate(n, (r[speed], r["stsb"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    xs = [rows[n][speed] for n in front]
     ys = [rows[n]["stsb"] for n in front]
     ax.step(xs, ys, where="post", color="tab:red", alpha=0.6, label="Pareto front")
     ax.set_xscale("log")
-    ax.set_xlabel("sentences/s at batch 256 (log scale, this CPU)")
+    ax.set_xlabel(f"sentences/s at batch {speed.rsplit('b', 1)[1]} (log scale, this CPU)")
     ax.set_ylabel("STS-B test Spearman ×100")
     ax.set_title("Quality vs speed: kd students (blue) and alternatives (grey)")
     ax.grid(alpha=0.3, which="both")
@@ -286,6 +323,11 @@ def main() -> None:
     ap.add_argument("--student", action="append", default=[], help="NAME=DIR of a kd student (repeatable)")
     ap.add_argument("--model2vec", default=None, help="model2vec folder distilled from the teacher")
     ap.add_argument("--tokenlearn", default=None, help="Tokenlearn folder trained on the same store")
+    ap.add_argument("--teacher-backend", action="append", default=[], metavar="BACKEND:QUANTIZE",
+                    help="also time the teacher on a kd backend, e.g. openvino:int8, onnx:int8 (repeatable)")
+    ap.add_argument("--extra-teacher", action="append", default=[], metavar="NAME[=SPEC]",
+                    help="another teacher row in fp32, e.g. mpnet (repeatable)")
+    ap.add_argument("--onnx", action="store_true", help="also time each kd student through kd export --format onnx")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-b1", type=int, default=128)
@@ -324,16 +366,18 @@ def main() -> None:
                                                       "rounds": a.rounds, "load_before": load_before}, indent=1))
     table = markdown(rows, front)
     (out / "results.md").write_text(table + "\n")
-    plot(rows, front, out / "frontier.png")
+    plot(rows, out / "frontier.png")
+    plot(rows, out / "frontier-b1.png", "sent_per_s_b1")
     print(table)
     teacher = next(r for r in rows.values() if r["kind"] == "teacher")
     int8 = next((r for r in rows.values() if r["kind"] == "teacher-int8"), None)
     for n, r in rows.items():
-        if r["kind"] in ("kd", "static"):
+        if r["kind"] in ("kd", "kd-onnx", "static"):
             vs = f", {r['sent_per_s_b256'] / int8['sent_per_s_b256']:.2f}x teacher-int8" if int8 else ""
             print(f"{n}: STS-B {r['stsb'] - teacher['stsb']:+.2f} vs teacher, "
                   f"{r['sent_per_s_b256'] / teacher['sent_per_s_b256']:.2f}x teacher fp32 sentences/s{vs}")
-    print(f"load average after: {os.getloadavg()}; {time.time() - t0:.0f} s; wrote {out}/results.md, frontier.png")
+    print(f"load average after: {os.getloadavg()}; {time.time() - t0:.0f} s; "
+          f"wrote {out}/results.md, frontier.png, frontier-b1.png")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Layout of the output folder:
   direction as its own recurrence instead: forward on the padded batch (padding comes after the real tokens,
   so it cannot reach them), backward on each row reversed within its own length; padded outputs are zeroed.
   The same numbers as packing, with any amount of padding.
-- `onnx_encode(folder, texts)` runs an exported folder with onnxruntime and the `tokenizers` library only.
+- `OnnxEncoder(folder).encode(texts)` (or `onnx_encode(folder, texts)` for one call) runs an exported folder
+  with onnxruntime and the `tokenizers` library only.
 """
 
 from __future__ import annotations
@@ -63,39 +64,54 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
     return target
 
 
-def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
-                normalize: bool = False) -> np.ndarray:
-    """Encode texts with an exported folder: tokenizers + onnxruntime, no torch. float32 [n, dim].
+class OnnxEncoder:
+    """An exported folder loaded once (tokenizer + onnxruntime session, no torch): `encode(texts)`.
 
     - Tokenize all texts (special tokens, truncation as kd_onnx.json says), sort by length so each
       batch holds similar lengths (less padding), pad each batch to its longest row, run, restore order.
+    - `threads`: onnxruntime's intra-op pool (default: its own choice, one per core).
     """
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
 
-    folder = Path(folder)
-    spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.no_padding()
-    tok.enable_truncation(spec["max_length"])
-    session = ort.InferenceSession(str(folder / ONNX), providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    ids = [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
-    lengths = np.array([len(x) for x in ids], dtype=np.int64)
-    order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(ids), spec["dim"]), dtype=np.float32)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
-        for row, i in enumerate(idx):
-            block[row, : lengths[i]] = ids[i]
-        mask = (np.arange(block.shape[1]) < lengths[idx, None]).astype(np.int64)
-        feeds = {"input_ids": block, "attention_mask": mask}
-        # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
-        out[idx] = session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in names})[0]
-    if normalize or spec["normalize"]:
-        out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
-    return out
+    def __init__(self, folder: str | os.PathLike, threads: int | None = None) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        self.spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.spec["max_length"])
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(str(folder / ONNX), options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64, normalize: bool = False) -> np.ndarray:
+        """float32 [n, dim] in input order."""
+        spec = self.spec
+        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
+        lengths = np.array([len(x) for x in ids], dtype=np.int64)
+        order = np.argsort(lengths, kind="stable")
+        out = np.zeros((len(ids), spec["dim"]), dtype=np.float32)
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
+            for row, i in enumerate(idx):
+                block[row, : lengths[i]] = ids[i]
+            mask = (np.arange(block.shape[1]) < lengths[idx, None]).astype(np.int64)
+            feeds = {"input_ids": block, "attention_mask": mask}
+            # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
+            out[idx] = self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+        if normalize or spec["normalize"]:
+            out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+        return out
+
+
+def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
+                normalize: bool = False) -> np.ndarray:
+    """Encode texts with an exported folder in one call (`OnnxEncoder` keeps the session for many calls)."""
+    return OnnxEncoder(folder).encode(texts, batch_size, normalize)
 
 
 class MaskedRecurrent(nn.Module):
