@@ -1,11 +1,24 @@
 """The contract between the stages: store layout, Arrow schemas, manifest, shard I/O, validation.
 
 `pipeline` (stage one) writes stores and `student` (stage two) reads them; both import this
-package and never each other.
+package and never each other. The names below load on first use (PEP 562), so importing one light
+module of the package (e.g. `kd.storage.errors` for `kd --help`) does not pull in pyarrow.
 """
 
-from kd.storage.errors import KdError, StoreError
-from kd.storage.manifest import FORMAT_VERSION, Manifest, ShardRecord, TableRecord
-from kd.storage.store import Store
+from __future__ import annotations
 
-__all__ = ["FORMAT_VERSION", "KdError", "Manifest", "ShardRecord", "Store", "StoreError", "TableRecord"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "KdError": "kd.storage.errors", "StoreError": "kd.storage.errors", "FORMAT_VERSION": "kd.storage.manifest",
+    "Manifest": "kd.storage.manifest", "ShardRecord": "kd.storage.manifest", "TableRecord": "kd.storage.manifest",
+    "Store": "kd.storage.store",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kd.storage' has no attribute {name!r}")
