@@ -41,9 +41,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError
-from kd.storage.hardware import native_bf16
+from kd.storage.hardware import check_device, native_bf16
 from kd.storage.progress import Bar
 from kd.storage.store import Store
 from kd.student import checkpoint
@@ -143,17 +144,23 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.schedule = Schedule(self.schedule)
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
-        if self.batch_size < 1 or self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
-            raise InputError("batch size, epochs and max steps must be >= 1", "train-student options")
+        B.check("train-student options", ("--embed-dim", self.embed_dim, B.WIDTH),
+                ("--hidden-dim", self.hidden_dim, B.WIDTH), ("--out-dim", self.out_dim, B.WIDTH),
+                ("--layers", self.num_layers, B.LAYERS), ("--dropout", self.dropout, B.DROPOUT),
+                ("--max-length", self.max_length, B.TOKENS), ("--epochs", self.epochs, B.EPOCHS),
+                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
+                ("--lr", self.lr, B.STUDENT_LR), ("--weight-decay", self.weight_decay, B.WEIGHT_DECAY),
+                ("--warmup", self.warmup, B.WARMUP), ("--clip", self.clip, B.CLIP),
+                ("--patience", self.patience, B.PATIENCE), ("--eval-every", self.eval_every, B.STEPS),
+                ("--checkpoint-every", self.checkpoint_every, B.STEPS), ("--log-every", self.log_every, B.STEPS),
+                ("--seed", self.seed, B.SEED), ("--workers", self.num_workers, B.LOADER_WORKERS),
+                ("--shuffle-buffer", self.shuffle_buffer, B.ROWS), ("--val-percent", self.val_percent, B.PERCENT),
+                ("max_val_rows", self.max_val_rows, B.ROWS))
         if not self.objectives:
             raise InputError("no objective given", "--objective", "e.g. --objective cosine")
-        if not 0.0 <= self.val_percent < 100.0:
-            raise InputError(f"--val-percent {self.val_percent} must be in [0, 100)", "--val-percent",
-                             "e.g. --val-percent 2 (0 turns validation off)")
-        if self.max_length < 1:
-            raise InputError(f"--max-length {self.max_length} must be >= 1", "--max-length", "e.g. --max-length 128")
-        if self.token_weights not in ("sif", "none"):
+        if self.token_weights not in B.choices(B.TokenWeights):
             raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
+        check_device(self.device)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
