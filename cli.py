@@ -178,7 +178,7 @@ def train_student(
     embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)", **_in(B.WIDTH))] = None,  # noqa: E501
     hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)", **_in(B.WIDTH))] = None,  # noqa: E501
     out_dim: Annotated[int | None, typer.Option(help="Embedding width (default: the target's; no target: the encoder's)", **_in(B.WIDTH))] = None,  # noqa: E501
-    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer)")] = None,  # noqa: E501
+    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer; its shape stands)")] = None,  # noqa: E501
     layers: Annotated[int, typer.Option(help="Encoder layers", **_in(B.LAYERS))] = 1,
     pooling: Annotated[B.Pooling, typer.Option(help="mean | max | attentive | cls")] = "mean",
     dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]", **_in(B.DROPOUT))] = None,
@@ -215,7 +215,7 @@ def train_student(
 
     try:
         tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
-                                         lr=lr, weight_decay=weight_decay))
+                                         lr=lr, weight_decay=weight_decay), init=init is not None)
         cfg = TrainConfig(
             shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
             out_dim=out_dim, init=init,

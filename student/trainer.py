@@ -84,10 +84,13 @@ ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def arch_defaults(arch: str, given: dict[str, Any]) -> dict[str, Any]:
-    """`given` with the arch's defaults filled in for every key whose value is None."""
+def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[str, Any]:
+    """`given` with the arch's defaults filled in for every key whose value is None (with `init` the
+    --init student's embed_dim stands, not the arch's)."""
     base = {"batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3, "weight_decay": 0.01}
     base |= ARCH_DEFAULTS.get(arch, {})
+    if init:
+        base.pop("embed_dim", None)
     return {k: (base.get(k) if v is None else v) for k, v in given.items()}
 
 
@@ -304,6 +307,7 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
+    _check_init_shape(cfg, source)
     mine = AutoTokenizer.from_pretrained(Path(cfg.init) / TOKENIZER)
     store = AutoTokenizer.from_pretrained(tokenizer_dir)
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
@@ -312,6 +316,24 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
                       "precompute the store with a teacher that shares the student's tokenizer, or train from "
                       "scratch (no --init)")
     return dataclasses.replace(source, dropout=cfg.dropout)
+
+
+def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
+    """Refuse a shape option that the --init student contradicts (its shape wins, so it would be ignored).
+
+    A width counts when it was given (not None); --layers and --pooling when they differ from TrainConfig's
+    defaults, since their defaults cannot be told apart from an explicit value.
+    """
+    defaults = TrainConfig.__dataclass_fields__
+    asked = [("--embed-dim", cfg.embed_dim, source.embed_dim), ("--hidden-dim", cfg.hidden_dim, source.hidden_dim),
+             ("--out-dim", cfg.out_dim, source.out_dim)]
+    asked += [(flag, getattr(cfg, name), value) for flag, name, value in
+              (("--layers", "num_layers", source.num_layers), ("--pooling", "pooling", source.pooling.value))
+              if getattr(cfg, name) != defaults[name].default]
+    for flag, mine, theirs in asked:
+        if mine is not None and mine != theirs:
+            raise KdError(f"{flag} {mine} contradicts the --init student, whose value is {theirs}", cfg.init,
+                          f"drop {flag} (an initialised student keeps its shape), or pass {flag} {theirs}")
 
 
 def read_ids(path: str) -> tuple[int, ...]:
