@@ -9,18 +9,47 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional  # noqa: F401  (Optional: typer needs it on py3.10 annotations)
+from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer needs it on py3.10 annotations)
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kd.storage import bounds as B
 from kd.storage.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Offline knowledge distillation of sentence encoders.")
 console = Console(stderr=True, soft_wrap=True)
 term = Console(soft_wrap=True)  # results go to stdout; errors and progress to stderr
+
+
+def _in(r: B.Range) -> dict[str, Any]:
+    """typer.Option keywords bounding a number to `r`: typer's min/max, plus a callback refusing an open end.
+
+    Either way a bad value exits 2 at parse time with "Invalid value for '--flag'", before anything runs.
+    """
+    opts: dict[str, Any] = {"min": r.lo, "max": r.hi}
+    if r.lo_open or r.hi_open:
+        def edge(value: float | None) -> float | None:
+            if value is not None and value not in r:
+                raise typer.BadParameter(f"{value:g} is not in {r}")
+            return value
+
+        opts["callback"] = edge
+    return opts
+
+
+def _device(auto: bool) -> dict[str, Any]:
+    """typer.Option keywords for --device: cpu, cuda, cuda:N (and auto where the command has it)."""
+    forms = B.DEVICES if auto else B.DEVICES[1:]
+
+    def check(value: str | None) -> str | None:
+        if value is not None and (not B.DEVICE.fullmatch(value) or (value == "auto" and not auto)):
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(forms)}")
+        return value
+
+    return {"callback": check}
 
 
 def _fail(e: KdError) -> None:
@@ -44,31 +73,31 @@ def precompute(
     out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
     teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
     outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab,init (default: all but vocab, init)")] = None,  # noqa: E501
-    segment: Annotated[str, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
+    segment: Annotated[B.Segment, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
     spacy_model: Annotated[str | None, typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
     text_column: Annotated[str | None, typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
     pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b holding sentence pairs")] = None,
     label_column: Annotated[str | None, typer.Option(help="Optional label column")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
-    batch_tokens: Annotated[int | None, typer.Option(help="Token budget per batch (padded length x rows; default: 4096 on CPU, 16384 on GPU)")] = None,  # noqa: E501
-    max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens")] = None,
-    shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)")] = 20000,
-    num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)")] = None,  # noqa: E501
-    shard_index: Annotated[int | None, typer.Option(help="This writer's index (default: torchrun RANK or 0)")] = None,
-    dtype: Annotated[str, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
-    precision: Annotated[str, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision; auto: fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")] = "auto",  # noqa: E501
-    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)")] = None,
+    batch_tokens: Annotated[int | None, typer.Option(help="Token budget per batch (padded length x rows; default: 4096 on CPU, 16384 on GPU)", **_in(B.BATCH_TOKENS))] = None,  # noqa: E501
+    max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens", **_in(B.TOKENS))] = None,
+    shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)", **_in(B.ROWS))] = 20000,  # noqa: E501
+    num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)", **_in(B.SHARDS))] = None,  # noqa: E501
+    shard_index: Annotated[int | None, typer.Option(help="This writer's 0-based index (default: torchrun RANK or 0)", **_in(B.SHARD_INDEX))] = None,  # noqa: E501
+    dtype: Annotated[B.VectorDType, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
+    precision: Annotated[B.Precision, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision; auto: fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")] = "auto",  # noqa: E501
+    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)", **_device(False))] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
-    backend: Annotated[str, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
-    quantize: Annotated[str, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")] = "none",  # noqa: E501
+    backend: Annotated[B.Backend, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
+    quantize: Annotated[B.Quantize, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")] = "none",  # noqa: E501
     allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
-    engine: Annotated[str, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd\\[ray]')")] = "local",  # noqa: E501
+    engine: Annotated[B.Engine, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd\\[ray]')")] = "local",  # noqa: E501
     ray_address: Annotated[str | None, typer.Option(help="--engine ray: auto | HOST:PORT of a running cluster (default: RAY_ADDRESS, else a local Ray runtime)")] = None,  # noqa: E501
-    workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)")] = None,  # noqa: E501
-    gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)")] = None,  # noqa: E501
+    workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)", **_in(B.RAY_WORKERS))] = None,  # noqa: E501
+    gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)", **_in(B.GPU_SHARE))] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
     from kd.pipeline.precompute import precompute as run
@@ -143,40 +172,40 @@ def validate(
 def train_student(
     shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
-    arch: Annotated[str, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")] = "bilstm",  # noqa: E501
+    arch: Annotated[B.Arch, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")] = "bilstm",  # noqa: E501
     objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher, relational, label")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
-    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)")] = None,  # noqa: E501
-    hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)")] = None,
-    out_dim: Annotated[int | None, typer.Option(help="Embedding width (default: the target's; no target: the encoder's)")] = None,  # noqa: E501
-    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer)")] = None,  # noqa: E501
-    layers: Annotated[int, typer.Option(help="Encoder layers")] = 1,
-    pooling: Annotated[str, typer.Option(help="mean | max | attentive | cls")] = "mean",
-    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]")] = None,
-    max_length: Annotated[int, typer.Option(help="Student tokens per text")] = 128,
-    epochs: Annotated[int | None, typer.Option(help="[default: 3]")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="[default: 64; static 256]")] = None,
-    lr: Annotated[float | None, typer.Option(help="[default: 1e-3; static 5e-3]")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="[default: 0.01; static 0]")] = None,
-    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1)")] = 0.05,
-    schedule: Annotated[str, typer.Option(help="cosine | plateau | constant")] = "cosine",
-    clip: Annotated[float, typer.Option(help="Max gradient norm (0: off)")] = 1.0,
-    patience: Annotated[int, typer.Option(help="Evaluations without improvement before stopping (0: never)")] = 3,
-    eval_every: Annotated[int | None, typer.Option(help="Validate every N steps (default: each epoch)")] = None,
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps")] = 500,
-    log_every: Annotated[int, typer.Option(help="Metrics record every N steps")] = 20,
-    seed: Annotated[int, typer.Option()] = 0,
-    workers: Annotated[int, typer.Option(help="DataLoader worker processes (read + tokenize)")] = 0,
-    shuffle_buffer: Annotated[int, typer.Option(help="Rows in the shuffle buffer")] = 10000,
-    val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash)")] = 2.0,
-    init_embeddings: Annotated[str, typer.Option(help="auto | teacher | vocab | random")] = "auto",
-    token_weights: Annotated[str, typer.Option(help="Static students: sif | none")] = "sif",
+    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)", **_in(B.WIDTH))] = None,  # noqa: E501
+    hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)", **_in(B.WIDTH))] = None,  # noqa: E501
+    out_dim: Annotated[int | None, typer.Option(help="Embedding width (default: the target's; no target: the encoder's)", **_in(B.WIDTH))] = None,  # noqa: E501
+    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer; its shape stands)")] = None,  # noqa: E501
+    layers: Annotated[int, typer.Option(help="Encoder layers", **_in(B.LAYERS))] = 1,
+    pooling: Annotated[B.Pooling, typer.Option(help="mean | max | attentive | cls")] = "mean",
+    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]", **_in(B.DROPOUT))] = None,
+    max_length: Annotated[int, typer.Option(help="Student tokens per text", **_in(B.TOKENS))] = 128,
+    epochs: Annotated[int | None, typer.Option(help="[default: 3]", **_in(B.EPOCHS))] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
+    batch_size: Annotated[int | None, typer.Option(help="[default: 64; static 256]", **_in(B.BATCH))] = None,
+    lr: Annotated[float | None, typer.Option(help="[default: 1e-3; static 5e-3]; 0: weights stay as initialised", **_in(B.STUDENT_LR))] = None,  # noqa: E501
+    weight_decay: Annotated[float | None, typer.Option(help="[default: 0.01; static 0]", **_in(B.WEIGHT_DECAY))] = None,  # noqa: E501
+    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none", **_in(B.WARMUP))] = 0.05,  # noqa: E501
+    schedule: Annotated[B.Schedule, typer.Option(help="cosine | plateau | constant")] = "cosine",
+    clip: Annotated[float, typer.Option(help="Max gradient norm (0: off)", **_in(B.CLIP))] = 1.0,
+    patience: Annotated[int, typer.Option(help="Evaluations without improvement before stopping (0: never)", **_in(B.PATIENCE))] = 3,  # noqa: E501
+    eval_every: Annotated[int | None, typer.Option(help="Validate every N steps (default: each epoch)", **_in(B.STEPS))] = None,  # noqa: E501
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps", **_in(B.STEPS))] = 500,
+    log_every: Annotated[int, typer.Option(help="Metrics record every N steps", **_in(B.STEPS))] = 20,
+    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes (read + tokenize; 0: in this process)", **_in(B.LOADER_WORKERS))] = 0,  # noqa: E501
+    shuffle_buffer: Annotated[int, typer.Option(help="Rows in the shuffle buffer", **_in(B.ROWS))] = 10000,
+    val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash; 0: no validation)", **_in(B.PERCENT))] = 2.0,  # noqa: E501
+    init_embeddings: Annotated[B.EmbeddingInit, typer.Option(help="auto | teacher | vocab | random")] = "auto",
+    token_weights: Annotated[B.TokenWeights, typer.Option(help="Static students: sif | none")] = "sif",
     exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
     init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
     init_teacher: Annotated[str | None, typer.Option(help="Stored teacher whose tokenizer, embeddings and vocab/init outputs the student starts from (default: the target's; transformer-init: the teacher with an init output)")] = None,  # noqa: E501
     bucket: Annotated[bool, typer.Option(help="Batches of similar length inside the shuffle buffer (less padding)")] = True,  # noqa: E501
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N", **_device(True))] = "auto",
     amp: Annotated[bool, typer.Option(help="Mixed precision: CUDA; bf16 for Transformer students on CPUs with native bf16")] = True,  # noqa: E501
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
     overwrite: Annotated[bool, typer.Option(help="Discard a previous run in --out")] = False,
@@ -187,7 +216,7 @@ def train_student(
 
     try:
         tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
-                                         lr=lr, weight_decay=weight_decay))
+                                         lr=lr, weight_decay=weight_decay), init=init is not None)
         cfg = TrainConfig(
             shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
             out_dim=out_dim, init=init,
@@ -239,8 +268,8 @@ def embed(
     out: Annotated[str | None, typer.Option("--out", "-o", help="Store: the same store (default); file input: a Parquet file")] = None,  # noqa: E501
     name: Annotated[str | None, typer.Option(help="Table students/NAME (default: the student folder name)")] = None,
     text_column: Annotated[str | None, typer.Option(help="Text column of a .jsonl/.csv/.parquet input")] = None,
-    batch_size: Annotated[int, typer.Option()] = 256,
-    device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 256,
+    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N", **_device(False))] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
@@ -261,7 +290,7 @@ def embed(
 def export_cmd(
     student: Annotated[str, typer.Argument(help="Folder written by kd train-student")],
     out: Annotated[str, typer.Option("--out", "-o", help="Folder to write (new or empty)")],
-    format: Annotated[str, typer.Option("--format", help="sentence-transformers | onnx")] = "sentence-transformers",
+    format: Annotated[B.ExportFormat, typer.Option("--format", help="sentence-transformers | onnx")] = "sentence-transformers",  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors)."""
@@ -286,20 +315,20 @@ def eval_(
     student: Annotated[list[str] | None, typer.Option("--student", help="Student folder (kd train-student --out); repeatable")] = None,  # noqa: E501
     teacher: Annotated[str | None, typer.Option(help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its teachers")] = None,  # noqa: E501
     store: Annotated[str | None, typer.Option(help="Store whose teacher vectors are reused where it holds the texts")] = None,  # noqa: E501
-    task: Annotated[list[str] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed; repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
+    task: Annotated[list[B.Measure] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed; repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="Teacher output compared with (default: the teacher's default_target)")] = None,  # noqa: E501
-    sts_split: Annotated[str, typer.Option(help="STS-B split: train | dev | test")] = "dev",
+    sts_split: Annotated[B.StsSplit, typer.Option(help="STS-B split: train | dev | test")] = "dev",
     pairs: Annotated[str | None, typer.Option(help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")] = None,
     score_column: Annotated[str | None, typer.Option(help="Gold score column of --pairs (name, or 0-based index)")] = None,  # noqa: E501
     text_columns: Annotated[str | None, typer.Option(help="The two text columns of --pairs: A,B")] = None,
-    max_pairs: Annotated[int | None, typer.Option(help="Use only the first N pairs")] = None,
-    cluster_set: Annotated[str, typer.Option(help="news-articles | brown-genres")] = "news-articles",
-    agreement_rows: Annotated[int, typer.Option(help="Store rows (or texts) for agreement and neighbours")] = 10000,
+    max_pairs: Annotated[int | None, typer.Option(help="Use only the first N pairs", **_in(B.ROWS))] = None,
+    cluster_set: Annotated[B.ClusterSet, typer.Option(help="news-articles | brown-genres")] = "news-articles",
+    agreement_rows: Annotated[int, typer.Option(help="Store rows (or texts) for agreement and neighbours", **_in(B.AGREEMENT_ROWS))] = 10000,  # noqa: E501
     agreement_texts: Annotated[str | None, typer.Option(help="Text file (one a line) for agreement without --store")] = None,  # noqa: E501
-    k: Annotated[int, typer.Option(help="Neighbours compared per text")] = 10,
+    k: Annotated[int, typer.Option(help="Neighbours compared per text", **_in(B.K))] = 10,
     baseline: Annotated[bool, typer.Option(help="Add a model2vec baseline when model2vec is installed")] = True,
     baseline_dir: Annotated[str | None, typer.Option(help="A model2vec model already distilled from the teacher")] = None,  # noqa: E501
-    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
+    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)", **_in(B.THREADS))] = None,  # noqa: E501
     json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
     markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Folder for PNG plots")] = None,
@@ -314,7 +343,7 @@ def eval_(
             raise KdError("--text-columns needs two names: A,B", text_columns)
         cfg = EvalConfig(
             students=student or [], teacher=teacher, store=store,
-            measures=[Measure(t) for t in task] if task else EvalConfig().measures, target=target,
+            measures=[Measure(t.value) for t in task] if task else EvalConfig().measures, target=target,
             sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
             cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
             baseline=baseline, baseline_dir=baseline_dir, threads=threads, json_path=json, markdown_path=markdown,
@@ -323,8 +352,6 @@ def eval_(
         report = evaluate(cfg)
     except KdError as e:
         _fail(e)
-    except ValueError as e:  # unknown --task or --cluster-set
-        _fail(KdError(str(e), None, "see kd eval --help for the accepted values"))
     _wide().print(report.rich_table())
     for key, note in report.info.items():
         if isinstance(note, str):
@@ -335,8 +362,8 @@ def eval_(
 def demo(
     out: Annotated[str, typer.Option("--out", "-o", help="Folder for everything the demo writes")] = "kd-demo",
     quick: Annotated[bool, typer.Option(help="Tiny corpus slice and a few training steps (smoke test)")] = False,
-    epochs: Annotated[int, typer.Option(help="Training epochs of the BiLSTM tier")] = 4,
-    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)")] = None,  # noqa: E501
+    epochs: Annotated[int, typer.Option(help="Training epochs of the BiLSTM tier", **_in(B.EPOCHS))] = 4,
+    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)", **_in(B.THREADS))] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
@@ -363,7 +390,7 @@ _data_out = Console()  # results of the dataset commands go to stdout
 def query_cmd(
     store: Annotated[str, typer.Argument(help="Store folder")],
     sql: Annotated[str | None, typer.Argument(help="SQL; without it an interactive prompt reads stdin")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
+    format: Annotated[B.QueryFormat, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
     out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
 ) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
@@ -376,8 +403,6 @@ def query_cmd(
             raise typer.Exit(1)
     except KdError as e:
         _fail(e)
-    except ValueError as e:  # unknown --format
-        _fail(KdError(str(e), "--format", "use table, csv, json or parquet"))
 
 
 @app.command("index")
@@ -385,7 +410,7 @@ def index_cmd(
     store: Annotated[str, typer.Argument(help="Store folder")],
     table: Annotated[str | None, typer.Option(help="Table: view name (minilm) or path (teachers/minilm); default: the first teacher")] = None,  # noqa: E501
     column: Annotated[str | None, typer.Option(help="1-D vector column, e.g. sentence; default: sentence, else mean")] = None,  # noqa: E501
-    kind: Annotated[str, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
+    kind: Annotated[B.IndexKind, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
 ) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
     from kd.storage.index import build_index, default_vector
@@ -407,10 +432,10 @@ def search_cmd(
     query: Annotated[str, typer.Argument(help="Query text")],
     student: Annotated[str | None, typer.Option(help="Student directory to embed the query")] = None,
     teacher: Annotated[str | None, typer.Option(help="Teacher of the store to embed the query")] = None,
-    k: Annotated[int, typer.Option("-k", help="How many results")] = 10,
+    k: Annotated[int, typer.Option("-k", help="How many results", **_in(B.K))] = 10,
     table: Annotated[str | None, typer.Option(help="Indexed table (default: the teacher's, or by dim)")] = None,
     column: Annotated[str | None, typer.Option(help="Indexed column (default: teacher's default target)")] = None,
-    kind: Annotated[str | None, typer.Option(help="Index kind when several exist")] = None,
+    kind: Annotated[B.IndexKind | None, typer.Option(help="Index kind when several exist")] = None,
 ) -> None:
     """Top-k texts of the store nearest to a query (build the index first with kd index)."""
     from rich.table import Table
@@ -433,10 +458,10 @@ def cluster_cmd(
     store: Annotated[str, typer.Argument(help="Store folder")],
     table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
     column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
-    threshold: Annotated[float, typer.Option(help="Cosine distance (1 - cos) under which clusters merge")],
-    method: Annotated[str, typer.Option(help="auto | exact | knn (faiss kNN graph, for big stores)")] = "auto",
-    exact_max: Annotated[int, typer.Option(help="Largest row count clustered exactly")] = 20000,
-    k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph")] = 30,
+    threshold: Annotated[float, typer.Option(help="Cosine distance (1 - cos) under which clusters merge", **_in(B.COSINE_DISTANCE))],  # noqa: E501
+    method: Annotated[B.ClusterMethod, typer.Option(help="auto | exact | knn (faiss kNN graph, for big stores)")] = "auto",  # noqa: E501
+    exact_max: Annotated[int, typer.Option(help="Largest row count clustered exactly", **_in(B.EXACT_ROWS))] = 20000,
+    k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph", **_in(B.K))] = 30,
 ) -> None:
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
     from kd.storage.cluster import cluster_store
@@ -445,8 +470,6 @@ def cluster_cmd(
         s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
     except KdError as e:
         _fail(e)
-    except ValueError as e:  # unknown --method
-        _fail(KdError(str(e), "--method", "use auto, exact or knn"))
     _data_out.print(
         f"{s.rows:,} rows -> {s.clusters:,} clusters ({s.method}; largest {s.largest:,}, {s.singletons:,} singletons) "
         f"in {s.table}"
@@ -463,22 +486,22 @@ def _metric_text(metrics: dict) -> str:
 @app.command("finetune-teacher")
 def finetune_teacher_cmd(
     base: Annotated[str, typer.Option(help="minilm | mpnet | bert-base | DIR: the encoder to fine-tune")],
-    task: Annotated[str, typer.Option(help="pair-regression | pair-classification | classification")],
+    task: Annotated[B.Task, typer.Option(help="pair-regression | pair-classification | classification")],
     train: Annotated[list[str], typer.Option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder: a Hugging Face checkpoint")],
     dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
-    epochs: Annotated[int, typer.Option()] = 3,
-    lr: Annotated[float, typer.Option()] = 2e-5,
-    batch_size: Annotated[int, typer.Option()] = 16,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
-    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1)")] = 0.1,
-    max_length: Annotated[int, typer.Option(help="Tokens per input (a pair counts both sides)")] = 128,
+    epochs: Annotated[int, typer.Option(**_in(B.EPOCHS))] = 3,
+    lr: Annotated[float, typer.Option(**_in(B.LR))] = 2e-5,
+    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 16,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
+    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none", **_in(B.WARMUP))] = 0.1,  # noqa: E501
+    max_length: Annotated[int, typer.Option(help="Tokens per input (a pair counts both sides)", **_in(B.TEACHER_TOKENS))] = 128,  # noqa: E501
     text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
     pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks, e.g. 5,6 for STS-B")] = None,  # noqa: E501
     label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda (default: cuda when present)")] = None,
+    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)", **_device(False))] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune-teacher output")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
@@ -501,26 +524,26 @@ def finetune_teacher_cmd(
 @app.command("finetune")
 def finetune_cmd(
     student: Annotated[str, typer.Option(help="Student folder written by kd train-student")],
-    task: Annotated[str, typer.Option(help="classification | pair-classification | pair-regression")],
+    task: Annotated[B.Task, typer.Option(help="classification | pair-classification | pair-regression")],
     train: Annotated[list[str], typer.Option(help="Training file(s) with labels")],
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the fine-tuned student")],
     dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
     kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
-    kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher")] = 1.0,
-    kd_alpha: Annotated[float | None, typer.Option(help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) x logit MSE (replaces --kd-weight)")] = None,  # noqa: E501
+    kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher (0: off)", **_in(B.LOSS_WEIGHT))] = 1.0,  # noqa: E501
+    kd_alpha: Annotated[float | None, typer.Option(help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) x logit MSE (replaces --kd-weight)", **_in(B.UNIT))] = None,  # noqa: E501
     kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
-    epochs: Annotated[int, typer.Option()] = 3,
-    lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev")] = 5e-4,
-    batch_size: Annotated[int, typer.Option()] = 32,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)")] = None,
-    hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer")] = 256,
-    dropout: Annotated[float, typer.Option()] = 0.1,
+    epochs: Annotated[int, typer.Option(**_in(B.EPOCHS))] = 3,
+    lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev", **_in(B.LR))] = 5e-4,
+    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 32,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
+    hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer", **_in(B.WIDTH))] = 256,
+    dropout: Annotated[float, typer.Option(**_in(B.DROPOUT))] = 0.1,
     text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
     pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks")] = None,
     label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N", **_device(True))] = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune output")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:

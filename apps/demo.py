@@ -22,6 +22,7 @@ from pathlib import Path
 from kd.apps.corpus import demo_corpus
 from kd.apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
 from kd.apps.speed import pick_threads
+from kd.storage import bounds as B
 
 
 @dataclass
@@ -34,6 +35,10 @@ class DemoConfig:
     threads: int | None = None  # torch intra-op threads; None: see `pick_threads`
     overwrite: bool = False
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        B.check("kd demo options", ("--epochs", self.epochs, B.EPOCHS), ("--threads", self.threads, B.THREADS),
+                ("sentences", self.sentences, B.ROWS))
 
 
 @dataclass

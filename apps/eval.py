@@ -30,6 +30,7 @@ from kd.apps.models import (
 )
 from kd.apps.speed import measure_speed, pick_threads
 from kd.apps.store_teacher import StoreTeacher
+from kd.storage import bounds as B
 from kd.storage.errors import InputError, KdError
 from kd.storage.progress import Bar
 
@@ -96,6 +97,13 @@ class EvalConfig:
     markdown_path: str | None = None
     plot_dir: str | None = None
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        B.check("eval options", ("--max-pairs", self.max_pairs, B.ROWS),
+                ("--agreement-rows", self.agreement_rows, B.AGREEMENT_ROWS), ("--k", self.k, B.K),
+                ("--threads", self.threads, B.THREADS), ("probe_train_rows", self.probe_train_rows, B.ROWS),
+                ("speed_b1", self.speed_b1, B.BATCH), ("speed_big", self.speed_big, B.BATCH))
+        tasks.check_sts_split(self.sts_split)
 
 
 @dataclass

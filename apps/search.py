@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from kd.storage import bounds as B
 from kd.storage.errors import InputError, KdError
 from kd.storage.index import SearchResult, search
 from kd.storage.store import Store
@@ -64,8 +65,7 @@ def search_text(
     k: int = 10,
 ) -> SearchResult:
     """Embed `query` with exactly one of student/teacher and return the top-k rows of the store."""
-    if k < 1:
-        raise InputError(f"-k {k} must be >= 1", "-k", "ask for at least one result, e.g. -k 10")
+    B.check("kd search options", ("-k", k, B.K))
     if (student is None) == (teacher is None):
         raise InputError("give exactly one query encoder", "kd search", "pass --student DIR or --teacher NAME")
     store = Store.open(store_path)

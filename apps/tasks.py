@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kd.storage.bounds import StsSplit, choices
 from kd.storage.errors import InputError
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
@@ -106,11 +107,18 @@ def _read_tsv(path: Path) -> list[list[str]]:
         return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
 
 
+def check_sts_split(split: str) -> None:
+    """Refuse an STS-B split name before any file is looked for (a missing file would blame KD_SHARED)."""
+    if split not in choices(StsSplit):
+        raise InputError(f"unknown STS-B split {split!r}", "--sts-split", f"use one of {', '.join(choices(StsSplit))}")
+
+
 def load_stsb(split: str = "dev", path: str | Path | None = None) -> PairTask:
     """STS Benchmark: TSV without header; columns 4, 5, 6 are score (0-5), sentence1, sentence2.
 
     Some rows carry two extra licence columns after sentence2; they are ignored.
     """
+    check_sts_split(split)
     if path is None and bundled(f"stsb-{split}.tsv.gz").exists():
         p = bundled(f"stsb-{split}.tsv.gz")
     else:

@@ -30,7 +30,9 @@ from torch import nn
 
 from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import pick_device
-from kd.storage.errors import InputError, KdError
+from kd.storage import bounds as B
+from kd.storage.errors import KdError
+from kd.storage.hardware import check_device
 from kd.storage.progress import Bar
 from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
 
@@ -67,10 +69,12 @@ class TeacherFinetuneConfig:
         self.task = parse_task(self.task)
         self.train = [self.train] if isinstance(self.train, str) else list(self.train)
         self.dev = [self.dev] if isinstance(self.dev, str) else (list(self.dev) if self.dev else None)
-        if self.batch_size < 1 or self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
-            raise InputError("batch size, epochs and max steps must be >= 1", "finetune-teacher options")
-        if self.lr <= 0 or self.max_length < 8:
-            raise InputError("the learning rate must be > 0 and max length >= 8", "finetune-teacher options")
+        B.check("finetune-teacher options", ("--epochs", self.epochs, B.EPOCHS),
+                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
+                ("--lr", self.lr, B.LR), ("--warmup", self.warmup, B.WARMUP),
+                ("--max-length", self.max_length, B.TEACHER_TOKENS), ("--seed", self.seed, B.SEED),
+                ("weight_decay", self.weight_decay, B.WEIGHT_DECAY), ("eval_batch_size", self.eval_batch_size, B.BATCH))
+        check_device(self.device)
 
 
 @dataclass

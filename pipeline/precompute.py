@@ -33,8 +33,10 @@ from kd.pipeline.plan import ShardPlan, writer_rank
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.teacher import Output, Teacher
+from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, StoreError
+from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest, same_settings
 from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
@@ -155,12 +157,16 @@ def precompute(
 
     t0 = time.perf_counter()
     # Options first: nothing may be read, loaded or created before they are known to be usable.
-    for flag, value in (("--shard-rows", shard_rows), ("--batch-tokens", batch_tokens), ("--max-length", max_length)):
-        if value is not None and value < 1:
-            raise InputError(f"{flag} {value} must be >= 1", flag, "pass a positive number")
+    B.check("kd precompute options", ("--shard-rows", shard_rows, B.ROWS),
+            ("--batch-tokens", batch_tokens, B.BATCH_TOKENS), ("--max-length", max_length, B.TOKENS),
+            ("--num-shards", num_shards, B.SHARDS), ("--shard-index", shard_index, B.SHARD_INDEX),
+            ("--threads", threads, B.THREADS), ("--workers", workers, B.RAY_WORKERS),
+            ("--gpus-per-worker", gpus_per_worker, B.GPU_SHARE))
+    if engine == "local":  # (Ray workers check their own GPUs: this driver may have none)
+        check_device(device)
     if os.path.isfile(out):
         raise InputError("--out is an existing file, not a store folder", out, "pass a folder path")
-    if segment not in ("none", "sentences"):
+    if segment not in B.choices(B.Segment):
         raise InputError(f"unknown --segment {segment!r}", None, "use none (whole documents) or sentences")
     if not teachers:
         raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")

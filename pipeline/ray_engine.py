@@ -48,12 +48,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.pipeline.plan import ShardPlan
+from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
 from kd.storage.store import Store, shard_file
 
-ENGINES = ("local", "ray")
+ENGINES = B.choices(B.Engine)
 MAX_ATTEMPTS = 3  # a unit whose worker died this many times stops the job (it likely kills workers: memory)
 # The environment a worker needs from the driver. KD_RAY_TEST_DIE_ONCE is the tests' fault hook: a worker that
 # removes this file exits at once after writing its unit's temp file (exactly one worker dies, mid-unit).
@@ -93,11 +94,7 @@ def options(engine: str, address: str | None, workers: int | None, gpus_per_work
         raise InputError("--engine ray runs one driver; this process is one rank of a torchrun job "
                          f"(WORLD_SIZE={os.environ['WORLD_SIZE']})", "--engine ray",
                          "start kd precompute --engine ray once, without torchrun")
-    if workers is not None and workers < 1:
-        raise InputError(f"--workers {workers} must be >= 1", "--workers", "pass a positive number of Ray workers")
-    if gpus_per_worker is not None and not 0 < gpus_per_worker <= 1:
-        raise InputError(f"--gpus-per-worker {gpus_per_worker:g} must be in (0, 1]: a worker runs its teacher on one "
-                         "GPU", "--gpus-per-worker", "use 1, or a fraction such as 0.5 to run two workers per GPU")
+    B.check("--engine ray", ("--workers", workers, B.RAY_WORKERS), ("--gpus-per-worker", gpus_per_worker, B.GPU_SHARE))
     if device not in (None, "cpu", "cuda"):
         raise InputError(f"--device {device} cannot be used with --engine ray: Ray gives each worker its own GPU",
                          "--device", "use --device cuda (each worker on its GPU), --device cpu, or leave it unset")

@@ -25,7 +25,7 @@ import torch
 
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
 from kd.storage.errors import KdError
-from kd.storage.hardware import native_bf16
+from kd.storage.hardware import check_device, native_bf16
 
 
 class Output(str, Enum):
@@ -88,21 +88,13 @@ def weights_sha256(path: str) -> str:
 def pick_device(device: str | None = None) -> torch.device:
     """The asked device, or CUDA when present. Under torchrun each rank takes its own GPU: cuda:LOCAL_RANK
     (modulo the visible devices), so N ranks on one node never share GPU 0."""
-    if device is None or device == "cuda":
+    check_device(device)
+    if device in (None, "auto", "cuda"):
         if not torch.cuda.is_available():
-            if device == "cuda":
-                raise KdError("--device cuda was asked for, but this machine has no CUDA device", "--device",
-                              "use --device cpu, or leave --device unset")
             return torch.device("cpu")
         local = int(os.environ.get("LOCAL_RANK", 0))
         return torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise KdError(f"unknown --device {device!r}", "--device", "use cpu, cuda or cuda:N") from e
-    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
-        raise KdError(f"--device {device} is not available on this machine", "--device", "use cpu or a visible GPU")
-    return dev
+    return torch.device(device)
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:

@@ -35,7 +35,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
-from kd.storage.errors import InputError
+from kd.storage import bounds as B
 from kd.storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
 from kd.storage.query import resolve_table, view_names
 from kd.storage.store import Store, drop_table, open_writer
@@ -121,9 +121,8 @@ def agglomerative(
     knn_kind: IndexKind | None = None,
 ) -> np.ndarray:
     """Cluster ids (0..c-1, by first occurrence) of the rows of `x`; see the module docstring."""
-    if not 0.0 < threshold <= 2.0:
-        raise InputError(f"threshold {threshold} is not a cosine distance in (0, 2]", "--threshold",
-                         "typical values are 0.2-0.6 (1 - cosine similarity)")
+    B.check("kd cluster options", ("--threshold", threshold, B.COSINE_DISTANCE),
+            ("--exact-max", exact_max, B.EXACT_ROWS), ("-k", k, B.K))
     x = normalize(x)
     n = len(x)
     if _resolve_method(method, n, exact_max) is Method.exact:

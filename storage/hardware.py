@@ -1,8 +1,11 @@
-"""What this machine's CPU can do, shared by precompute (teacher precision) and training (student autocast)."""
+"""What this machine can do (CPU features, the --device asked for), shared by precompute and training."""
 
 from __future__ import annotations
 
 import os
+
+from kd.storage.bounds import DEVICE
+from kd.storage.errors import InputError
 
 
 def native_bf16() -> bool:
@@ -31,3 +34,25 @@ def _cpu_has(override: str, flags: tuple[str, ...]) -> bool:
     except OSError:
         return False
     return any(flag in found for flag in flags)
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a --device this machine cannot run, before anything is read or written.
+
+    - None, auto and cpu always pass (auto and None fall back to the CPU);
+    - anything but cpu, cuda or cuda:N is unknown;
+    - cuda needs a CUDA device, cuda:N the N-th visible one (torch imported only then).
+    """
+    if device in (None, "auto", "cpu"):
+        return
+    if not DEVICE.fullmatch(device):
+        raise InputError(f"unknown --device {device!r}", "--device", "use cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device} was asked for, but this machine has no CUDA device", "--device",
+                         "use --device cpu (or leave --device unset)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device} is not available: this machine has {torch.cuda.device_count()} CUDA "
+                         "device(s)", "--device", "use cpu or a visible GPU, e.g. cuda:0")

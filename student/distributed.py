@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kd.storage.hardware import check_device
+
 
 @dataclass
 class Dist:
@@ -32,11 +34,7 @@ def init_dist(device: str) -> Dist:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        from kd.storage.errors import KdError
-
-        raise KdError(f"--device {device} was asked for, but this machine has no CUDA device", "--device",
-                      "use --device cpu, or --device auto")
+    check_device(device)
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     dev = torch.device(f"cuda:{local}" if cuda else ("cpu" if device == "auto" else device))
     if dev.type == "cuda":

@@ -20,8 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, StoreError
+from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
 from kd.storage.progress import Bar
@@ -61,6 +63,8 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
           device: str = "cpu", progress: bool = True) -> EmbedSummary:
     """Embed a store (into `students/<name>` of that store) or a text file (into Parquet at `out`)."""
     t0 = time.perf_counter()
+    B.check("kd embed options", ("--batch-size", batch_size, B.BATCH))
+    check_device(device)
     if _is_store(input):
         if out is not None and fs.resolve(out) != fs.resolve(input):
             raise InputError("a store's student vectors are written into that store", out,

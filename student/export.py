@@ -29,6 +29,7 @@ from torch import nn
 
 from kd.storage import fs
 from kd.storage.errors import InputError
+from kd.storage.hardware import check_device
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"
@@ -272,8 +273,6 @@ def _tokenizer(p: Path):
 
 
 def _device(device: str | torch.device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {device} was asked for, but this machine has no CUDA device", str(device),
-                         "use --device cpu (or leave --device unset)")
-    return dev
+    if isinstance(device, str):
+        check_device(device)
+    return torch.device(device)

@@ -33,7 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from kd.storage import bounds as B
 from kd.storage.errors import InputError, KdError
+from kd.storage.hardware import check_device
 from kd.storage.ids import text_id, text_key
 from kd.storage.progress import Bar
 from kd.storage.schema import arrow_to_vectors
@@ -81,13 +83,16 @@ class FinetuneConfig:
         self.task = parse_task(self.task)
         self.train = [self.train] if isinstance(self.train, str) else list(self.train)
         self.dev = [self.dev] if isinstance(self.dev, str) else (list(self.dev) if self.dev else None)
-        if self.batch_size < 1 or self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
-            raise InputError("batch size, epochs and max steps must be >= 1", "finetune options")
-        if self.lr <= 0 or self.hidden < 1 or self.kd_weight < 0 or not 0 <= self.dropout < 1:
-            raise InputError("need lr > 0, hidden >= 1, kd weight >= 0 and 0 <= dropout < 1", "finetune options")
-        if self.kd_alpha is not None and (not 0.0 <= self.kd_alpha <= 1.0 or self.kd_store is None):
-            raise InputError(f"--kd-alpha {self.kd_alpha} needs a kd store and a value in [0, 1]", "--kd-alpha",
-                             "pass --kd-store STORE and an alpha such as 0.5")
+        B.check("finetune options", ("--epochs", self.epochs, B.EPOCHS), ("--max-steps", self.max_steps, B.STEPS),
+                ("--batch-size", self.batch_size, B.BATCH), ("--lr", self.lr, B.LR), ("--hidden", self.hidden, B.WIDTH),
+                ("--dropout", self.dropout, B.DROPOUT), ("--kd-weight", self.kd_weight, B.LOSS_WEIGHT),
+                ("--kd-alpha", self.kd_alpha, B.UNIT), ("--seed", self.seed, B.SEED),
+                ("weight_decay", self.weight_decay, B.WEIGHT_DECAY), ("warmup", self.warmup, B.WARMUP),
+                ("clip", self.clip, B.CLIP), ("eval_batch_size", self.eval_batch_size, B.BATCH))
+        check_device(self.device)
+        if self.kd_alpha is not None and self.kd_store is None:
+            raise InputError(f"--kd-alpha {self.kd_alpha} needs a kd store", "--kd-alpha",
+                             "pass --kd-store STORE (a store with the task teacher's logits)")
         if self.kd_store is None and self.kd_teacher is not None:
             raise InputError("--kd-teacher names a teacher of --kd-store, and no --kd-store was given",
                              "--kd-teacher", "pass --kd-store STORE too, or drop --kd-teacher")
@@ -217,6 +222,7 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
 
 
 def _device(name: str) -> torch.device:
+    check_device(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

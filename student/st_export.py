@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kd.storage.bounds import ExportFormat, choices
 from kd.storage.errors import InputError, KdError
 from kd.student.export import LoadedStudent, load
 from kd.student.models import Arch, Student
@@ -33,7 +34,7 @@ CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
 
 
-FORMATS = ("sentence-transformers", "onnx")
+FORMATS = choices(ExportFormat)
 
 
 def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> Path:

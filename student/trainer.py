@@ -41,9 +41,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError
-from kd.storage.hardware import native_bf16
+from kd.storage.hardware import check_device, native_bf16
 from kd.storage.progress import Bar
 from kd.storage.store import Store
 from kd.student import checkpoint
@@ -83,10 +84,13 @@ ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def arch_defaults(arch: str, given: dict[str, Any]) -> dict[str, Any]:
-    """`given` with the arch's defaults filled in for every key whose value is None."""
+def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[str, Any]:
+    """`given` with the arch's defaults filled in for every key whose value is None (with `init` the
+    --init student's embed_dim stands, not the arch's)."""
     base = {"batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3, "weight_decay": 0.01}
     base |= ARCH_DEFAULTS.get(arch, {})
+    if init:
+        base.pop("embed_dim", None)
     return {k: (base.get(k) if v is None else v) for k, v in given.items()}
 
 
@@ -146,17 +150,23 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.schedule = Schedule(self.schedule)
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
-        if self.batch_size < 1 or self.epochs < 1 or (self.max_steps is not None and self.max_steps < 1):
-            raise InputError("batch size, epochs and max steps must be >= 1", "train-student options")
+        B.check("train-student options", ("--embed-dim", self.embed_dim, B.WIDTH),
+                ("--hidden-dim", self.hidden_dim, B.WIDTH), ("--out-dim", self.out_dim, B.WIDTH),
+                ("--layers", self.num_layers, B.LAYERS), ("--dropout", self.dropout, B.DROPOUT),
+                ("--max-length", self.max_length, B.TOKENS), ("--epochs", self.epochs, B.EPOCHS),
+                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
+                ("--lr", self.lr, B.STUDENT_LR), ("--weight-decay", self.weight_decay, B.WEIGHT_DECAY),
+                ("--warmup", self.warmup, B.WARMUP), ("--clip", self.clip, B.CLIP),
+                ("--patience", self.patience, B.PATIENCE), ("--eval-every", self.eval_every, B.STEPS),
+                ("--checkpoint-every", self.checkpoint_every, B.STEPS), ("--log-every", self.log_every, B.STEPS),
+                ("--seed", self.seed, B.SEED), ("--workers", self.num_workers, B.LOADER_WORKERS),
+                ("--shuffle-buffer", self.shuffle_buffer, B.ROWS), ("--val-percent", self.val_percent, B.PERCENT),
+                ("max_val_rows", self.max_val_rows, B.ROWS))
         if not self.objectives:
             raise InputError("no objective given", "--objective", "e.g. --objective cosine")
-        if not 0.0 <= self.val_percent < 100.0:
-            raise InputError(f"--val-percent {self.val_percent} must be in [0, 100)", "--val-percent",
-                             "e.g. --val-percent 2 (0 turns validation off)")
-        if self.max_length < 1:
-            raise InputError(f"--max-length {self.max_length} must be >= 1", "--max-length", "e.g. --max-length 128")
-        if self.token_weights not in ("sif", "none"):
+        if self.token_weights not in B.choices(B.TokenWeights):
             raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
+        check_device(self.device)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -336,6 +346,7 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
+    _check_init_shape(cfg, source)
     mine = AutoTokenizer.from_pretrained(Path(cfg.init) / TOKENIZER)
     store = AutoTokenizer.from_pretrained(tokenizer_dir)
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
@@ -344,6 +355,24 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
                       "precompute the store with a teacher that shares the student's tokenizer, or train from "
                       "scratch (no --init)")
     return dataclasses.replace(source, dropout=cfg.dropout)
+
+
+def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
+    """Refuse a shape option that the --init student contradicts (its shape wins, so it would be ignored).
+
+    A width counts when it was given (not None); --layers and --pooling when they differ from TrainConfig's
+    defaults, since their defaults cannot be told apart from an explicit value.
+    """
+    defaults = TrainConfig.__dataclass_fields__
+    asked = [("--embed-dim", cfg.embed_dim, source.embed_dim), ("--hidden-dim", cfg.hidden_dim, source.hidden_dim),
+             ("--out-dim", cfg.out_dim, source.out_dim)]
+    asked += [(flag, getattr(cfg, name), value) for flag, name, value in
+              (("--layers", "num_layers", source.num_layers), ("--pooling", "pooling", source.pooling.value))
+              if getattr(cfg, name) != defaults[name].default]
+    for flag, mine, theirs in asked:
+        if mine is not None and mine != theirs:
+            raise KdError(f"{flag} {mine} contradicts the --init student, whose value is {theirs}", cfg.init,
+                          f"drop {flag} (an initialised student keeps its shape), or pass {flag} {theirs}")
 
 
 def read_ids(path: str) -> tuple[int, ...]:

@@ -72,9 +72,9 @@ def test_train_student_refuses_bad_percentages(store, tmp_path):
 
 def test_index_and_search_arguments(store):
     res = _run("index", str(store), "--table", "tiny", "--column", "mean", "--kind", "bogus")
-    assert res.exit_code == 2 and "unknown index kind" in res.output and "hnsw" in res.output
+    assert res.exit_code == 2 and "'--kind'" in res.output and "'hnsw'" in res.output  # refused at parse time
     res = _run("search", str(store), "stocks", "--teacher", "tiny", "-k", "0")
-    assert res.exit_code == 2 and "-k 0" in res.output
+    assert res.exit_code == 2 and "'-k'" in res.output
 
 
 def test_index_without_table_or_column_picks_the_teachers_default(store):

@@ -231,11 +231,11 @@ def test_a_bad_start_timeout_is_refused_by_name(monkeypatch, value):
 # --- without Ray -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, match", [
-    (["--engine", "spark"], "unknown --engine"),
+    (["--engine", "spark"], "'--engine'.*'local'.*'ray'"),  # refused at parse time
     (["--workers", "2"], "only applies to --engine ray"),
-    (["--engine", "ray", "--workers", "0"], "--workers 0 must be >= 1"),
+    (["--engine", "ray", "--workers", "0"], "'--workers'"),
     (["--engine", "ray", "--num-shards", "2", "--shard-index", "0"], "assigns shards to its workers"),
-    (["--engine", "ray", "--gpus-per-worker", "2"], "must be in \\(0, 1\\]"),
+    (["--engine", "ray", "--gpus-per-worker", "2"], "'--gpus-per-worker'"),
     (["--engine", "ray", "--device", "cuda:1"], "Ray gives each worker its own GPU"),
 ])
 def test_bad_engine_options_exit_2_and_write_nothing(tmp_path, tiny_teacher, extra, match):
