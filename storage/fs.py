@@ -45,8 +45,10 @@ class Location:
         return self.path(*parts)
 
 
-def resolve(uri: str | os.PathLike) -> Location:
-    """Map a path or URI to a pyarrow filesystem and a root inside it."""
+def resolve(uri: str | os.PathLike | Location) -> Location:
+    """Map a path or URI to a pyarrow filesystem and a root inside it (a Location is already one)."""
+    if isinstance(uri, Location):
+        return uri
     text = os.fspath(uri)
     if "://" in text and not text.startswith("file://"):
         fs, root = pafs.FileSystem.from_uri(text)

@@ -191,6 +191,8 @@ class StoreWriter:
     writer_id: str
     manifest: Manifest
     _lock: object | None = field(default=None, repr=False)
+    # the merged manifest found when this writer opened (None: a new store, or one --overwrite wiped)
+    existing: Manifest | None = field(default=None, repr=False)
 
     def declare(self, name: str, kind: str, columns: dict[str, str], meta: dict) -> None:
         rec = self.manifest.tables.get(name)
@@ -295,18 +297,21 @@ def _wipe(loc: fs.Location) -> None:
         loc.fs.delete_file(loc.path(MANIFEST))
 
 
-def open_writer(uri: str | os.PathLike, header: Manifest, writer_id: str, overwrite: bool = False) -> StoreWriter:
+def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_id: str, overwrite: bool = False,
+                existing: Manifest | None = None) -> StoreWriter:
     """Open (or create) a store for writing shards described by `header` (inputs + versions).
 
     - A new or empty location becomes a store.
     - A store made from the same inputs and row plan is resumed/extended.
     - Anything else is refused unless `overwrite`, so no data is lost by a typo in --out.
+    - `existing`: the merged manifest the caller already loaded from `uri` (None: loaded here); the writer keeps
+      it as `.existing` (None once --overwrite wiped it).
     """
     loc = fs.resolve(uri)
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:
-        existing = load_manifest(loc)
+        existing = existing if existing is not None else load_manifest(loc)
         if existing is None and not _is_empty_dir(loc) and not overwrite:
             names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
             if set(names) - {LOCKS}:
@@ -332,7 +337,7 @@ def open_writer(uri: str | os.PathLike, header: Manifest, writer_id: str, overwr
         manifest = own or Manifest(dict(header.inputs), {}, dict(header.versions))
         manifest.inputs = dict(header.inputs)
         manifest.versions = dict(header.versions)
-        w = StoreWriter(loc, writer_id, manifest, lock)
+        w = StoreWriter(loc, writer_id, manifest, lock, existing)
         w._save_fragment()
         return w
     except BaseException:
