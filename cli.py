@@ -100,16 +100,19 @@ def precompute(
     gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)", **_in(B.GPU_SHARE))] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
-    from kd.pipeline.precompute import precompute as run
+    from kd.pipeline.job import PrecomputeJob
+    from kd.pipeline.precompute import run
 
     try:
-        s = run(inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
-                spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns,
-                label_column=label_column, delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens,
-                max_length=max_length, shard_rows=shard_rows, num_shards=num_shards, shard_index=shard_index,
-                dtype=dtype, precision=precision, device=device, overwrite=overwrite, progress=progress,
-                keep_layers=keep_layers, backend=backend, quantize=quantize, allow_low_fidelity=allow_low_fidelity,
-                engine=engine, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker)
+        job = PrecomputeJob(
+            inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
+            spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns, label_column=label_column,
+            delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens, max_length=max_length, shard_rows=shard_rows,
+            num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
+            overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
+            allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,
+            gpus_per_worker=gpus_per_worker)
+        s = run(job)
     except KdError as e:
         _fail(e)
     except ValueError as e:  # bad enum values (dtype, precision, shard index)

@@ -1,7 +1,10 @@
-"""Pure planning: which shards a writer owns and how a shard is cut into batches. No I/O here.
+"""Pure planning: which shards a writer owns, which of them are left to write, how a shard is cut into
+batches. No I/O here.
 
 - Rows are cut into contiguous shards of `shard_rows`; shard k belongs to writer k % num_writers,
   so ranks of torchrun (or --shard-index) write disjoint shards of one store.
+- What is left (`plan_units`): every owned `texts` shard and every owned (teacher, shard) unit that the
+  store's merged manifest does not record as committed; a resume redoes exactly these.
 - Inside a shard, rows are sorted by token length (longest first, so an out-of-memory shows up on
   the first batch) and grouped greedily while batch_size * longest_length <= batch_tokens:
   padding waste stays small and every batch costs about the same.
@@ -16,6 +19,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from kd.storage.manifest import Manifest
 
 # Token budgets when --batch-tokens is not given. CPU: every elementwise op of the forward pass (GELU,
 # LayerNorm, residual adds, softmax) streams the whole batch's activations, which stay in L2/L3 at a few
@@ -42,6 +47,10 @@ class ShardPlan:
     def bounds(self, k: int) -> tuple[int, int]:
         return k * self.shard_rows, min(self.num_rows, (k + 1) * self.shard_rows)
 
+    def size(self, k: int) -> int:
+        lo, hi = self.bounds(k)
+        return hi - lo
+
     def owned(self, shard_index: int, num_writers: int) -> list[int]:
         return [k for k in range(self.num_shards) if k % num_writers == shard_index]
 
@@ -57,6 +66,49 @@ def writer_rank(num_shards: int | None, shard_index: int | None) -> tuple[int, i
     if not 0 <= i < n:
         raise ValueError(f"--shard-index {i} must be in [0, {n})")
     return i, n
+
+
+@dataclass(frozen=True)
+class Unit:
+    teacher: str  # teacher name (table teachers/<name>)
+    shard: int
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    texts: list[int]  # texts shards left to commit
+    units: list[Unit]  # (teacher, shard) left to encode, teacher-major
+    rows: int  # rows the units encode
+    skipped: int = 0  # texts shards and units already committed
+
+    @property
+    def empty(self) -> bool:
+        return not self.texts and not self.units
+
+    def shard_major(self) -> list[tuple[int, str | None]]:
+        """Everything left as (shard, teacher), shard by shard: a shard's texts (teacher None) first, then its
+        teachers in the planned order (the one-process engine's order: a killed run leaves whole shards)."""
+        rank = {t: i for i, t in enumerate(dict.fromkeys(u.teacher for u in self.units))}
+        todo: list[tuple[int, str | None]] = [(k, None) for k in self.texts]
+        todo += [(u.shard, u.teacher) for u in self.units]
+        return sorted(todo, key=lambda x: (x[0], -1 if x[1] is None else rank[x[1]]))
+
+
+def plan_units(existing: Manifest | None, plan: ShardPlan, teachers: list[str],
+               owned: list[int] | None = None) -> UnitPlan:
+    """What is left of the `owned` shards (default: all): texts shards and (teacher, shard) units not committed
+    in `existing` (the merged manifest; None: a new store)."""
+    tables = existing.tables if existing else {}
+    shards = list(range(plan.num_shards)) if owned is None else owned
+
+    def left(table: str) -> list[int]:
+        done = tables[table].shards if table in tables else {}
+        return [k for k in shards if k not in done]
+
+    texts = left("texts")
+    units = [Unit(t, k) for t in teachers for k in left(f"teachers/{t}")]
+    rows = sum(plan.size(u.shard) for u in units)
+    return UnitPlan(texts, units, rows, len(shards) * (1 + len(teachers)) - len(texts) - len(units))
 
 
 def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) -> list[np.ndarray]:

@@ -5,13 +5,13 @@ What the driver (the `kd precompute` process) does, and what the workers do:
   engine (`plan.ShardPlan`, as writer 0 of 1: every shard) and opens the store as writer `writer-00000-of-00001`,
   the one-process writer id. It commits the `texts` shards itself, and the per-teacher files (tokenizer, input
   embeddings, `vocab`, `init`) from a CPU copy of each teacher.
-- Every (teacher, shard) not yet committed is a unit (`plan_units`, pure). Units go teacher-major to a pool of
+- Every (teacher, shard) not yet committed is a unit (`plan.plan_units`, pure). Units go teacher-major to a pool of
   Ray actors (`UnitWorker`), one unit at a time to whichever actor is free: fast workers take more. An actor holds
   one teacher, loaded once (a retried unit of an earlier teacher may reload it). On GPU clusters each actor
   reserves `--gpus-per-worker` GPUs (Ray sets CUDA_VISIBLE_DEVICES: it runs on cuda:0 of what it sees); on CPU
   each reserves a thread budget (`plan_workers`), applied with torch.set_num_threads.
 - A worker reads its unit's `texts` shard from the store (verified against the sha256 the driver passes), encodes
-  it with the one-process code (`precompute.encode_shard`), serialises the Parquet bytes and writes them, fsynced,
+  it with the one-process code (`shards.encode_shard`), serialises the Parquet bytes and writes them, fsynced,
   to a TEMP file next to the shard (`fs.write_temp`), and returns (temp path, rows, bytes, sha256).
 - The commit stays with the driver, alone: it renames the temp file into place and records the shard in its
   fragment (`StoreWriter.adopt`), the same two steps as a one-process commit. So:
@@ -47,14 +47,27 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.pipeline.plan import ShardPlan
-from kd.storage import bounds as B
+from kd.pipeline import backends
+from kd.pipeline.job import RayOptions, require_ray
+from kd.pipeline.plan import Unit, UnitPlan, plan_units
+from kd.pipeline.shards import (
+    PrecomputeSummary,
+    Prepared,
+    commit_texts,
+    declare_teacher,
+    declare_texts,
+    encode_shard,
+    remove_own_temps,
+    save_teacher_files,
+)
+from kd.pipeline.teacher import Output
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
+from kd.storage.progress import Bar
+from kd.storage.schema import VectorDType
 from kd.storage.store import Store, shard_file
 
-ENGINES = B.choices(B.Engine)
 MAX_ATTEMPTS = 3  # a unit whose worker died this many times stops the job (it likely kills workers: memory)
 # The environment a worker needs from the driver. KD_RAY_TEST_DIE_ONCE is the tests' fault hook: a worker that
 # removes this file exits at once after writing its unit's temp file (exactly one worker dies, mid-unit).
@@ -66,91 +79,13 @@ START_TIMEOUT_ENV = "KD_RAY_START_TIMEOUT"
 START_TIMEOUT_S = 600.0
 
 
-@dataclass(frozen=True)
-class RayOptions:
-    address: str | None
-    workers: int | None
-    gpus_per_worker: float | None
-    device: str | None  # None (GPU when the cluster has one), cpu or cuda
-
-
-def options(engine: str, address: str | None, workers: int | None, gpus_per_worker: float | None,
-            num_shards: int | None, shard_index: int | None, device: str | None) -> RayOptions | None:
-    """Check the engine flags before anything is read or loaded; None for the one-process engine."""
-    if engine not in ENGINES:
-        raise InputError(f"unknown --engine {engine!r}", "--engine", "use local (one process) or ray")
-    given = [f for f, v in (("--ray-address", address), ("--workers", workers),
-                            ("--gpus-per-worker", gpus_per_worker)) if v is not None]
-    if engine == "local":
-        if given:
-            raise InputError(f"{', '.join(given)} only applies to --engine ray", given[0],
-                             f"add --engine ray, or drop {', '.join(given)}")
-        return None
-    if num_shards is not None or shard_index is not None:
-        raise InputError("--engine ray assigns shards to its workers itself; --num-shards/--shard-index split a "
-                         "store between independent processes", "--engine ray",
-                         "drop --num-shards/--shard-index (use --workers N), or drop --engine ray")
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        raise InputError("--engine ray runs one driver; this process is one rank of a torchrun job "
-                         f"(WORLD_SIZE={os.environ['WORLD_SIZE']})", "--engine ray",
-                         "start kd precompute --engine ray once, without torchrun")
-    B.check("--engine ray", ("--workers", workers, B.RAY_WORKERS), ("--gpus-per-worker", gpus_per_worker, B.GPU_SHARE))
-    if device not in (None, "cpu", "cuda"):
-        raise InputError(f"--device {device} cannot be used with --engine ray: Ray gives each worker its own GPU",
-                         "--device", "use --device cuda (each worker on its GPU), --device cpu, or leave it unset")
-    if device == "cpu" and gpus_per_worker is not None:
-        raise InputError("--gpus-per-worker with --device cpu", "--gpus-per-worker",
-                         "drop --gpus-per-worker, or use --device cuda")
-    require_ray()
-    return RayOptions(address, workers, gpus_per_worker, device)
-
-
-def require_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise KdError("--engine ray needs ray, which is not installed", "--engine ray",
-                      "pip install 'kd[ray]'") from None
-    return ray
-
-
 def driver_load(load: dict) -> dict:
     """How the driver loads its copy of each teacher: on the CPU (the GPUs are the workers'), fp16 as fp32."""
     precision = "fp32" if load["precision"] == "fp16" else load["precision"]
     return {**load, "device": "cpu", "precision": precision}
 
 
-# --- pure planning ----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Unit:
-    teacher: str  # teacher name (table teachers/<name>)
-    shard: int
-
-
-@dataclass(frozen=True)
-class UnitPlan:
-    texts: list[int]  # texts shards the driver commits
-    units: list[Unit]  # (teacher, shard) left to encode, teacher-major
-    rows: int  # rows the units encode
-
-    @property
-    def empty(self) -> bool:
-        return not self.texts and not self.units
-
-
-def plan_units(existing: Manifest | None, plan: ShardPlan, teachers: list[str]) -> UnitPlan:
-    """What is left: texts shards and (teacher, shard) units not committed in `existing` (merged manifest)."""
-    tables = existing.tables if existing else {}
-
-    def left(table: str) -> list[int]:
-        done = tables[table].shards if table in tables else {}
-        return [k for k in range(plan.num_shards) if k not in done]
-
-    units = [Unit(t, k) for t in teachers for k in left(f"teachers/{t}")]
-    rows = sum(plan.bounds(u.shard)[1] - plan.bounds(u.shard)[0] for u in units)
-    return UnitPlan(left("texts"), units, rows)
-
+# --- planning the pool (pure) ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class WorkerPlan:
@@ -222,9 +157,6 @@ class UnitWorker:
 
     def _teacher(self, name: str) -> tuple[Any, dict]:
         if self.held is None or self.held[0] != name:
-            from kd.pipeline import backends
-            from kd.pipeline.teacher import Output
-
             self.held = None
             gc.collect()  # the previous teacher goes before the next one loads
             t = backends.load(self.specs[name], **self.load)
@@ -238,10 +170,6 @@ class UnitWorker:
 
     def encode(self, name: str, k: int, texts: ShardRecord) -> dict:
         """Encode unit (name, k) into a temp file next to its shard; the driver commits it."""
-        from kd.pipeline.precompute import encode_shard
-        from kd.pipeline.teacher import Output
-        from kd.storage.schema import VectorDType
-
         t, meta = self._teacher(name)
         shard = read_texts(self.loc, texts)
         table, truncated = encode_shard(t, [Output(o) for o in self.outputs[name]], k, shard, self.pairs,
@@ -308,163 +236,197 @@ class _Pool:
         self.actors = []
 
 
-def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer, loaded, touts, rows: pa.Table,
-          plan: ShardPlan, pairs: bool, vdtype, batch_tokens: int | None, counts, progress: bool, t0: float):
-    """The driver's part of `kd precompute --engine ray` (see the module docstring); returns the summary."""
-    from kd.pipeline.precompute import PrecomputeSummary, _remove_own_temps, _save_teacher_files, _span, declare_teacher
-    from kd.storage.schema import type_name
-    from kd.storage.store import load_manifest
+def write(ctx: Prepared, opts: RayOptions) -> PrecomputeSummary:
+    """The driver's part of `kd precompute --engine ray` (see the module docstring); returns the summary.
 
-    existing = load_manifest(writer.loc)
-    names = [t.name for t in loaded]
-    summary = PrecomputeSummary(writer.loc.root, plan.num_rows, empty_dropped=counts.empty_dropped,
-                                duplicates_dropped=counts.duplicates_dropped, teachers=names)
-    writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
-    for t in loaded:
-        _save_teacher_files(writer, t)
-    todo = plan_units(existing, plan, names)
-    summary.shards_skipped = plan.num_shards * (1 + len(loaded)) - len(todo.texts) - len(todo.units)
-
-    def commit_texts() -> dict[int, ShardRecord]:
-        """The texts shards left (while the workers load their teacher); every texts record."""
-        for k in todo.texts:
-            summary.bytes_written += writer.commit("texts", k, rows.slice(*_span(plan, k))).bytes
-        summary.shards_written += len(todo.texts)
-        return {**(existing.tables["texts"].shards if existing and "texts" in existing.tables else {}),
-                **writer.manifest.tables["texts"].shards}
-
+    - declare `texts`, save each teacher's tokenizer files and input embeddings from the driver's copy;
+    - `plan_units` over every shard (the driver is writer 0 of 1);
+    - no unit left: commit the texts left and check the driver's teachers against the store (`check_unchanged`);
+      else hand the units to the actors (`_run_units`), committing the texts while they start;
+    - delete the temp files dead workers left, publish the merged manifest.
+    """
+    summary = ctx.summary()
+    declare_texts(ctx)
+    for t in ctx.teachers:
+        save_teacher_files(ctx.writer, t)
+    todo = plan_units(ctx.existing, ctx.plan, ctx.names, ctx.owned)
+    summary.shards_skipped = todo.skipped
     if not todo.units:
-        commit_texts()
-        check_unchanged(existing, loaded, touts, vdtype, writer.loc.root)
+        _commit_texts(ctx, todo, summary)
+        check_unchanged(ctx)
     else:
-        by_name = {t.name: t for t in loaded}
-
-        def settle(name: str, meta: dict) -> None:
-            """Declare teachers/<name> with the workers' meta once; later metas must agree with it."""
-            if name not in declared:
-                t = by_name[name]
-                declare_teacher(writer, existing, t, touts[name], pairs, vdtype, meta)
-                declared[name] = meta
-            elif not same_settings(declared[name], meta):
-                raise StoreError(f"two Ray workers encode teacher {name!r} with different settings (precision, "
-                                 "backend or device type)", "--engine ray",
-                                 "use --device and --precision explicitly so that every node runs the same")
-
-        declared: dict[str, dict] = {}
-        _run_units(opts, out, specs, load, writer, todo, commit_texts, touts, pairs, vdtype, batch_tokens, progress,
-                   summary, settle)
-    _remove_own_temps(writer, writer.writer_id, names, list(range(plan.num_shards)))  # a dead worker's temp files
-    writer.publish()
-    summary.seconds = time.perf_counter() - t0
+        _run_units(ctx, opts, todo, summary)
+    remove_own_temps(ctx.writer, ctx.names, ctx.owned)  # a dead worker's temp files
+    ctx.writer.publish()
+    summary.seconds = time.perf_counter() - ctx.t0
     return summary
+
+
+def _commit_texts(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary) -> dict[int, ShardRecord]:
+    """Commit the texts shards left (while the workers load their teacher); every texts record."""
+    for k in todo.texts:
+        summary.bytes_written += commit_texts(ctx, k).bytes
+    summary.shards_written += len(todo.texts)
+    old = ctx.existing.tables["texts"].shards if ctx.existing and "texts" in ctx.existing.tables else {}
+    return {**old, **ctx.writer.manifest.tables["texts"].shards}
+
+
+def settle(ctx: Prepared, declared: dict[str, dict], name: str, meta: dict) -> None:
+    """Declare teachers/<name> with the first meta a worker reports; later metas must agree with it."""
+    if name not in declared:
+        declare_teacher(ctx, next(t for t in ctx.teachers if t.name == name), meta)
+        declared[name] = meta
+    elif not same_settings(declared[name], meta):
+        raise StoreError(f"two Ray workers encode teacher {name!r} with different settings (precision, "
+                         "backend or device type)", "--engine ray",
+                         "use --device and --precision explicitly so that every node runs the same")
 
 
 # Meta keys that depend on where a teacher runs (GPU workers: fp16 autocast; the driver's copy: CPU).
 DEVICE_META = ("precision", "cast")
 
 
-def check_unchanged(existing: Manifest | None, loaded: list, touts: dict, vdtype, root: str) -> None:
+def check_unchanged(ctx: Prepared) -> None:
     """Nothing left to encode, so no worker starts to compare its settings with the store's: the driver's
     own copy of each teacher must still match what the store holds (weights, outputs, max length, backend,
     dtype), as the one-process engine checks on every run. Precision is left out: it depends on the device."""
-    for t in loaded:
-        old = existing.tables.get(f"teachers/{t.name}") if existing else None
+    for t in ctx.teachers:
+        old = ctx.existing.tables.get(f"teachers/{t.name}") if ctx.existing else None
         if old is None or not old.meta:
             continue
-        want = {k: v for k, v in t.meta(touts[t.name], vdtype.value).items() if k not in DEVICE_META}
+        want = {k: v for k, v in t.meta(ctx.outputs[t.name], ctx.job.vdtype.value).items() if k not in DEVICE_META}
         if not same_settings({k: v for k, v in old.meta.items() if k not in DEVICE_META}, want):
-            raise StoreError(f"the store already has teacher {t.name!r} written with other settings", root,
-                             "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
+            raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
+                             ctx.writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
 
 
-def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, touts, pairs, vdtype, batch_tokens,
-               progress, summary, settle) -> None:
-    """Hand the units to Ray actors one at a time (to whichever is free), commit what they return."""
-    from kd.storage.progress import Bar
+def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: PrecomputeSummary) -> None:
+    """Hand the units to Ray actors one at a time (to whichever is free), commit what they return.
 
+    - join the cluster (or start a local runtime), size the pool from its resources (`plan_workers`);
+    - start the actors (each loads the first queued teacher) and commit the texts meanwhile;
+    - `_Driver.run`; finally kill the actors, and stop the runtime if this call started it.
+    """
     ray = require_ray()
     limit = start_timeout()
     started = _connect(ray, opts.address)
     pool = None
     try:
         res = ray.cluster_resources()
-        wp = plan_workers(res.get("CPU", 0.0), res.get("GPU", 0.0), opts, load["backend"])
-        worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads}
-        root = writer.loc.root if writer.loc.is_local else out
-        args = (root, specs, {n: [o.value for o in v] for n, v in touts.items()}, worker_load, pairs, vdtype.value,
-                batch_tokens, wp.threads)
+        wp = plan_workers(res.get("CPU", 0.0), res.get("GPU", 0.0), opts, ctx.job.backend)
         env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
-        pool = _Pool(ray, wp, args, {"env_vars": env} if env else None)
-        queue = deque(todo.units)
-        inflight: dict[Any, tuple[Any, Unit | None]] = {}  # ref -> (actor, unit; None for a ready() call)
-        for _ in range(wp.count):
-            a = pool.start()
-            inflight[a.ready.remote(queue[0].teacher)] = (a, None)
-        texts = commit_texts()
-        idle: list[Any] = []
-        committed: set[Unit] = set()
-        per_worker: Counter[str] = Counter()  # rows committed per worker, shown on the bar
-        attempts: Counter[Unit] = Counter()
-        deaths, max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
-        since = time.monotonic()
-        with Bar(f"precompute ({wp.describe()})", todo.rows, "rows", progress) as bar:
-            while queue or any(u is not None for _, u in inflight.values()):
-                while idle and queue:
-                    a, u = idle.pop(), queue.popleft()
-                    inflight[a.encode.remote(u.teacher, u.shard, texts[u.shard])] = (a, u)
-                done, _ = ray.wait(list(inflight), num_returns=1, timeout=min(limit, 5.0))
-                if not done:
-                    _check_stalled(inflight, since, limit, wp)
-                    continue
-                (ref,), since = done, time.monotonic()
-                a, u = inflight.pop(ref)
-                try:
-                    got = ray.get(ref)
-                except ray.exceptions.RayActorError as e:  # the worker process died: killed, OOM, node lost
-                    deaths += 1
-                    pool.drop(a)
-                    if u is not None:
-                        attempts[u] += 1
-                        if attempts[u] >= MAX_ATTEMPTS:
-                            raise StoreError(f"teacher {u.teacher!r} shard {u.shard} killed its Ray worker "
-                                             f"{attempts[u]} times (last: {_short(e)})", "--engine ray",
-                                             "lower --batch-tokens or --shard-rows (out of memory?), then rerun the "
-                                             "same command: it resumes") from None
-                        queue.appendleft(u)
-                        summary.retried += 1
-                    if deaths > max_deaths:
-                        raise StoreError(f"{deaths} Ray workers died (last: {_short(e)})", "--engine ray",
-                                         "check the worker logs (ray logs), then rerun the same command: it "
-                                         "resumes") from None
-                    if queue:
-                        b = pool.start()
-                        inflight[b.ready.remote(queue[0].teacher)] = (b, None)
-                    continue
-                except ray.exceptions.RayTaskError as e:  # a KdError or a full disk in the worker: stop, clearly
-                    cause = getattr(e, "cause", None)
-                    if isinstance(cause, (KdError, OSError)):
-                        raise cause from None
-                    raise
-                settle(got["teacher"], got["meta"])
-                if u is not None:
-                    if u in committed or (got["teacher"], got["shard"]) != (u.teacher, u.shard):
-                        raise StoreError(f"a Ray worker returned unit {got['teacher']}/{got['shard']} twice or for "
-                                         f"another unit ({u})", "--engine ray", "rerun the same command")
-                    writer.adopt(f"teachers/{u.teacher}", u.shard, got["tmp"], got["rows"], got["bytes"],
-                                 got["sha256"])
-                    committed.add(u)
-                    summary.shards_written += 1
-                    summary.rows_computed += got["rows"]
-                    summary.truncated += got["truncated"]
-                    summary.bytes_written += got["bytes"]
-                    per_worker[pool.labels[id(a)]] += got["rows"]
-                    bar.advance(got["rows"], workers=" ".join(f"{w}={n:,}" for w, n in per_worker.items()))
-                idle.append(a)
+        pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
+        _Driver(ray, pool, wp, limit, ctx, todo, summary).run()
     finally:
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
+
+
+def _worker_args(ctx: Prepared, wp: WorkerPlan) -> tuple:
+    """UnitWorker's arguments: the store (its URI when remote: each node resolves it), the teachers, how to load
+    them on the worker's device, and how to encode."""
+    load = ctx.job.load_options()
+    worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads}
+    root = ctx.writer.loc.root if ctx.writer.loc.is_local else ctx.job.out
+    specs = dict(zip(ctx.names, ctx.job.teachers))
+    outputs = {n: [o.value for o in v] for n, v in ctx.outputs.items()}
+    return root, specs, outputs, worker_load, ctx.pairs, ctx.job.vdtype.value, ctx.job.batch_tokens, wp.threads
+
+
+class _Driver:
+    """The driver's loop over one job's units: which actor holds which unit, what is committed, who died."""
+
+    def __init__(self, ray: Any, pool: _Pool, wp: WorkerPlan, limit: float, ctx: Prepared, todo: UnitPlan,
+                 summary: PrecomputeSummary) -> None:
+        self.ray, self.pool, self.wp, self.limit = ray, pool, wp, limit
+        self.ctx, self.todo, self.summary = ctx, todo, summary
+        self.queue = deque(todo.units)
+        self.inflight: dict[Any, tuple[Any, Unit | None]] = {}  # ref -> (actor, unit; None for a ready() call)
+        self.idle: list[Any] = []
+        self.committed: set[Unit] = set()
+        self.per_worker: Counter[str] = Counter()  # rows committed per worker, shown on the bar
+        self.attempts: Counter[Unit] = Counter()
+        self.deaths, self.max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
+        self.declared: dict[str, dict] = {}  # teacher -> the meta its table was declared with
+
+    def run(self) -> None:
+        """Start the actors, commit the texts, then until no unit is queued or encoding: give each idle actor
+        the next unit, wait for one reply (stop when none comes for `limit` s and no worker encodes), take it."""
+        for _ in range(self.wp.count):
+            self._start()
+        texts = _commit_texts(self.ctx, self.todo, self.summary)
+        since = time.monotonic()
+        with Bar(f"precompute ({self.wp.describe()})", self.todo.rows, "rows", self.ctx.job.progress) as bar:
+            while self.queue or any(u is not None for _, u in self.inflight.values()):
+                while self.idle and self.queue:
+                    a, u = self.idle.pop(), self.queue.popleft()
+                    self.inflight[a.encode.remote(u.teacher, u.shard, texts[u.shard])] = (a, u)
+                done, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=min(self.limit, 5.0))
+                if not done:
+                    _check_stalled(self.inflight, since, self.limit, self.wp)
+                    continue
+                (ref,), since = done, time.monotonic()
+                self._take(ref, bar)
+
+    def _start(self) -> None:
+        """A new actor, loading the teacher of the next queued unit."""
+        a = self.pool.start()
+        self.inflight[a.ready.remote(self.queue[0].teacher)] = (a, None)
+
+    def _take(self, ref: Any, bar: Bar) -> None:
+        """One reply: a dead worker's unit goes back to the queue; a worker's error stops the job; a result is
+        checked against the declared settings and, for a unit, committed."""
+        a, u = self.inflight.pop(ref)
+        try:
+            got = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:  # the worker process died: killed, OOM, node lost
+            self._died(a, u, e)
+            return
+        except self.ray.exceptions.RayTaskError as e:  # a KdError or a full disk in the worker: stop, clearly
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, (KdError, OSError)):
+                raise cause from None
+            raise
+        settle(self.ctx, self.declared, got["teacher"], got["meta"])
+        if u is not None:
+            self._commit(a, u, got, bar)
+        self.idle.append(a)
+
+    def _died(self, a: Any, u: Unit | None, e: BaseException) -> None:
+        """Replace a dead actor (while units are queued); retry its unit, up to MAX_ATTEMPTS times."""
+        self.deaths += 1
+        self.pool.drop(a)
+        if u is not None:
+            self.attempts[u] += 1
+            if self.attempts[u] >= MAX_ATTEMPTS:
+                raise StoreError(f"teacher {u.teacher!r} shard {u.shard} killed its Ray worker {self.attempts[u]} "
+                                 f"times (last: {_short(e)})", "--engine ray",
+                                 "lower --batch-tokens or --shard-rows (out of memory?), then rerun the same "
+                                 "command: it resumes") from None
+            self.queue.appendleft(u)
+            self.summary.retried += 1
+        if self.deaths > self.max_deaths:
+            raise StoreError(f"{self.deaths} Ray workers died (last: {_short(e)})", "--engine ray",
+                             "check the worker logs (ray logs), then rerun the same command: it resumes") from None
+        if self.queue:
+            self._start()
+
+    def _commit(self, a: Any, u: Unit, got: dict, bar: Bar) -> None:
+        """Rename a worker's temp file into unit u's shard and record it (once per unit)."""
+        if u in self.committed or (got["teacher"], got["shard"]) != (u.teacher, u.shard):
+            raise StoreError(f"a Ray worker returned unit {got['teacher']}/{got['shard']} twice or for "
+                             f"another unit ({u})", "--engine ray", "rerun the same command")
+        self.ctx.writer.adopt(f"teachers/{u.teacher}", u.shard, got["tmp"], got["rows"], got["bytes"], got["sha256"])
+        self.committed.add(u)
+        s = self.summary
+        s.shards_written += 1
+        s.rows_computed += got["rows"]
+        s.truncated += got["truncated"]
+        s.bytes_written += got["bytes"]
+        self.per_worker[self.pool.labels[id(a)]] += got["rows"]
+        bar.advance(got["rows"], workers=" ".join(f"{w}={n:,}" for w, n in self.per_worker.items()))
 
 
 def start_timeout() -> float:

@@ -22,9 +22,11 @@ from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.pipeline.plan import ShardPlan
+from kd.pipeline.job import RayOptions
+from kd.pipeline.job import ray_options as options
+from kd.pipeline.plan import ShardPlan, Unit, plan_units
 from kd.pipeline.precompute import precompute
-from kd.pipeline.ray_engine import RayOptions, Unit, options, plan_units, plan_workers
+from kd.pipeline.ray_engine import plan_workers
 from kd.storage import Store
 from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord

@@ -10,7 +10,7 @@ import pytest
 from conftest import precompute_news
 from typer.testing import CliRunner
 
-import kd.pipeline.precompute as P
+import kd.pipeline.shards as P
 from kd.cli import app
 from kd.storage.errors import KdError, StoreError
 from kd.storage.store import Store

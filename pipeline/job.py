@@ -1,0 +1,176 @@
+"""One `kd precompute` job: every option, checked once, before anything is read, loaded or created.
+
+- `PrecomputeJob` holds the options (the CLI builds one; `precompute.precompute(inputs, out, teachers, **options)`
+  builds one for Python callers) and checks them when built (`check`): numeric bounds (kd.storage.bounds), the
+  device, --out, the choices, the backend combination and the engine flags (`ray_options`);
+- what the steps after it need is derived here too (input options that are fingerprinted, how teachers load,
+  which outputs are per row and which per teacher), so the engines read one object instead of loose arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kd.pipeline import backends
+from kd.pipeline import inputs as inp
+from kd.storage import bounds as B
+from kd.storage.errors import InputError, KdError
+from kd.storage.hardware import check_device
+from kd.storage.schema import VectorDType
+
+ENGINES = B.choices(B.Engine)
+PER_TEACHER = ("vocab", "init")  # outputs computed once per teacher, not per row
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str | None
+    workers: int | None
+    gpus_per_worker: float | None
+    device: str | None  # None (GPU when the cluster has one), cpu or cuda
+
+
+@dataclass(frozen=True)
+class PrecomputeJob:
+    """Every option of `kd precompute` (the CLI's flags, same names and defaults); checked when built."""
+
+    inputs: tuple[str, ...]
+    out: str
+    teachers: tuple[str, ...]
+    outputs: tuple[str, ...] | None = None  # row outputs and/or vocab, init; None: the teacher's defaults
+    segment: str = "none"
+    spacy_model: str | None = None
+    text_column: str | None = None
+    pair_columns: str | None = None
+    label_column: str | None = None
+    delimiter: str | None = None
+    dedup: bool = False
+    batch_tokens: int | None = None
+    max_length: int | None = None
+    shard_rows: int = 20000
+    num_shards: int | None = None
+    shard_index: int | None = None
+    dtype: str = "float32"
+    precision: str = "auto"
+    device: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    keep_layers: str | None = None
+    backend: str = "torch"
+    quantize: str = "none"
+    threads: int | None = None
+    allow_low_fidelity: bool = False
+    engine: str = "local"
+    ray_address: str | None = None
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+
+    def __post_init__(self) -> None:
+        # lists from Python callers become tuples: a job cannot change after its checks
+        for name in ("inputs", "teachers", "outputs"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, None if value is None else tuple(value))
+        object.__setattr__(self, "out", os.fspath(self.out))
+        self.check()
+
+    def check(self) -> None:
+        """Refuse unusable options, in this order: numeric bounds, the device (local engine: Ray workers check
+        their own GPUs, this driver may have none), --out, --segment, the teachers, --dtype (a ValueError),
+        the backend combination, the engine flags. Reads nothing but `os.path.isfile(out)`."""
+        B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS),
+                ("--batch-tokens", self.batch_tokens, B.BATCH_TOKENS), ("--max-length", self.max_length, B.TOKENS),
+                ("--num-shards", self.num_shards, B.SHARDS), ("--shard-index", self.shard_index, B.SHARD_INDEX),
+                ("--threads", self.threads, B.THREADS), ("--workers", self.workers, B.RAY_WORKERS),
+                ("--gpus-per-worker", self.gpus_per_worker, B.GPU_SHARE))
+        if self.engine == "local":
+            check_device(self.device)
+        if os.path.isfile(self.out):
+            raise InputError("--out is an existing file, not a store folder", self.out, "pass a folder path")
+        if self.segment not in B.choices(B.Segment):
+            raise InputError(f"unknown --segment {self.segment!r}", None, "use none (whole documents) or sentences")
+        if not self.teachers:
+            raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
+        VectorDType(self.dtype)
+        backends.check_options(self.backend, self.quantize, self.precision, self.device)
+        self.ray_options()
+
+    def ray_options(self) -> RayOptions | None:
+        """The Ray engine's options, checked (`ray_options`); None for the one-process engine."""
+        return ray_options(self.engine, self.ray_address, self.workers, self.gpus_per_worker, self.num_shards,
+                           self.shard_index, self.device)
+
+    @property
+    def vdtype(self) -> VectorDType:
+        return VectorDType(self.dtype)
+
+    @property
+    def row_outputs(self) -> list[str] | None:
+        """The per-row outputs asked for; None: the teachers' defaults."""
+        return [o for o in self.outputs if o not in PER_TEACHER] if self.outputs else None
+
+    def wants(self, output: str) -> bool:
+        """Whether per-teacher output `output` (vocab, init) was asked for."""
+        return bool(self.outputs) and output in self.outputs
+
+    @property
+    def only_per_teacher(self) -> bool:
+        """Only vocab/init were asked for: each teacher's row outputs stay what the store holds."""
+        return (self.wants("vocab") or self.wants("init")) and not self.row_outputs
+
+    def columns(self) -> inp.ColumnSpec:
+        """Which input fields hold the text, the pair and the label (--pair-columns parsed: an InputError)."""
+        return inp.ColumnSpec(self.text_column, inp.parse_pair_columns(self.pair_columns), self.label_column,
+                              self.delimiter)
+
+    def input_options(self, spec: inp.ColumnSpec) -> dict[str, Any]:
+        """The options that shape the rows: fingerprinted with the input files."""
+        return {"text_column": self.text_column, "pair_columns": spec.pair, "label_column": self.label_column,
+                "segment": self.segment, "spacy_model": self.spacy_model if self.segment == "sentences" else None,
+                "dedup": self.dedup, "shard_rows": self.shard_rows, "delimiter": self.delimiter}
+
+    def load_options(self) -> dict[str, Any]:
+        """Keywords of `backends.load` for each teacher."""
+        return dict(backend=self.backend, quantize=self.quantize, device=self.device, precision=self.precision,
+                    max_length=self.max_length, threads=self.threads, allow_low_fidelity=self.allow_low_fidelity)
+
+
+def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_worker: float | None,
+                num_shards: int | None, shard_index: int | None, device: str | None) -> RayOptions | None:
+    """Check the engine flags before anything is read or loaded; None for the one-process engine."""
+    if engine not in ENGINES:
+        raise InputError(f"unknown --engine {engine!r}", "--engine", "use local (one process) or ray")
+    given = [f for f, v in (("--ray-address", address), ("--workers", workers),
+                            ("--gpus-per-worker", gpus_per_worker)) if v is not None]
+    if engine == "local":
+        if given:
+            raise InputError(f"{', '.join(given)} only applies to --engine ray", given[0],
+                             f"add --engine ray, or drop {', '.join(given)}")
+        return None
+    if num_shards is not None or shard_index is not None:
+        raise InputError("--engine ray assigns shards to its workers itself; --num-shards/--shard-index split a "
+                         "store between independent processes", "--engine ray",
+                         "drop --num-shards/--shard-index (use --workers N), or drop --engine ray")
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise InputError("--engine ray runs one driver; this process is one rank of a torchrun job "
+                         f"(WORLD_SIZE={os.environ['WORLD_SIZE']})", "--engine ray",
+                         "start kd precompute --engine ray once, without torchrun")
+    B.check("--engine ray", ("--workers", workers, B.RAY_WORKERS), ("--gpus-per-worker", gpus_per_worker, B.GPU_SHARE))
+    if device not in (None, "cpu", "cuda"):
+        raise InputError(f"--device {device} cannot be used with --engine ray: Ray gives each worker its own GPU",
+                         "--device", "use --device cuda (each worker on its GPU), --device cpu, or leave it unset")
+    if device == "cpu" and gpus_per_worker is not None:
+        raise InputError("--gpus-per-worker with --device cpu", "--gpus-per-worker",
+                         "drop --gpus-per-worker, or use --device cuda")
+    require_ray()
+    return RayOptions(address, workers, gpus_per_worker, device)
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise KdError("--engine ray needs ray, which is not installed", "--engine ray",
+                      "pip install 'kd[ray]'") from None
+    return ray

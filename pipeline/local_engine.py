@@ -1,0 +1,65 @@
+"""`kd precompute --engine local`: this process encodes its shards, one writer thread commits them.
+
+- declare `texts` and every teacher (its settings from this process's copy); writer 0 saves each teacher's
+  tokenizer files and input embeddings;
+- `plan_units` over the shards this writer owns: what the store has not committed yet;
+- shard by shard, commit the texts shard, then encode it with each teacher (length-sorted token-budget batches,
+  order restored) and hand the table to the writer thread; at most one encoded shard waits for that thread
+  while the next is computed, so memory stays bounded;
+- publish the merged manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from kd.pipeline.plan import UnitPlan, plan_units
+from kd.pipeline.shards import (
+    PrecomputeSummary,
+    Prepared,
+    commit_texts,
+    declare_teacher,
+    declare_texts,
+    encode_shard,
+    save_teacher_files,
+)
+from kd.storage.progress import Bar
+
+
+def write(ctx: Prepared) -> PrecomputeSummary:
+    """Write what is left of this writer's shards (see the module docstring); the run's summary."""
+    summary = ctx.summary()
+    declare_texts(ctx)
+    for t in ctx.teachers:
+        declare_teacher(ctx, t, t.meta(ctx.outputs[t.name], ctx.job.vdtype.value))
+        if ctx.index == 0:
+            save_teacher_files(ctx.writer, t)
+    todo = plan_units(ctx.existing, ctx.plan, ctx.names, ctx.owned)
+    summary.shards_skipped = todo.skipped
+    _encode_and_commit(ctx, todo, summary)
+    summary.shards_written = len(todo.texts) + len(todo.units)
+    ctx.writer.publish()
+    summary.seconds = time.perf_counter() - ctx.t0
+    return summary
+
+
+def _encode_and_commit(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary) -> None:
+    """Encode on this thread, commit on one writer thread, shard by shard (`UnitPlan.shard_major`)."""
+    by_name = {t.name: t for t in ctx.teachers}
+    pending: list[Future] = []
+    with ThreadPoolExecutor(max_workers=1) as pool, Bar("precompute", todo.rows, "rows", ctx.job.progress) as bar:
+        for k, name in todo.shard_major():
+            if name is None:
+                pending.append(pool.submit(commit_texts, ctx, k))
+                continue
+            table, truncated = encode_shard(by_name[name], ctx.outputs[name], k, ctx.texts_shard(k), ctx.pairs,
+                                            ctx.job.vdtype, ctx.job.batch_tokens, bar.advance)
+            summary.truncated += truncated
+            summary.rows_computed += table.num_rows
+            # Bound memory: at most one shard waits for the writer thread while the next is computed.
+            while len(pending) > 1:
+                summary.bytes_written += pending.pop(0).result().bytes
+            pending.append(pool.submit(ctx.writer.commit, f"teachers/{name}", k, table))
+        for f in pending:
+            summary.bytes_written += f.result().bytes
