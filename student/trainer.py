@@ -11,6 +11,9 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
   scaler, early-stopping state, every rank's RNG states and the data position (epoch, batches
   consumed). Resuming replays nothing: it continues with exactly the batch and the random numbers
   the uninterrupted run would have used, so the weights come out identical (student.checkpoint);
+- numbers: NaN/Inf in a target column the objectives read stops the run before the first step (the
+  row id named, student.data.build_plan); a non-finite loss stops it before its backward pass, and
+  weights are checked before every save (checkpoint, best, student): the last good files stay;
 - DDP under torchrun (gloo on CPU, nccl on CUDA): ranks read disjoint shards, equal step counts
   (student.distributed);
 - metrics.jsonl (one record per log/eval), loss.png, a rich progress bar (rows, rows/s, ETA).
@@ -44,6 +47,7 @@ from torch import Tensor, nn
 from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError
+from kd.storage.finite import require_finite_weights
 from kd.storage.hardware import check_device, native_bf16
 from kd.storage.progress import Bar
 from kd.storage.store import Store
@@ -60,6 +64,7 @@ from kd.student.static import sif_weights, static_init, token_counts
 from kd.student.transformer_init import bert_config, load_init_weights
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
+DIVERGED = "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr (with --overwrite)"
 
 
 class Schedule(str, Enum):
@@ -730,8 +735,8 @@ def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
         # NaN/Inf targets (a store written in fp16 that overflowed) or a diverged model: stop before the
         # weights become NaN and a useless student is saved with exit 0. torchrun stops the other ranks.
         losses = ", ".join(f"{o.spec} {v:.3g}" for o, v in zip(run.s.objectives, parts.tolist()))
-        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses})", run.cfg.store,
-                      "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr")
+        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses}); training stopped, the "
+                      "last checkpoint is kept", run.cfg.store, DIVERGED)
     tr.opt.zero_grad(set_to_none=True)
     tr.scaler.scale(loss).backward()
     if run.cfg.clip > 0:
@@ -790,6 +795,8 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
 
 
 def _save_checkpoint(run: _Run, st: TrainState) -> None:
+    # on every rank (DDP keeps their weights equal): all stop, and the last good checkpoint stays on disk
+    require_finite_weights(run.tr.model.state_dict(), str(run.out / CHECKPOINT), DIVERGED)
     rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
     if run.d.main:
         checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng, run.store_id)

@@ -255,6 +255,24 @@ def test_low_fidelity_is_refused_unless_allowed(cache, tmp_path, tiny_teacher, m
     assert r.exit_code == 2 and "--allow-low-fidelity" in r.output and not (tmp_path / "s").exists(), r.output
 
 
+def test_another_models_graph_is_refused_even_with_allow_low_fidelity(cache, tmp_path, tiny_teacher, monkeypatch):
+    """A cache folder holding another model's graph (same shapes, other weights) is no lossy copy: its vectors
+    are unrelated to the teacher's, and --allow-low-fidelity must not accept them."""
+    from conftest import build_tiny_bert
+
+    _needs(Backend.onnx)
+    other = backends.load(str(build_tiny_bert(tmp_path / "other-bert", seed=7)), "onnx", allow_low_fidelity=True)
+    monkeypatch.setattr(backends, "exported", lambda *a: other.backend.folder)  # the swapped graph
+    with pytest.raises(KdError, match="computes another model") as e:
+        backends.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
+    assert "--allow-low-fidelity does not accept it" in str(e.value) and str(other.backend.folder) in e.value.where
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["precompute", str(src), "--out", str(tmp_path / "s"), "--teacher",
+                                 f"tiny={tiny_teacher}", "--backend", "onnx", "--allow-low-fidelity", "--no-progress"])
+    assert r.exit_code == 2 and "another model" in r.output and not (tmp_path / "s").exists(), r.output
+
+
 @pytest.mark.parametrize("backend,quantize,precision,device,match", [
     ("torch", "int8", "auto", None, "--backend onnx or --backend openvino"),
     ("onnx", "none", "bf16", None, "not offered by the onnx backend"),
