@@ -345,15 +345,20 @@ def test_a_copy_published_by_another_writer_meanwhile_is_kept(tmp_path, tiny_tea
 def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
     """The packaged MiniLM through OpenVINO static int8: int8 activations, attention MatMuls fp32, and the
     fidelity sample's min cosine to torch fp32 (per column) clears 0.993 (measured 0.9951; 0.9781 at the worst
-    of 10,000 benchmark sentences, docs/results.md)."""
+    of 10,000 benchmark sentences, docs/results.md) where the CPU has int8 dot products, which is where kd picks
+    this recipe. Forced onto an AVX2-only CPU, int8 products go through u8 x s8 pairwise adds that saturate at
+    int16: measured 0.990 on an AVX2 EPYC, so there it must clear kd's own fidelity bar (0.98) only."""
+    from kd.storage.hardware import native_int8
+
     _needs(Backend.openvino)
+    vnni = native_int8()  # this CPU's own answer, before the override below forces the static recipe
     monkeypatch.setenv("KD_CACHE", str(tmp_path))
     monkeypatch.setenv("KD_CPU_INT8", "1")
     t = backends.load("minilm", "openvino", "int8", precision="fp32")
     assert t.backend.meta()["int8_recipe"]["fp32_matmuls"] == 12
     fid = t.backend.fidelity
     assert set(fid) == {"cls", "mean", "layers", "sentence"}
-    assert min(f["min_cosine"] for f in fid.values()) >= 0.993, fid
+    assert min(f["min_cosine"] for f in fid.values()) >= (0.993 if vnni else 0.98), fid
 
 
 CHILD_EXIT_AFTER_OPENVINO = """
