@@ -308,22 +308,32 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
 
 
 def read_ids(path: str) -> tuple[int, ...]:
-    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`."""
+    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`.
+
+    - read as UTF-8, a byte-order mark (an editor's) dropped;
+    - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
+      overflow when compared), so it is refused with its line number, as anything else not an integer is.
+    """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read the id file ({e})", path,
                          "write it with kd leakage STORE --exclude-out FILE") from e
+    fix = "one id a line, as kd leakage --exclude-out writes"
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     ids = []
     for n, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            ids.append(int(text))
+            value = int(text)
         except ValueError:
-            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", path,
-                             "one id a line, as kd leakage --exclude-out writes") from None
+            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", f"{path}:{n}", fix) from None
+        if not lo <= value <= hi:
+            raise InputError(f"line {n}: {text[:40]} is outside the 64-bit range of row ids", f"{path}:{n}",
+                             fix) from None
+        ids.append(value)
     return tuple(sorted(set(ids)))
 
 
