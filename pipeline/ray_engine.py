@@ -324,7 +324,7 @@ def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer,
                                 duplicates_dropped=counts.duplicates_dropped, teachers=names)
     writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
     for t in loaded:
-        _save_teacher_files(writer, t)
+        summary.files_written += _save_teacher_files(writer, t)
     todo = plan_units(existing, plan, names)
     summary.shards_skipped = plan.num_shards * (1 + len(loaded)) - len(todo.texts) - len(todo.units)
 

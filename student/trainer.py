@@ -218,10 +218,8 @@ def _embeddings_matrix(store: Store, teacher: str) -> np.ndarray | None:
     return load_file(store.local_dir(rel))["weight"]
 
 
-def _tokenizer_size(path: str) -> tuple[int, int]:
-    from transformers import AutoTokenizer  # tokenizer only
-
-    tok = AutoTokenizer.from_pretrained(path)
+def _tokenizer_size(store: Store, teacher: str) -> tuple[int, int]:
+    tok = store.load_tokenizer(teacher)
     return len(tok), tok.pad_token_id if tok.pad_token_id is not None else 0
 
 
@@ -237,8 +235,8 @@ def setup(cfg: TrainConfig) -> Setup:
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
                       "re-run kd precompute for this teacher (it saves the tokenizer files)")
-    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")  # (tokenizer: D.build_plan)
-    vocab, pad = _tokenizer_size(tok_dir)
+    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")
+    vocab, pad = _tokenizer_size(store, teacher)  # (its files verified first: a damaged one names itself)
     emb = _embeddings_matrix(store, teacher) if cfg.init_embeddings is not EmbeddingInit.random else None
     if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
         raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
@@ -258,7 +256,7 @@ def setup(cfg: TrainConfig) -> Setup:
     if out_dim is None:  # nothing fixes the width (DSE from a cross-encoder alone): the encoder's own
         student_cfg = dataclasses.replace(student_cfg, out_dim=student_cfg.width)
     if cfg.init:
-        student_cfg = init_config(cfg, tok_dir)
+        student_cfg = init_config(cfg, store.load_tokenizer(teacher))
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     columns = required_columns(objectives)
     data = D.DataConfig(
@@ -282,23 +280,22 @@ def _target_keys(ctx: Context) -> list[str]:
         raise
 
 
-def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
+def init_config(cfg: TrainConfig, store_tokenizer) -> StudentConfig:
     """The --init student's config (its shape wins; dropout is this run's), checked against this run.
 
     - the arch must be the one asked for (--arch), else the weights would not fit;
     - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
       text), else every embedding row would mean another token.
     """
-    from transformers import AutoTokenizer  # tokenizer only
-
+    from kd.storage.tokenizer_files import load_tokenizer
     from kd.student.export import TOKENIZER, read_config
 
     source = StudentConfig.from_dict(read_config(cfg.init)["student"])
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
-    mine = AutoTokenizer.from_pretrained(Path(cfg.init) / TOKENIZER)
-    store = AutoTokenizer.from_pretrained(tokenizer_dir)
+    mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
+    store = store_tokenizer
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
     if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
         raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
@@ -626,9 +623,7 @@ def _vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
 
 def _sif(s: Setup, vocab_size: int) -> np.ndarray:
     """SIF weights from token counts over every text of the store (streamed shard by shard)."""
-    from transformers import AutoTokenizer  # tokenizer only
-
-    tok = AutoTokenizer.from_pretrained(s.store.tokenizer_dir(s.tokenizer))
+    tok = s.store.load_tokenizer(s.tokenizer)
     cols = ["text_a", "text_b"] if s.store.manifest.pairs else ["text"]
     shards = (t for k in sorted(s.store.table("texts").shards)
               for t in s.store.read_shard("texts", k, cols).to_pydict().values())
