@@ -151,3 +151,14 @@ def test_a_damaged_tokenizer_without_a_recorded_checksum_names_its_file(full, tm
     with pytest.raises(KdError) as e:
         s.load_tokenizer("tiny")
     assert str(store / "tokenizers/tiny/tokenizer.json") in str(e.value) and "--repair" in str(e.value)
+
+
+def test_a_teacher_checkpoint_with_a_damaged_tokenizer_names_the_file(tiny_teacher, tmp_path):
+    from kd.pipeline.teacher import load_teacher
+    from kd.storage.errors import KdError
+
+    folder = shutil.copytree(tiny_teacher, tmp_path / "teacher")
+    _damage(folder / "tokenizer.json", "append")
+    with pytest.raises(KdError) as e:
+        load_teacher(str(folder), "cpu")
+    assert str(folder / "tokenizer.json") in str(e.value) and "Extra data" in str(e.value)
