@@ -57,11 +57,12 @@ class PrecomputeSummary:
     bytes_written: int = 0
     teachers: list[str] = field(default_factory=list)
     vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
+    files_written: list[str] = field(default_factory=list)  # tokenizer / input-embedding files (re)written
     retried: int = 0  # --engine ray: units run again because the worker running them died
 
     @property
     def nothing_to_do(self) -> bool:
-        return self.shards_written == 0 and not self.vocab_written
+        return self.shards_written == 0 and not self.vocab_written and not self.files_written
 
     @property
     def rate(self) -> float:
@@ -310,7 +311,7 @@ def _write(writer, loaded, touts, rows, plan, index, count, pairs, vdtype, batch
     for t in loaded:
         declare_teacher(writer, existing, t, touts[t.name], pairs, vdtype, t.meta(touts[t.name], vdtype.value))
         if index == 0:
-            _save_teacher_files(writer, t)
+            summary.files_written += _save_teacher_files(writer, t)
     owned = plan.owned(index, count)
     done = existing.tables if existing else {}
     todo = [(k, t) for k in owned for t in [None, *loaded]
@@ -385,9 +386,12 @@ def _refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs:
                 "use --precision fp32 (fp16/bf16 can overflow) and --dtype float32, or check the teacher checkpoint")
 
 
-def _save_teacher_files(writer, t: Teacher) -> None:
+def _save_teacher_files(writer, t: Teacher) -> list[str]:
     """Tokenizer files (no weights) and the input-embedding matrix, once per teacher, with their sha256
-    in the manifest (`extras.files`) so training refuses a damaged tokenizer instead of mis-tokenizing."""
+    in the manifest (`extras.files`) so training refuses a damaged tokenizer instead of mis-tokenizing.
+
+    Written when absent: on the first run, and on the run after `kd validate --repair` set a damaged
+    one aside (a tokenizer as a whole folder). Returns the files written."""
     import os
     import tempfile
 
@@ -407,3 +411,4 @@ def _save_teacher_files(writer, t: Teacher) -> None:
     if files:
         writer.set_extra("files", {**writer.manifest.extras.get("files", {}),
                                    **{rel: fs.sha256(data) for rel, data in files.items()}})
+    return sorted(files)

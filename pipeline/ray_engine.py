@@ -32,15 +32,23 @@ What the driver (the `kd precompute` process) does, and what the workers do:
   must agree with what the table was declared with.
 - A job with no worker encoding and none starting for KD_RAY_START_TIMEOUT seconds (default 600: Ray cannot place
   the actors) stops with a clear error; what was committed stays, and the same command resumes.
+- External processes, bounded: a --ray-address (or RAY_ADDRESS) where nothing accepts a TCP connection within
+  PROBE_TIMEOUT_S is refused before anything is read (ray.init would retry it for many minutes); SIGINT/SIGTERM
+  stop the driver within seconds, killing the actors and shutting down the Ray runtime it started; and a local
+  runtime kd started is watched by `ray_reaper.py`, which ends its processes (Ray's agents otherwise outlive a
+  killed driver by a minute or more) as soon as the driver is gone, even killed by SIGKILL.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import socket
+import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +110,9 @@ def options(engine: str, address: str | None, workers: int | None, gpus_per_work
         raise InputError("--gpus-per-worker with --device cpu", "--gpus-per-worker",
                          "drop --gpus-per-worker, or use --device cuda")
     require_ray()
+    env = os.environ.get("RAY_ADDRESS")
+    if address or env:  # before anything is read or written: a dead address would make ray.init retry for minutes
+        probe_address(address or env, f"--ray-address {address}" if address else f"RAY_ADDRESS={env}")
     return RayOptions(address, workers, gpus_per_worker, device)
 
 
@@ -265,20 +276,111 @@ def _die_once() -> None:
 
 # --- the driver -------------------------------------------------------------------------------------------------
 
-def _connect(ray: Any, address: str | None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray runtime; True when we started it."""
+PROBE_TIMEOUT_S = 5.0  # a head that does not accept a TCP connection in this time is not reachable
+START_FIX = ("start one (`ray start --head`) and pass its address HOST:PORT (the head's GCS port, 6379 by default), "
+             "or leave --ray-address and RAY_ADDRESS unset to start a local Ray runtime")
+
+
+def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse a Ray address where nothing accepts a TCP connection within `timeout` seconds.
+
+    ray.init retries a dead address for many minutes (and only then fails); a connect to HOST:PORT
+    (`ray://HOST:PORT` too, IPv6 in brackets) answers at once when nothing listens and within `timeout`
+    when the host drops packets. `auto` and `local` are left to Ray.
+    """
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InputError(f"the Ray address {address!r} is not HOST:PORT", where,
+                         "pass the head's HOST:PORT (e.g. 10.0.0.5:6379), auto, or leave it unset")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise KdError(f"no Ray cluster answers at {address} ({e.strerror or e})", where, START_FIX) from None
+
+
+def _connect(ray: Any, address: str | None) -> tuple[bool, Any]:
+    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray runtime.
+
+    Returns (whether this call initialised Ray, the reaper process watching a local runtime or None).
+    """
     if ray.is_initialized():
-        return False
+        return False, None
+    local = address == "local" or (address is None and not os.environ.get("RAY_ADDRESS"))
     kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING"}
-    if address is None and not os.environ.get("RAY_ADDRESS"):
+    if local:
         kwargs["include_dashboard"] = False
+    reaper = _start_reaper() if local else None
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
+        _stop_reaper(reaper)
         raise KdError(f"cannot connect to the Ray cluster ({e})", f"--ray-address {address or 'auto'}",
-                      "start one (`ray start --head`) and pass its address, or leave --ray-address unset to "
-                      "start a local Ray runtime") from e
-    return True
+                      START_FIX) from e
+    except BaseException:
+        _stop_reaper(reaper)
+        raise
+    return True, reaper
+
+
+def _start_reaper() -> Any:
+    """Start ray_reaper.py for the local runtime about to start (None where there is no /proc)."""
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/proc"):
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
+    proc = subprocess.Popen([sys.executable, script, str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc.stdout.readline()  # "ready": it has noted the children that are not Ray's
+    return proc
+
+
+def _stop_reaper(reaper: Any, wait_s: float = 10.0) -> None:
+    """Close the reaper's pipe (it ends what is left of the local runtime) and wait for it to finish."""
+    if reaper is None:
+        return
+    import subprocess
+
+    reaper.stdin.close()
+    try:
+        reaper.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+    reaper.stdout.close()
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached the driver. A BaseException so that Ray's `except Exception` retry loops do
+    not swallow it on its way to the cleanup."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _trap_signals() -> Callable[[], None]:
+    """SIGINT and SIGTERM raise Stopped in the main thread from now on; returns what restores the handlers.
+
+    The driver's loop returns to Python at least every 5 s (`ray.wait`'s timeout), so a signal stops it
+    within that, and its `finally` kills the actors and shuts down the Ray runtime kd started. (Ray's own
+    SIGTERM handler exits too, but says nothing of the store; SIGINT would be a KeyboardInterrupt.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 class _Pool:
@@ -321,7 +423,7 @@ def write(opts: RayOptions, out: str, specs: dict[str, str], load: dict, writer,
                                 duplicates_dropped=counts.duplicates_dropped, teachers=names)
     writer.declare("texts", "texts", {f.name: type_name(f.type) for f in rows.schema}, {"pairs": pairs})
     for t in loaded:
-        _save_teacher_files(writer, t)
+        summary.files_written += _save_teacher_files(writer, t)
     todo = plan_units(existing, plan, names)
     summary.shards_skipped = plan.num_shards * (1 + len(loaded)) - len(todo.texts) - len(todo.units)
 
@@ -384,7 +486,8 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
 
     ray = require_ray()
     limit = start_timeout()
-    started = _connect(ray, opts.address)
+    started, reaper = _connect(ray, opts.address)
+    restore = _trap_signals()  # (after ray.init, which installs a SIGTERM handler of its own)
     pool = None
     try:
         res = ray.cluster_resources()
@@ -460,11 +563,17 @@ def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, tou
                     per_worker[pool.labels[id(a)]] += got["rows"]
                     bar.advance(got["rows"], workers=" ".join(f"{w}={n:,}" for w, n in per_worker.items()))
                 idle.append(a)
+    except Stopped as e:
+        raise StoreError(f"stopped by {signal.Signals(e.signum).name}: the Ray workers were ended (and the Ray "
+                         "runtime kd started); the shards committed so far are kept", "--engine ray",
+                         "rerun the same command: it resumes") from None
     finally:
+        restore()
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
+        _stop_reaper(reaper)
 
 
 def start_timeout() -> float:

@@ -416,9 +416,10 @@ class Tokenize:
     @property
     def tokenizer(self):
         if self._tok is None:  # loaded lazily: each DataLoader worker loads its own copy
-            from transformers import AutoTokenizer
+            from kd.storage.store import file_repair
+            from kd.storage.tokenizer_files import load_tokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(self.dir)
+            self._tok = load_tokenizer(self.dir, file_repair(os.path.dirname(os.path.dirname(self.dir))))
         return self._tok
 
     def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -275,16 +275,12 @@ def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def _tokenizer(p: Path):
-    from transformers import AutoTokenizer  # a tokenizer only: students never load model classes
+    from kd.storage.tokenizer_files import load_tokenizer  # a tokenizer only: students never load model classes
 
     if not (p / TOKENIZER).is_dir():
         raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
                          "copy the whole student folder (weights, config.json and tokenizer/)")
-    try:
-        return AutoTokenizer.from_pretrained(p / TOKENIZER)
-    except (OSError, ValueError, TypeError, json.JSONDecodeError) as e:
-        raise InputError(f"the student's tokenizer cannot be loaded ({str(e)[:200]})", str(p / TOKENIZER),
-                         "copy the whole student folder again") from e
+    return load_tokenizer(p / TOKENIZER, "copy the whole student folder again", InputError)
 
 
 def _device(device: str | torch.device) -> torch.device:
