@@ -122,6 +122,8 @@ def precompute(
         return
     if s.vocab_written:
         term.print(f"wrote the per-teacher outputs (vocab / init) of {', '.join(s.vocab_written)}")
+    if s.files_written and not s.shards_written:  # (a fresh store writes them too: not worth a line there)
+        term.print(f"restored {', '.join(s.files_written)}")
     term.print(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
         f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "

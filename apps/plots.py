@@ -9,10 +9,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from kd.apps.eval import EvalReport
+import numpy as np
+
+
+class EvalReport(Protocol):
+    """What the figures read of `kd.apps.eval.EvalReport` (a protocol, so plots never import eval)."""
+
+    models: list[Any]  # .name, .kind, .metrics
+    columns: list[Any]  # .measure
+    sts_sims: dict[str, np.ndarray]
 
 
 def write_plots(report: EvalReport, folder: Path) -> list[Path]:

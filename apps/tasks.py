@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import os
 import re
 import sys
@@ -20,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,12 +101,18 @@ def bundled(name: str) -> Path:
     return BUNDLE / name
 
 
-def _read_tsv(path: Path) -> list[list[str]]:
+def _numbered_tsv(path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every non-empty line of a TSV (optionally gzip'ed)."""
     # Quoting off: STS-B and SST-2 contain unbalanced quotes that csv would otherwise join across lines.
     # utf-8-sig: MRPC starts with a byte-order mark that would otherwise stick to the first column name.
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-        return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return [(reader.line_num, row) for row in reader if row]
+
+
+def _read_tsv(path: Path) -> list[list[str]]:
+    return [row for _, row in _numbered_tsv(path)]
 
 
 def check_sts_split(split: str) -> None:
@@ -146,26 +154,20 @@ def load_pairs(
     - `score_column` a header name, or a 0-based index for files without a header;
     - `text_columns` the two text columns (names or indexes); by default a known name pair
       (sentence1/sentence2, text_a/text_b, ...) or, for an index score, the two columns after it.
+    - Refused, naming the file and line: a file without pairs, a row without the columns, a gold score
+      that is not a finite number (a NaN would make every Spearman correlation undefined).
     """
     p = data_path(path)
     by_index = score_column.isdigit()
-    if p.suffix == ".jsonl":
-        rows: list = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-        header = list(rows[0]) if rows else []
-    elif p.suffix == ".csv" and not by_index:
-        with open(p, encoding="utf-8-sig", newline="") as f:
-            rows = list(csv.DictReader(f))
-        header = list(rows[0]) if rows else []
-    else:
-        raw = _read_tsv(p)
-        if by_index:
-            rows, header = raw, []
-        else:
-            header, rows = raw[0], [dict(zip(raw[0], r)) for r in raw[1:]]
+    try:
+        header, rows = _pair_rows(p, by_index)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"cannot read the pair file ({e})", str(p), "pass a UTF-8 .jsonl, .csv or TSV file") from e
+    if not rows:
+        raise InputError("the pair file holds no pairs", str(p), "pass a file with one scored pair a line")
     if by_index:
-        si = int(score_column)
-        ta, tb = (int(c) for c in text_columns) if text_columns else (si + 1, si + 2)
-        key_s, key_a, key_b = si, ta, tb
+        key_s = int(score_column)
+        key_a, key_b = (int(c) for c in text_columns) if text_columns else (key_s + 1, key_s + 2)
     else:
         if score_column not in header:
             raise InputError(f"no column {score_column!r} (columns: {header})", str(p), "pass --score-column")
@@ -175,14 +177,45 @@ def load_pairs(
                 raise InputError(f"cannot tell which columns hold the two texts (columns: {header})", str(p),
                                  "pass --text-columns A,B")
         key_s, (key_a, key_b) = score_column, text_columns
-    try:
-        scores = np.asarray([float(r[key_s]) for r in rows], dtype=np.float64)
-        a = [str(r[key_a]) for r in rows]
-        b = [str(r[key_b]) for r in rows]
-    except (KeyError, IndexError, ValueError) as e:
-        raise InputError(f"cannot read score/text columns ({e})", str(p),
-                         "check --score-column and --text-columns") from e
-    return PairTask(p.stem, a, b, scores)
+    scores, a, b = [], [], []
+    for line, r in rows:
+        try:
+            score, ta, tb = float(r[key_s]), str(r[key_a]), str(r[key_b])
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise InputError(f"cannot read the score/text columns of this row ({type(e).__name__}: {e})",
+                             f"{p}:{line}", "check --score-column and --text-columns") from None
+        if r[key_a] is None or r[key_b] is None:  # a short CSV row, a JSON null
+            raise InputError("a text of this pair is missing", f"{p}:{line}", "fix or remove that row")
+        if not math.isfinite(score):
+            raise InputError(f"the gold score {r[key_s]!r} is not a finite number", f"{p}:{line}",
+                             "fix or remove that row (a pair without a gold score cannot be scored)")
+        scores.append(score)
+        a.append(ta)
+        b.append(tb)
+    return PairTask(p.stem, a, b, np.asarray(scores, dtype=np.float64))
+
+
+def _pair_rows(p: Path, by_index: bool) -> tuple[list[str], list[tuple[int, Any]]]:
+    """(header, [(line number, row)]) of a pair file; rows are dicts by column name, or lists by index."""
+    if p.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append((n, json.loads(line)))
+                except (ValueError, RecursionError) as e:
+                    raise InputError(f"invalid JSON ({e})", f"{p}:{n}", "each line must be one JSON object") from None
+        return (list(rows[0][1]) if rows and isinstance(rows[0][1], dict) else []), rows
+    if p.suffix == ".csv" and not by_index:
+        with open(p, encoding="utf-8-sig", newline="") as f:
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, r) for r in reader]
+            return list(reader.fieldnames or []), rows
+    raw = _numbered_tsv(p)
+    if by_index or not raw:
+        return [], raw
+    header = raw[0][1]
+    return header, [(n, dict(zip(header, r))) for n, r in raw[1:]]
 
 
 def load_sst2(train_rows: int = 4000, seed: int = 0, bundle: bool = True) -> LabelledTexts:

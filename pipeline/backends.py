@@ -17,7 +17,9 @@ stays in `Teacher.forward`, in fp32, so every backend pools identically.
 - Fidelity: after loading, 64 bundled sentences (pairs for cross-encoders) are encoded by the backend and by
   the same teacher on torch fp32; per output column the min and mean cosine go into the manifest
   (`fidelity`). Below `THRESHOLDS` (0.999 for fp32, 0.99 for bf16, 0.98 for int8) the run stops with a
-  clear error unless `allow_low_fidelity`.
+  clear error unless `allow_low_fidelity`. A mean cosine below `SAME_MODEL_FLOOR` (0.5) always stops it:
+  no rounding error comes near that, so the graph computes another model (a cache folder replaced, a
+  broken export), which `allow_low_fidelity` does not accept.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ OPENVINO_SMOOTH_ALPHA = 0.7
 # fp32 graphs, bf16 compute, int8 weights. int8 is 0.98: ONNX Runtime's dynamic quantization of MiniLM reaches
 # min 0.9947 / mean 0.9967 smoothed (0.989 / 0.996 without; docs/design.md); a broken export falls far below.
 THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
+# Below this mean cosine the backend is not an approximation of the teacher but another function: int8 means
+# measure >= 0.99, unrelated models about 0 (another model's graph in the cache: min -0.09). The mean, not the
+# min: a lossy copy may have one outlier row (a 1-logit head's cosine is the sign of a logit near 0), another
+# model is off on every row.
+SAME_MODEL_FLOOR = 0.5
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
 
@@ -535,8 +542,19 @@ def threshold(runner: Runner) -> float:
 
 
 def check_fidelity(teacher: Teacher, allow_low_fidelity: bool = False) -> None:
+    """Refuse a backend whose min cosine is below its precision's threshold (unless allowed), and always
+    one whose mean cosine is below the floor that separates a lossy copy of the teacher from another model."""
     runner = teacher.backend
     limit = threshold(runner)
+    other = {c: f["mean_cosine"] for c, f in runner.fidelity.items() if f["mean_cosine"] < SAME_MODEL_FLOOR}
+    if other:
+        worst = ", ".join(f"{c} {v:.4f}" for c, v in other.items())
+        raise KdError(
+            f"teacher {teacher.name!r} on --backend {runner.backend.value} --quantize {runner.quantize.value} "
+            f"computes another model: mean cosine to torch fp32 {worst} < {SAME_MODEL_FLOOR} over "
+            f"{FIDELITY_ROWS} bundled sentences (no precision loss comes near that; --allow-low-fidelity does "
+            "not accept it)", str(runner.folder),
+            "delete that exported folder (kd rebuilds it from the teacher), or use --backend torch")
     low = {c: f["min_cosine"] for c, f in runner.fidelity.items() if f["min_cosine"] < limit}
     if low and not allow_low_fidelity:
         worst = ", ".join(f"{c} {v:.4f}" for c, v in low.items())

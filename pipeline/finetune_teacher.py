@@ -13,7 +13,10 @@ Algorithm:
   loss = cross-entropy on classes, squared error of the single logit on scores (whose bias starts at
   the mean training score);
 - the dev set is scored after every epoch; the best epoch (Spearman, or accuracy) is the one saved,
-  and its metrics go to DIR/dev_metrics.json.
+  and its metrics go to DIR/dev_metrics.json;
+- numbers: NaN/Inf labels are refused before the model is loaded (file and row named), a non-finite
+  loss stops the run before its backward pass, the weights are checked before they are saved, and a
+  failed run leaves no output folder (`storage.finite`, `storage.tasks.fresh_output`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import pick_device
 from kd.storage import bounds as B
 from kd.storage.errors import KdError
+from kd.storage.finite import check_loss, require_finite_weights
 from kd.storage.hardware import check_device
 from kd.storage.progress import Bar
-from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
+from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
+DIVERGED = "the run diverged: lower --lr; check --train for extreme scores"
 
 
 @dataclass
@@ -229,22 +234,48 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     labels = None if task.regression else LabelSet.fit(train_rows.labels)
     y_train = _targets(train_rows, task, labels, "--train")
     y_dev = _targets(dev_rows, task, labels, "--dev") if dev_rows is not None else None
-    out = fresh_output_dir(cfg.out, cfg.overwrite, ARGS_FILE, "kd finetune-teacher")
-    ref, tok, model, max_length = _load(cfg, labels)
-    if task.regression:
-        start_at_mean(model, float(np.mean(y_train)))
-    args = asdict(cfg) | {"task": task.value, "base_path": ref.path, "max_length": max_length}
-    (out / ARGS_FILE).write_text(json.dumps(args, indent=1))  # first: marks the folder as this command's
-    device = pick_device(cfg.device)
-    model.to(device).train()
+    with fresh_output(cfg.out, cfg.overwrite, ARGS_FILE, "kd finetune-teacher") as out:
+        ref, tok, model, max_length = _load(cfg, labels)
+        if task.regression:
+            start_at_mean(model, float(np.mean(y_train)))
+        args = asdict(cfg) | {"task": task.value, "base_path": ref.path, "max_length": max_length}
+        (out / ARGS_FILE).write_text(json.dumps(args, indent=1))  # first: marks the folder as this command's
+        device = pick_device(cfg.device)
+        model.to(device).train()
+        train = Encoded(tok, train_rows.texts, max_length)
+        dev = Encoded(tok, dev_rows.texts, max_length) if dev_rows is not None else None
+        step, history, best = _fit(cfg, model, train, dev, y_train, y_dev, device)
+        if best is not None:
+            model.load_state_dict(best[2])
+        require_finite_weights(model.state_dict(), ", ".join(cfg.train), DIVERGED)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        best_epoch = best[1] if best is not None else None
+        chosen = next((h for h in history if h["epoch"] == best_epoch), {}) if best_epoch else {}
+        metrics = {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}
+        summary = TeacherFinetuneSummary(str(out), task.value, list(labels.names) if labels else None,
+                                         len(train_rows), len(dev_rows) if dev_rows is not None else 0, step, 0.0,
+                                         best_epoch, metrics, history)
+        summary.seconds = time.perf_counter() - t0
+        (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
+    return summary
+
+
+def _fit(cfg: TeacherFinetuneConfig, model: nn.Module, train: Encoded, dev: Encoded | None, y_train: np.ndarray,
+         y_dev: np.ndarray | None, device: torch.device) -> tuple[int, list[dict], tuple[float, int, dict] | None]:
+    """The training loop: (steps taken, per-epoch dev records, (best dev metric, epoch, CPU state) or None).
+
+    - length-grouped shuffled batches, AdamW, warm-up then linear decay, clipping at 1, bf16 autocast on CUDA;
+    - each step's loss is checked before its backward pass (a NaN/Inf one stops the run);
+    - with dev rows, the dev metrics after every epoch; the best epoch's weights are kept (ties: the later).
+    """
+    task = cfg.task
     use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
 
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
-    train = Encoded(tok, train_rows.texts, max_length)
-    dev = Encoded(tok, dev_rows.texts, max_length) if dev_rows is not None else None
-    per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    per_epoch = math.ceil(len(train.lengths) / cfg.batch_size)
     total = cfg.max_steps or per_epoch * cfg.epochs
     epochs = math.ceil(total / per_epoch)
     opt = _optimizer(model, cfg)
@@ -263,13 +294,14 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
                 with autocast():
                     logits = model(**train.batch(idx, device)).logits
                 loss = task_loss(logits, torch.as_tensor(y_train[idx], device=device), task)
+                losses.append(float(loss.detach()))
+                check_loss(losses[-1], step + 1, ", ".join(cfg.train), DIVERGED)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
                 step += 1
-                losses.append(float(loss.detach()))
                 bar.advance(1, epoch=epoch, loss=float(np.mean(losses[-20:])))
             record = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses)) if losses else None}
             if dev is not None:
@@ -278,16 +310,4 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
                 if best is None or score >= best[0]:  # ties: the later, longer-trained epoch
                     best = (score, epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
             history.append(record)
-    if best is not None:
-        model.load_state_dict(best[2])
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    best_epoch = best[1] if best is not None else None
-    chosen = next((h for h in history if h["epoch"] == best_epoch), {}) if best_epoch else {}
-    metrics = {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}
-    summary = TeacherFinetuneSummary(str(out), task.value, list(labels.names) if labels else None, len(train_rows),
-                                     len(dev_rows) if dev_rows is not None else 0, step, 0.0, best_epoch, metrics,
-                                     history)
-    summary.seconds = time.perf_counter() - t0
-    (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
-    return summary
+    return step, history, best

@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 from kd.pipeline import backends
@@ -22,6 +23,9 @@ from kd.storage.schema import VectorDType
 
 ENGINES = B.choices(B.Engine)
 PER_TEACHER = ("vocab", "init")  # outputs computed once per teacher, not per row
+PROBE_TIMEOUT_S = 5.0  # a head that does not accept a TCP connection in this time is not reachable
+START_FIX = ("start one (`ray start --head`) and pass its address HOST:PORT (the head's GCS port, 6379 by default), "
+             "or leave --ray-address and RAY_ADDRESS unset to start a local Ray runtime")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class PrecomputeJob:
     ray_address: str | None = None
     workers: int | None = None
     gpus_per_worker: float | None = None
+    # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
+    ray: RayOptions | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         # lists from Python callers become tuples: a job cannot change after its checks
@@ -73,12 +79,13 @@ class PrecomputeJob:
             value = getattr(self, name)
             object.__setattr__(self, name, None if value is None else tuple(value))
         object.__setattr__(self, "out", os.fspath(self.out))
-        self.check()
+        object.__setattr__(self, "ray", self.check())
 
-    def check(self) -> None:
+    def check(self) -> RayOptions | None:
         """Refuse unusable options, in this order: numeric bounds, the device (local engine: Ray workers check
         their own GPUs, this driver may have none), --out, --segment, the teachers, --dtype (a ValueError),
-        the backend combination, the engine flags. Reads nothing but `os.path.isfile(out)`."""
+        the backend combination, the engine flags (`ray_options`, which returns the Ray engine's options).
+        Reads nothing but `os.path.isfile(out)` (and, for a Ray address, connects to it once)."""
         B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS),
                 ("--batch-tokens", self.batch_tokens, B.BATCH_TOKENS), ("--max-length", self.max_length, B.TOKENS),
                 ("--num-shards", self.num_shards, B.SHARDS), ("--shard-index", self.shard_index, B.SHARD_INDEX),
@@ -94,10 +101,6 @@ class PrecomputeJob:
             raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
         VectorDType(self.dtype)
         backends.check_options(self.backend, self.quantize, self.precision, self.device)
-        self.ray_options()
-
-    def ray_options(self) -> RayOptions | None:
-        """The Ray engine's options, checked (`ray_options`); None for the one-process engine."""
         return ray_options(self.engine, self.ray_address, self.workers, self.gpus_per_worker, self.num_shards,
                            self.shard_index, self.device)
 
@@ -164,6 +167,9 @@ def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_
         raise InputError("--gpus-per-worker with --device cpu", "--gpus-per-worker",
                          "drop --gpus-per-worker, or use --device cuda")
     require_ray()
+    env = os.environ.get("RAY_ADDRESS")
+    if address or env:  # before anything is read or written: a dead address would make ray.init retry for minutes
+        probe_address(address or env, f"--ray-address {address}" if address else f"RAY_ADDRESS={env}")
     return RayOptions(address, workers, gpus_per_worker, device)
 
 
@@ -174,3 +180,22 @@ def require_ray() -> Any:
         raise KdError("--engine ray needs ray, which is not installed", "--engine ray",
                       "pip install 'kd[ray]'") from None
     return ray
+
+
+def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse a Ray address where nothing accepts a TCP connection within `timeout` seconds.
+
+    ray.init retries a dead address for many minutes (and only then fails); a connect to HOST:PORT
+    (`ray://HOST:PORT` too, IPv6 in brackets) answers at once when nothing listens and within `timeout`
+    when the host drops packets. `auto` and `local` are left to Ray.
+    """
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InputError(f"the Ray address {address!r} is not HOST:PORT", where,
+                         "pass the head's HOST:PORT (e.g. 10.0.0.5:6379), auto, or leave it unset")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise KdError(f"no Ray cluster answers at {address} ({e.strerror or e})", where, START_FIX) from None

@@ -34,7 +34,7 @@ def write(ctx: Prepared) -> PrecomputeSummary:
     for t in ctx.teachers:
         declare_teacher(ctx, t, t.meta(ctx.outputs[t.name], ctx.job.vdtype.value))
         if ctx.index == 0:
-            save_teacher_files(ctx.writer, t)
+            summary.files_written += save_teacher_files(ctx.writer, t)
     todo = plan_units(ctx.existing, ctx.plan, ctx.names, ctx.owned)
     summary.shards_skipped = todo.skipped
     _encode_and_commit(ctx, todo, summary)

@@ -73,8 +73,7 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
             ctx = Prepared(job, writer, teachers, outputs, rows, plan, plan.owned(index, count), index, counts,
                            spec.pair is not None, t0)
             remove_own_temps(writer, ctx.names, ctx.owned)
-            ray = job.ray_options()
-            summary = ray_engine.write(ctx, ray) if ray else local_engine.write(ctx)
+            summary = ray_engine.write(ctx, job.ray) if job.ray else local_engine.write(ctx)
             return _write_per_teacher(ctx, summary) if index == 0 else summary
         finally:
             writer.close()

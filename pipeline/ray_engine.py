@@ -32,15 +32,23 @@ What the driver (the `kd precompute` process) does, and what the workers do:
   must agree with what the table was declared with.
 - A job with no worker encoding and none starting for KD_RAY_START_TIMEOUT seconds (default 600: Ray cannot place
   the actors) stops with a clear error; what was committed stays, and the same command resumes.
+- External processes, bounded: a --ray-address (or RAY_ADDRESS) where nothing accepts a TCP connection within
+  PROBE_TIMEOUT_S is refused before anything is read (ray.init would retry it for many minutes); SIGINT/SIGTERM
+  stop the driver within seconds, killing the actors and shutting down the Ray runtime it started; and a local
+  runtime kd started is watched by `ray_reaper.py`, which ends its processes (Ray's agents otherwise outlive a
+  killed driver by a minute or more) as soon as the driver is gone, even killed by SIGKILL.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import socket
+import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +56,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.pipeline import backends
-from kd.pipeline.job import RayOptions, require_ray
+from kd.pipeline.job import START_FIX, RayOptions, require_ray
 from kd.pipeline.plan import Unit, UnitPlan, plan_units
 from kd.pipeline.shards import (
     PrecomputeSummary,
@@ -193,20 +201,87 @@ def _die_once() -> None:
 
 # --- the driver -------------------------------------------------------------------------------------------------
 
-def _connect(ray: Any, address: str | None) -> bool:
-    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray runtime; True when we started it."""
+def _connect(ray: Any, address: str | None) -> tuple[bool, Any]:
+    """Join the cluster at `address` (or RAY_ADDRESS), else start a local Ray runtime.
+
+    Returns (whether this call initialised Ray, the reaper process watching a local runtime or None).
+    """
     if ray.is_initialized():
-        return False
+        return False, None
+    local = address == "local" or (address is None and not os.environ.get("RAY_ADDRESS"))
     kwargs: dict[str, Any] = {"address": address, "logging_level": "WARNING"}
-    if address is None and not os.environ.get("RAY_ADDRESS"):
+    if local:
         kwargs["include_dashboard"] = False
+    reaper = _start_reaper() if local else None
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
+        _stop_reaper(reaper)
         raise KdError(f"cannot connect to the Ray cluster ({e})", f"--ray-address {address or 'auto'}",
-                      "start one (`ray start --head`) and pass its address, or leave --ray-address unset to "
-                      "start a local Ray runtime") from e
-    return True
+                      START_FIX) from e
+    except BaseException:
+        _stop_reaper(reaper)
+        raise
+    return True, reaper
+
+
+def _start_reaper() -> Any:
+    """Start ray_reaper.py for the local runtime about to start (None where there is no /proc)."""
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/proc"):
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_reaper.py")
+    proc = subprocess.Popen([sys.executable, script, str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc.stdout.readline()  # "ready": it has noted the children that are not Ray's
+    return proc
+
+
+def _stop_reaper(reaper: Any, wait_s: float = 10.0) -> None:
+    """Close the reaper's pipe (it ends what is left of the local runtime) and wait for it to finish."""
+    if reaper is None:
+        return
+    import subprocess
+
+    reaper.stdin.close()
+    try:
+        reaper.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        reaper.kill()
+    reaper.stdout.close()
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached the driver. A BaseException so that Ray's `except Exception` retry loops do
+    not swallow it on its way to the cleanup."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _trap_signals() -> Callable[[], None]:
+    """SIGINT and SIGTERM raise Stopped in the main thread from now on; returns what restores the handlers.
+
+    The driver's loop returns to Python at least every 5 s (`ray.wait`'s timeout), so a signal stops it
+    within that, and its `finally` kills the actors and shuts down the Ray runtime kd started. (Ray's own
+    SIGTERM handler exits too, but says nothing of the store; SIGINT would be a KeyboardInterrupt.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 class _Pool:
@@ -248,7 +323,7 @@ def write(ctx: Prepared, opts: RayOptions) -> PrecomputeSummary:
     summary = ctx.summary()
     declare_texts(ctx)
     for t in ctx.teachers:
-        save_teacher_files(ctx.writer, t)
+        summary.files_written += save_teacher_files(ctx.writer, t)
     todo = plan_units(ctx.existing, ctx.plan, ctx.names, ctx.owned)
     summary.shards_skipped = todo.skipped
     if not todo.units:
@@ -305,11 +380,13 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
 
     - join the cluster (or start a local runtime), size the pool from its resources (`plan_workers`);
     - start the actors (each loads the first queued teacher) and commit the texts meanwhile;
-    - `_Driver.run`; finally kill the actors, and stop the runtime if this call started it.
+    - `_Driver.run`; SIGINT/SIGTERM stop it (`Stopped`, a clear StoreError);
+    - finally kill the actors, stop the runtime (and its reaper) if this call started it.
     """
     ray = require_ray()
     limit = start_timeout()
-    started = _connect(ray, opts.address)
+    started, reaper = _connect(ray, opts.address)
+    restore = _trap_signals()  # (after ray.init, which installs a SIGTERM handler of its own)
     pool = None
     try:
         res = ray.cluster_resources()
@@ -317,11 +394,17 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
         env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
         pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
         _Driver(ray, pool, wp, limit, ctx, todo, summary).run()
+    except Stopped as e:
+        raise StoreError(f"stopped by {signal.Signals(e.signum).name}: the Ray workers were ended (and the Ray "
+                         "runtime kd started); the shards committed so far are kept", "--engine ray",
+                         "rerun the same command: it resumes") from None
     finally:
+        restore()
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
+        _stop_reaper(reaper)
 
 
 def _worker_args(ctx: Prepared, wp: WorkerPlan) -> tuple:

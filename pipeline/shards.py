@@ -47,11 +47,12 @@ class PrecomputeSummary:
     bytes_written: int = 0
     teachers: list[str] = field(default_factory=list)
     vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
+    files_written: list[str] = field(default_factory=list)  # tokenizer / input-embedding files (re)written
     retried: int = 0  # --engine ray: units run again because the worker running them died
 
     @property
     def nothing_to_do(self) -> bool:
-        return self.shards_written == 0 and not self.vocab_written
+        return self.shards_written == 0 and not self.vocab_written and not self.files_written
 
     @property
     def rate(self) -> float:
@@ -175,9 +176,12 @@ def record_files(writer: StoreWriter, files: dict[str, bytes]) -> None:
                                    **{rel: fs.sha256(data) for rel, data in files.items()}})
 
 
-def save_teacher_files(writer: StoreWriter, t: Teacher) -> None:
+def save_teacher_files(writer: StoreWriter, t: Teacher) -> list[str]:
     """Tokenizer files (no weights) and the input-embedding matrix, once per teacher, with their sha256
-    in the manifest (`extras.files`) so training refuses a damaged tokenizer instead of mis-tokenizing."""
+    in the manifest (`extras.files`) so training refuses a damaged tokenizer instead of mis-tokenizing.
+
+    Written when absent: on the first run, and on the run after `kd validate --repair` set a damaged
+    one aside (a tokenizer as a whole folder). Returns the files written."""
     from safetensors.torch import save
 
     files: dict[str, bytes] = {}
@@ -190,6 +194,7 @@ def save_teacher_files(writer: StoreWriter, t: Teacher) -> None:
     if not fs.exists(writer.loc, "teachers", t.name, "input_embeddings.safetensors"):
         files[f"teachers/{t.name}/input_embeddings.safetensors"] = save({"weight": input_embeddings(t)})
     record_files(writer, files)
+    return sorted(files)
 
 
 def write_init(writer: StoreWriter, t: Teacher, keep_layers: str | None) -> bool:

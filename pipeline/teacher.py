@@ -237,8 +237,10 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
-    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
+
+    from kd.storage.tokenizer_files import load_tokenizer
 
     hf_logging.set_verbosity_error()  # load reports and weight-loading bars would drown our own progress
     hf_logging.disable_progress_bar()
@@ -250,10 +252,11 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     cls = AutoModelForSequenceClassification if has_head else AutoModel
     try:
         model = cls.from_pretrained(ref.path).to(dev).eval()
-        tok = AutoTokenizer.from_pretrained(ref.path)
     except (OSError, ValueError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({e})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
+    tok = load_tokenizer(ref.path, "the directory must hold the teacher's tokenizer files, undamaged: copy or "
+                         "download the checkpoint again")
     st = read_st_pooling(ref.path)
     limit = min(x for x in (tok.model_max_length, getattr(cfg, "max_position_embeddings", 512), 8192) if x)
     if st and st.max_seq_length:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import json
 import os
 import sys
@@ -107,7 +108,8 @@ def read_inputs(files: list[str], spec: ColumnSpec) -> Records:
 
 def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     low = path.lower()
-    if low.endswith(".txt") and not (spec.pair or spec.label or spec.delimiter):
+    _check_column_options(path, spec)
+    if low.endswith(".txt") and not _has_columns(spec):
         yield from ((n, [line]) for n, line in _text_lines(path))
     elif low.endswith((".jsonl", ".json")):
         yield from _jsonl_rows(path, spec)
@@ -115,6 +117,34 @@ def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         yield from _parquet_rows(path, spec)
     else:
         yield from _delimited_rows(path, spec)
+
+
+def _has_columns(spec: ColumnSpec) -> bool:
+    return bool(spec.text or spec.pair or spec.label or spec.delimiter)
+
+
+def _check_column_options(path: str, spec: ColumnSpec) -> None:
+    """Refuse column options a file cannot honour, instead of silently ignoring them.
+
+    - JSONL and Parquet have named fields, not separators: --delimiter is refused;
+    - a .txt file is one text a line; with a column option it is read as delimited (MRPC's tab-separated
+      .txt files), which needs a separator: --delimiter, or a tab on its first line. A .txt without
+      either has no columns, so the option is refused rather than the whole line kept as the text.
+    """
+    low = path.lower()
+    if spec.delimiter and low.endswith((".jsonl", ".json", ".parquet")):
+        raise InputError("--delimiter applies to delimited files (.csv, .tsv, .txt with columns), not to "
+                         f"{os.path.splitext(low)[1]} files, whose fields are named", path, "drop --delimiter")
+    if not low.endswith(".txt") or not _has_columns(spec) or spec.delimiter:
+        return
+    with open(path, "rb") as f:
+        first = f.readline()
+    if b"\t" not in first:
+        given = [flag for flag, v in (("--text-column", spec.text), ("--pair-columns", spec.pair),
+                                      ("--label-column", spec.label)) if v]
+        raise InputError(f"{', '.join(given)} picks columns, but this .txt file has none (no tab on its first "
+                         "line): it is read as one text a line", f"{path}:1",
+                         f"drop {', '.join(given)}, or pass --delimiter for a file with another separator")
 
 
 def _text_lines(path: str) -> Iterator[tuple[int, str]]:
@@ -144,6 +174,8 @@ def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"invalid JSON ({e.msg})", f"{path}:{n}", "each line must be one JSON object") from None
+        except (ValueError, RecursionError) as e:  # a number past Python's digit limit, nesting too deep
+            raise InputError(f"invalid JSON ({e})", f"{path}:{n}", "each line must be one JSON object") from None
         if not isinstance(obj, dict):
             raise InputError("a JSONL line must be an object", f"{path}:{n}", 'write lines like {"text": "..."}')
         missing = [c for c in spec.wanted if c not in obj]
@@ -156,7 +188,24 @@ def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         if bad:
             raise InputError(f"the text field {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a string",
                              f"{path}:{n}", "quote it in the JSON, or pick the text column with --text-column")
+        _refuse_surrogates(obj, spec.wanted, f"{path}:{n}")
         yield n, [obj[c] if obj[c] is not None else "" for c in spec.wanted]
+
+
+def _refuse_surrogates(obj: dict, columns: list[str], where: str) -> None:
+    """JSON's \\ud800-style escapes can encode half of a UTF-16 pair: a string Python holds but UTF-8 (the
+    store, the tokenizer) cannot, which would fail far from this line."""
+    for c in columns:
+        v = obj[c]
+        if not isinstance(v, str):
+            continue
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"the field {c!r} holds a lone surrogate ({v[e.start]!r} at character {e.start + 1}): "
+                             "half of a UTF-16 pair, which is not text", where,
+                             "fix the escape on that line (a \\ud83d\\ude00-style pair, or the character itself)"
+                             ) from None
 
 
 def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
@@ -194,7 +243,8 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     quoting = csv.QUOTE_NONE if delim == "\t" else csv.QUOTE_MINIMAL
     # utf-8-sig: a byte-order mark (MRPC has one) must not become part of the first column's name
     with open(path, encoding="utf-8-sig", newline="", errors="strict") as f:
-        reader = csv.reader(f, delimiter=delim, quoting=quoting)
+        lines = _Recorder(f)
+        reader = csv.reader(lines, delimiter=delim, quoting=quoting)
         try:
             if by_index:
                 idx = [int(c) for c in spec.wanted]
@@ -213,9 +263,12 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                 idx = [header.index(c) for c in spec.wanted]
             ncols = len(header) if not by_index else max(idx) + 1
             start = reader.line_num + 1
+            lines.take()
             for row in reader:
+                raw = lines.take()
                 if row:
-                    _check_quoted_fields(row, idx[: len(spec.texts)], delim, ncols, path, start, reader.line_num)
+                    _check_quoted_fields(row, idx[: len(spec.texts)], delim, ncols, path, start, reader.line_num,
+                                         raw)
                     if max(idx) >= len(row):
                         raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
                                          f"{path}:{reader.line_num}", "fix the row or choose other columns")
@@ -229,25 +282,65 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
 MAX_QUOTED_FIELD = 100_000  # characters; far beyond any encoder's input, so only a runaway quote gets there
 
 
+class _Recorder:
+    """The lines a csv reader pulls from a file, kept until `take()`: the raw text of the last record.
+
+    csv.reader asks for one line at a time and never reads ahead, so the lines taken after a row are
+    exactly the ones that row was parsed from."""
+
+    def __init__(self, f) -> None:
+        self.f, self.lines = f, []
+
+    def __iter__(self) -> _Recorder:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.f)
+        self.lines.append(line)
+        return line
+
+    def take(self) -> str:
+        raw, self.lines = "".join(self.lines), []
+        return raw
+
+
+def _badly_quoted(raw: str, delim: str) -> str | None:
+    """Why the raw text of one record is not well-formed CSV (strict: a quote left open at the end of the
+    file, or a closing quote followed by more text), or None when it is."""
+    try:
+        for _ in csv.reader(io.StringIO(raw, newline=""), delimiter=delim, strict=True):
+            pass
+    except csv.Error as e:
+        return "the quote is never closed" if "end of data" in str(e) else f"it is closed mid-field ({e})"
+    return None
+
+
 def _check_quoted_fields(row: list[str], text_idx: list[int], delim: str, ncols: int, path: str, start: int,
-                         end: int) -> None:
+                         end: int, raw: str) -> None:
     """Refuse a text field that a stray quote made swallow the following rows (the csv module does so silently).
 
     - Only a quoted field can span lines, so a text field holding a newline started with a quote on
       line `start` and ran to line `end`.
-    - It is a runaway quote when one of its lines looks like a row of its own (it holds the
-      delimiter at least ncols - 1 times, at least once), or when it is longer than MAX_QUOTED_FIELD.
-    - A quoted multi-line text whose lines do not look like rows (a paragraph) is kept.
+    - It is a runaway quote when its record (`raw`) is not well-formed CSV: the quote never closes (it
+      ran to the end of the file) or closes mid-field on a later line (at a quote that was text); when it
+      is longer than MAX_QUOTED_FIELD; or, in a file of several columns, when one of its lines looks like
+      a row of its own (it holds the delimiter at least ncols - 1 times). In a one-column file every line
+      looks like a row and a comma is why a text is quoted, so there only the first two tell.
+    - A quoted multi-line text that is well-formed and whose lines do not look like rows (a paragraph) is kept.
     """
     for i in text_idx:
         field = row[i] if i < len(row) else ""
         if "\n" not in field:
             continue
         lines = field.splitlines()
-        rowlike = [ln for ln in lines if ln.count(delim) >= max(1, ncols - 1)]
-        if rowlike or len(field) > MAX_QUOTED_FIELD:
-            why = (f"{len(rowlike)} of its {len(lines)} lines look like rows of their own (e.g. {rowlike[0][:60]!r})"
-                   if rowlike else f"it is {len(field):,} characters long")
+        rowlike = [ln for ln in lines if ln.count(delim) >= ncols - 1] if ncols > 1 else []
+        if rowlike:
+            why = f"{len(rowlike)} of its {len(lines)} lines look like rows of their own (e.g. {rowlike[0][:60]!r})"
+        elif len(field) > MAX_QUOTED_FIELD:
+            why = f"it is {len(field):,} characters long"
+        else:
+            why = _badly_quoted(raw, delim)
+        if why:
             raise InputError(
                 f"a quote opened on line {start} runs to line {end}: one text field swallowed those lines ({why})",
                 f"{path}:{start}",

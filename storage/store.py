@@ -28,6 +28,12 @@ from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
 
 MANIFEST = "manifest.json"
 REPAIR = "run `kd validate STORE --repair` to drop the damaged shards, then re-run the command that wrote them"
+
+
+def file_repair(root: str) -> str:
+    """The fix for a damaged per-teacher file (tokenizer, input embeddings, vocab, init) of the store at `root`."""
+    return (f"run `kd validate {root} --repair` (it sets the file aside), then re-run the kd precompute command "
+            "that wrote the store: it writes the file again")
 FRAGMENTS = "manifests"
 LOCKS = "locks"
 
@@ -143,11 +149,10 @@ class Store:
                 data = fs.read_bytes(self.loc, *rel.split("/"))
             except (OSError, pa.ArrowException) as e:
                 raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
-                                 "re-run the kd precompute command that wrote this teacher") from e
+                                 file_repair(self.root)) from e
             if fs.sha256(data) != sha:
                 raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
-                                 self.loc.path(rel), "restore it, or re-run kd precompute for this teacher "
-                                 "into a new --out")
+                                 self.loc.path(rel), file_repair(self.root))
 
     def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""
@@ -177,6 +182,14 @@ class Store:
 
     def tokenizer_dir(self, teacher: str) -> str:
         return self.local_dir("tokenizers", teacher)
+
+    def load_tokenizer(self, teacher: str):
+        """The teacher's tokenizer, its files checked against the manifest first; a damaged one is a
+        StoreError naming the file and the repair."""
+        from kd.storage.tokenizer_files import load_tokenizer
+
+        self.verify_folder("tokenizers", teacher)
+        return load_tokenizer(self.tokenizer_dir(teacher), file_repair(self.root), StoreError)
 
 
 @dataclass

@@ -8,7 +8,8 @@ other is silently wrong; both take it from here.
   `kd precompute` drops them, each row with the id precompute gives it (`storage.ids.row_ids`).
 - `LabelSet`: class names in index order. Integer labels sort numerically, so label value i is class
   i (what the student data loader assumes of an int64 label column); other labels sort as strings.
-- `read_splits`, `fresh_output_dir`: what both fine-tuning commands do before training.
+- `read_splits`, `fresh_output`: what both fine-tuning commands do before training. Labels that are
+  NaN/Inf are refused with their file and row (one would make every weight NaN).
 - `task_metrics`: Spearman and Pearson x 100 for scores; accuracy and F1 x 100 for classes (F1 of
   class 1 for two classes, macro F1 otherwise).
 """
@@ -16,7 +17,8 @@ other is silently wrong; both take it from here.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kd.storage.errors import InputError, KdError
+from kd.storage.finite import non_finite_rows
 from kd.storage.ids import is_empty, row_ids
 from kd.storage.inputs import ColumnSpec, expand_inputs, read_inputs
 
@@ -90,14 +93,24 @@ class TaskRows:
         return len(self.texts)
 
     def scores(self) -> np.ndarray:
-        """Labels as float scores (pair-regression)."""
+        """Labels as float scores (pair-regression); a label that is not a finite number is refused."""
         try:
-            return np.array([float(x) for x in self.labels], dtype=np.float64)
+            scores = np.array([float(x) for x in self.labels], dtype=np.float64)
         except ValueError:
             bad = next(i for i, x in enumerate(self.labels) if not _is_number(x))
             raise InputError(f"label {self.labels[bad]!r} is not a number", self.doc_ids[bad],
                              "pair-regression needs numeric scores; use --task pair-classification for classes") \
                 from None
+        self._refuse_non_finite(scores)
+        return scores
+
+    def _refuse_non_finite(self, values: np.ndarray) -> None:
+        """NaN/Inf labels (a missing value written as "nan", an overflow) would make every weight NaN."""
+        bad = non_finite_rows(values)
+        if len(bad):
+            raise InputError(f"{len(bad)} label(s) are not finite numbers (NaN/Inf), the first "
+                             f"{self.labels[bad[0]]!r}", f"{self.doc_ids[bad[0]]} (file:row)",
+                             "fix or drop those rows: one NaN/Inf label makes every weight of the model NaN")
 
 
 def _is_number(x: object) -> bool:
@@ -125,7 +138,9 @@ def read_task(inputs: str | Sequence[str], task: Task, spec: ColumnSpec) -> Task
                          "fill in the label column or drop those rows")
     rows = TaskRows(texts, labels, row_ids(texts), doc_ids)
     if task.regression:
-        rows.scores()  # fails early, naming the first row that is not a number
+        rows.scores()  # fails early, naming the first row that is not a finite number
+    else:  # a class named "nan"/"inf" is a missing or overflowed number, not a class
+        rows._refuse_non_finite(np.array([float(v) if _is_number(v) else 0.0 for v in labels]))
     return rows
 
 
@@ -148,6 +163,19 @@ def fresh_output_dir(out: str, overwrite: bool, marker: str, command: str) -> Pa
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def fresh_output(out: str, overwrite: bool, marker: str, command: str) -> Iterator[Path]:
+    """`fresh_output_dir`, removed again with what the run wrote into it when the run fails or is interrupted
+    (a diverged loss, Ctrl-C), so no half-written output is left. The folder was empty (or this command's
+    previous output, which --overwrite removes anyway): nothing of the user's goes with it."""
+    path = fresh_output_dir(out, overwrite, marker, command)
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 @dataclass(frozen=True)

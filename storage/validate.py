@@ -41,7 +41,7 @@ def validate(store: Store) -> list[Problem]:
             problems.append(Problem(store.loc.path(name), f"{len(missing)} shard(s) missing: {missing[:5]}"))
         for k, shard in sorted(rec.shards.items()):
             problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
-    return problems + _check_files(store) + _check_indexes(store)
+    return problems + _check_files(store) + _check_teacher_files(store) + _check_indexes(store)
 
 
 def _check_files(store: Store) -> list[Problem]:
@@ -52,6 +52,21 @@ def _check_files(store: Store) -> list[Problem]:
             store.verify_folder(*rel.split("/"))
         except StoreError as e:
             out.append(Problem(e.where or rel, e.what))
+    return out
+
+
+def _check_teacher_files(store: Store) -> list[Problem]:
+    """The tokenizer folder and input-embedding file each teacher's table names (its meta) are present:
+    `--repair` sets a damaged one aside, and training needs them back before it can start."""
+    out = []
+    for name, rec in sorted(store.manifest.tables.items()):
+        if rec.kind != "teacher":
+            continue
+        for what in ("tokenizer", "input_embeddings"):
+            rel = rec.meta.get(what)
+            if rel and not fs.exists(store.loc, *rel.split("/")):
+                out.append(Problem(store.loc.path(rel), f"the {what.replace('_', ' ')} of {name} is missing: re-run "
+                                                        "the kd precompute command that wrote it (it restores it)"))
     return out
 
 

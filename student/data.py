@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kd.storage.errors import InputError, StoreError
+from kd.storage.finite import non_finite_rows
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 
@@ -191,10 +192,11 @@ def canonical_order(batches: list[int]) -> list[int]:
 
 
 def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
-    """Read the `id` column of every shard once: train/val counts, and a footer check of every table read.
+    """Read the `id` column of every shard once: train/val counts, and a check of every table read.
 
     Truncated or foreign shards fail here, in the main process, with the file named; so does a damaged
-    tokenizer file (checked against its manifest sha256: it would otherwise mis-tokenize silently).
+    tokenizer file (checked against its manifest sha256: it would otherwise mis-tokenize silently), and
+    so does a NaN/Inf in any teacher column the objectives read (`_check_finite`), before any step.
     """
     store.verify_folder("tokenizers", cfg.tokenizer)
     cols = resolve_columns(store, cfg.columns)
@@ -209,6 +211,7 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
         for t in cols.tables()[1:]:
             need = ["id", *cols.teachers[t]]
             _check_footer(store, t, k, need)
+            _check_finite(store, t, k, need, cfg.chunk_rows)
         ids = _open(store, "texts", k).read(columns=["id"]).column("id").to_numpy()
         train, val = split_rows(ids, cfg)
         num_val += int(val.sum())
@@ -244,6 +247,24 @@ def _check_footer(store: Store, table: str, k: int, columns: list[str]) -> None:
     if missing:
         raise StoreError(f"shard {k} of table {table!r} lacks columns {missing}", path,
                          "delete the file and re-run the kd command that wrote it")
+
+
+def _check_finite(store: Store, table: str, k: int, columns: list[str], chunk_rows: int) -> None:
+    """Refuse NaN/Inf targets, naming table, shard, column and row id: one such row makes every weight NaN.
+
+    kd precompute never commits them; this catches stores from older versions or other writers. It reads
+    the target columns once more (verified, chunk by chunk, one vectorised `isfinite` per chunk): I/O only,
+    no tokenizing, small next to an epoch of training.
+    """
+    for part in _batches(store, table, k, columns, chunk_rows):
+        for c in columns[1:]:
+            bad = non_finite_rows(arrow_to_vectors(part.column(c)))
+            if len(bad):
+                raise StoreError(
+                    f"column {c!r} of table {table!r} is not finite (NaN/Inf) in shard {k}, first at row id "
+                    f"{int(part.column('id')[int(bad[0])].as_py())} ({len(bad)} row(s) in this chunk)",
+                    store.loc.path(store.table(table).shards[k].file),
+                    "rebuild that table (kd precompute ... --overwrite); kd validate lists every bad shard")
 
 
 def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterator[dict[str, np.ndarray]]:
@@ -395,9 +416,10 @@ class Tokenize:
     @property
     def tokenizer(self):
         if self._tok is None:  # loaded lazily: each DataLoader worker loads its own copy
-            from transformers import AutoTokenizer
+            from kd.storage.store import file_repair
+            from kd.storage.tokenizer_files import load_tokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(self.dir)
+            self._tok = load_tokenizer(self.dir, file_repair(os.path.dirname(os.path.dirname(self.dir))))
         return self._tok
 
     def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:

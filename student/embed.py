@@ -6,6 +6,9 @@
   meta names the student (weights checksum), so vectors of two students never mix under one name.
 - File input (.txt one text per line; .jsonl/.csv/.parquet with a text column): a Parquet file
   with row, text, embedding.
+- No NaN/Inf vector is ever written: a student whose weights hold one is refused on load
+  (`student.export.load`), and every batch of vectors is checked before it is committed, naming the
+  first bad row (`finite_vectors`); the shards committed before it are sound and stay.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import pyarrow.parquet as pq
 
 from kd.storage import bounds as B
 from kd.storage import fs
-from kd.storage.errors import InputError, StoreError
+from kd.storage.errors import InputError, KdError, StoreError
+from kd.storage.finite import non_finite_rows
 from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
@@ -78,7 +82,7 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
     check_output_file(out, [input], overwrite)
     texts = read_texts(input, text_column)
     st = load(student, device=device)
-    vecs = st.encode(texts, batch_size=batch_size)
+    vecs = finite_vectors(st.encode(texts, batch_size=batch_size), np.arange(len(texts)), input)
     table = pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int64)), "text": pa.array(texts),
                       "embedding": vectors_to_arrow(vecs, VectorDType.float32)})
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +93,17 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
     finally:
         Path(tmp).unlink(missing_ok=True)
     return EmbedSummary(out, None, len(texts), 1, 0, time.perf_counter() - t0)
+
+
+def finite_vectors(vecs: np.ndarray, rows: np.ndarray, where: str, row: str = "row") -> np.ndarray:
+    """`vecs`, unless a row holds NaN/Inf (an overflow in the student): refused, naming the first row."""
+    bad = non_finite_rows(vecs)
+    if len(bad):
+        raise KdError(f"the student gave NaN/Inf vectors for {len(bad)} text(s), the first at {row} "
+                      f"{int(rows[bad[0]])}; nothing was written for them", where,
+                      "the student is unsound for these texts (its activations overflow): retrain it, or drop "
+                      "those texts")
+    return vecs
 
 
 def check_output_file(out: str, inputs: list[str], overwrite: bool) -> None:
@@ -164,7 +179,8 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
                 shard = store.read_shard("texts", k, ["id", *sides])
                 cols = {"id": shard.column("id")}
                 for side, col in zip(sides, out_cols):
-                    vecs = st.encode(shard.column(side).to_pylist(), batch_size=batch_size)
+                    vecs = finite_vectors(st.encode(shard.column(side).to_pylist(), batch_size=batch_size),
+                                          shard.column("id").to_numpy(), f"{path} (shard {k}, {side})", "row id")
                     cols[col] = vectors_to_arrow(vecs, VectorDType.float32)
                 w.commit(table, k, pa.table(cols))
                 rows += shard.num_rows

@@ -29,6 +29,7 @@ from torch import nn
 
 from kd.storage import fs
 from kd.storage.errors import InputError
+from kd.storage.finite import first_non_finite, require_finite_weights
 from kd.storage.hardware import check_device
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
@@ -46,7 +47,9 @@ def write_weights(path: Path, state: dict[str, torch.Tensor]) -> str:
 
     - Serialised in memory, then written by Python: a full disk is an OSError (ENOSPC) here, where
       safetensors' own file writer can fail without raising; the old file stays whole until the rename.
+    - Weights holding NaN/Inf (a diverged run) are refused before anything is written.
     """
+    require_finite_weights(state, str(path), "the training diverged: lower the learning rate and train again")
     data = safetensors_bytes(state, metadata={"format": FORMAT})
     fs.atomic_write_bytes(fs.resolve(str(path.parent)), data, path.name)
     return hashlib.sha256(data).hexdigest()
@@ -211,17 +214,19 @@ class LoadedStudent:
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     cfg_file = p / CONFIG
+    fix = "point at the --out folder of a finished kd train-student run"
+    if (p / "modules.json").is_file():
+        fix = ("this is a sentence-transformers export: load it with kd.student.load_exported(folder) (no code "
+               "from the folder runs), or point at the student folder it was exported from")
     if not cfg_file.exists():
-        raise InputError("no trained student here (no config.json)", str(p),
-                         "point at the --out folder of a finished kd train-student run")
+        raise InputError("no trained student here (no config.json)", str(p), fix)
     try:
         info = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"config.json is not valid JSON ({e})", str(cfg_file),
                          "the student folder is damaged: copy it again, or retrain with --overwrite") from e
     if not isinstance(info, dict) or info.get("format") != FORMAT:
-        raise InputError("config.json is not a kd student config", str(cfg_file),
-                         "point at the --out folder of kd train-student")
+        raise InputError("config.json is not a kd student config", str(cfg_file), fix)
     if info.get("format_version") != FORMAT_VERSION:
         raise InputError(f"student format version {info.get('format_version')} is not supported "
                          f"(this kd reads {FORMAT_VERSION})", str(cfg_file), "use the kd version that trained it")
@@ -246,30 +251,36 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
 
 
 def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """model.safetensors, refused unless its sha256 is the one config.json recorded (damage, tampering)."""
+    """model.safetensors, refused unless config.json records its sha256 and the file has it (damage,
+    tampering: every kd version that writes students records it), and unless every weight is finite."""
     w = p / WEIGHTS
     if not w.is_file():
         raise InputError("the student folder has no model.safetensors", str(p), "copy the whole folder again")
-    if info.get("weights_sha256") and fs.file_sha256(w) != info["weights_sha256"]:
+    if not isinstance(info.get("weights_sha256"), str):
+        raise InputError("config.json records no weights_sha256, so the weights cannot be checked (a student "
+                         "folder written by kd always carries it: this one was edited or made by hand)",
+                         str(p / CONFIG), "ask for the folder as kd wrote it, or retrain the student")
+    if fs.file_sha256(w) != info["weights_sha256"]:
         raise InputError("model.safetensors does not match the checksum in config.json (damaged or modified)",
                          str(w), "copy the student folder again, or retrain it")
     try:
-        return load_file(str(w))
+        state = load_file(str(w))
     except Exception as e:  # safetensors raises its own error types for truncated/garbled headers
         raise InputError(f"model.safetensors cannot be read ({e})", str(w), "copy the folder again") from e
+    bad = first_non_finite(state)
+    if bad is not None:  # a run that diverged before kd checked weights on save: every vector would be NaN
+        raise InputError(f"the student's weights hold NaN/Inf values ({bad}): its training diverged", str(w),
+                         "retrain it with a lower learning rate")
+    return state
 
 
 def _tokenizer(p: Path):
-    from transformers import AutoTokenizer  # a tokenizer only: students never load model classes
+    from kd.storage.tokenizer_files import load_tokenizer  # a tokenizer only: students never load model classes
 
     if not (p / TOKENIZER).is_dir():
         raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
                          "copy the whole student folder (weights, config.json and tokenizer/)")
-    try:
-        return AutoTokenizer.from_pretrained(p / TOKENIZER)
-    except (OSError, ValueError, TypeError, json.JSONDecodeError) as e:
-        raise InputError(f"the student's tokenizer cannot be loaded ({str(e)[:200]})", str(p / TOKENIZER),
-                         "copy the whole student folder again") from e
+    return load_tokenizer(p / TOKENIZER, "copy the whole student folder again", InputError)
 
 
 def _device(device: str | torch.device) -> torch.device:

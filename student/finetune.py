@@ -12,6 +12,9 @@
   names fix the label order.
 - Adam(W), constant learning rate after a short warm-up (SRA picks lr from {2,3,5,10}e-4 on dev),
   gradient clipping; dev metrics after every epoch and the best epoch is kept.
+- Numbers: NaN/Inf labels (named by file and row) and teacher logits (by row id) are refused before
+  training, a non-finite loss stops the run before its backward pass, and weights are checked before
+  they are saved; a failed run leaves no output folder (`storage.finite`, `storage.tasks.fresh_output`).
 - Output: a student folder (`student.load` still encodes with the fine-tuned encoder) plus
   task.json and task_head.safetensors; `load_task_model(dir).predict(texts | pairs)` gives labels or
   scores.
@@ -35,16 +38,18 @@ from torch import Tensor, nn
 
 from kd.storage import bounds as B
 from kd.storage.errors import InputError, KdError
+from kd.storage.finite import check_loss, non_finite_rows, require_finite_weights
 from kd.storage.hardware import check_device
 from kd.storage.ids import text_id, text_key
 from kd.storage.progress import Bar
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
-from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
+from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
 from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
 from kd.student.models import Student
 
 TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
+DIVERGED = "the run diverged: lower --lr (or --kd-weight); check --train and --kd-store for extreme values"
 
 
 @dataclass
@@ -191,7 +196,8 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
 
     - the store must hold this task's kind of rows (pairs or single texts);
     - a row's id is the id precompute gave it; in a deduplicated store later copies of a text are
-      stored once, so an id that is missing is retried as the text's first occurrence.
+      stored once, so an id that is missing is retried as the text's first occurrence;
+    - NaN/Inf logits are refused, naming the first row id.
     """
     store = Store.open(store_path)
     if store.manifest.pairs != task.pairs:
@@ -213,6 +219,12 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
         raise KdError(f"{len(missing)} of {len(rows)} training rows are not in the --kd-store "
                       f"(first: {rows.doc_ids[missing[0]]})", store.root,
                       "precompute the store from the same --train file(s) with the same column options")
+    bad = non_finite_rows(logits[rows_at])
+    if len(bad):
+        row = rows_at[bad[0]]
+        raise KdError(f"teacher {name!r} has NaN/Inf logits for {len(bad)} training row(s), the first: row id "
+                      f"{int(ids[row])} of table 'teachers/{name}' (training row {rows.doc_ids[bad[0]]})",
+                      store.root, "recompute that teacher's logits (kd precompute ... --overwrite), or drop the rows")
     names = store.table(f"teachers/{name}").meta.get("label_names")
     return logits[rows_at], name, names
 
@@ -264,7 +276,11 @@ def _mixed_loss(z: Tensor, y: Tensor, kd: Tensor | None, task: Task, cfg: Finetu
 
 
 def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
-    """Fine-tune `cfg.student` on `cfg.train` (+ SRA+KD from `cfg.kd_store`); see the module docstring."""
+    """Fine-tune `cfg.student` on `cfg.train` (+ SRA+KD from `cfg.kd_store`); see the module docstring.
+
+    Labels, teacher logits and every step's loss must be finite, and so must the weights before they are
+    saved; otherwise the run stops with an error and leaves no output folder.
+    """
     t0 = time.perf_counter()
     task = cfg.task
     train_rows, dev_rows = read_splits(cfg.train, cfg.dev, task, cfg.text_column, cfg.pair_columns,
@@ -285,19 +301,45 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                                                                                                     "--dev"))
     device = _device(cfg.device)
     src = load(cfg.student, device="cpu")
-    out = fresh_output_dir(cfg.out, cfg.overwrite, TASK_FILE, "kd finetune")
-    torch.manual_seed(cfg.seed)
-    n_out = 1 if labels is None else len(labels)
-    in_dim = (4 if task.pairs else 1) * src.dim
-    head = TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout)
-    if labels is None:  # scores: start at their mean, not at 0 (a constant offset is slow to learn)
-        with torch.no_grad():
-            head.mlp[-1].bias.fill_(float(np.mean(y)))
-    model = TaskModel(src.model, head, task.pairs).to(device).train()
-    max_length = src.config.max_length
-    train = Tokenized(src.tokenizer, train_rows.texts, max_length)
-    dev = Tokenized(src.tokenizer, dev_rows.texts, max_length) if dev_rows is not None else None
-    per_epoch = math.ceil(len(train_rows) / cfg.batch_size)
+    with fresh_output(cfg.out, cfg.overwrite, TASK_FILE, "kd finetune") as out:
+        torch.manual_seed(cfg.seed)
+        n_out = 1 if labels is None else len(labels)
+        in_dim = (4 if task.pairs else 1) * src.dim
+        head = TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout)
+        if labels is None:  # scores: start at their mean, not at 0 (a constant offset is slow to learn)
+            with torch.no_grad():
+                head.mlp[-1].bias.fill_(float(np.mean(y)))
+        model = TaskModel(src.model, head, task.pairs).to(device).train()
+        max_length = src.config.max_length
+        train = Tokenized(src.tokenizer, train_rows.texts, max_length)
+        dev = Tokenized(src.tokenizer, dev_rows.texts, max_length) if dev_rows is not None else None
+        step, history, best = _fit(cfg, model, train, dev, (y, y_dev, kd), device)
+        if best is not None:
+            model.load_state_dict(best[2])
+        best_epoch = best[1] if best is not None else None
+        chosen = next((h for h in history if h["epoch"] == best_epoch), {})
+        summary = FinetuneSummary(
+            str(out), task.value, list(labels.names) if labels else None, len(train_rows),
+            len(dev_rows) if dev_rows is not None else 0, step, 0.0, kd_name, best_epoch,
+            {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}, history,
+        )
+        summary.seconds = time.perf_counter() - t0
+        _save(out, cfg, src, model, labels, in_dim, n_out, summary)
+    return summary
+
+
+def _fit(cfg: FinetuneConfig, model: TaskModel, train: Tokenized, dev: Tokenized | None,
+         targets: tuple[np.ndarray, np.ndarray | None, np.ndarray | None], device: torch.device,
+         ) -> tuple[int, list[dict], tuple[float, int, dict] | None]:
+    """The training loop: (steps taken, per-epoch records, (best dev metric, epoch, CPU state) or None).
+
+    - AdamW, warm-up then a constant rate, gradient clipping; shuffled batches each epoch;
+    - each step's loss is checked before its backward pass (a NaN/Inf one stops the run);
+    - with dev rows, the dev metrics after every epoch; the best epoch's weights are kept (ties: the later).
+    """
+    task = cfg.task
+    y, y_dev, kd = targets
+    per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.max_steps or per_epoch * cfg.epochs
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
@@ -319,6 +361,8 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                 idx = order[s : s + cfg.batch_size]
                 z = model(*train.batch(idx, device))
                 loss = _mixed_loss(z, y_t[idx].to(device), None if kd_t is None else kd_t[idx].to(device), task, cfg)
+                losses.append(float(loss.detach()))
+                check_loss(losses[-1], step + 1, ", ".join(cfg.train), DIVERGED)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.clip > 0:
@@ -326,7 +370,6 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                 opt.step()
                 sched.step()
                 step += 1
-                losses.append(float(loss.detach()))
                 bar.update(step, epoch=epoch, loss=float(np.mean(losses[-20:])))
             record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses))}
             if dev is not None:
@@ -335,24 +378,15 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                     best = (record[task.main_metric], epoch,
                             {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
             history.append(record)
-    if best is not None:
-        model.load_state_dict(best[2])
-    best_epoch = best[1] if best is not None else None
-    chosen = next((h for h in history if h["epoch"] == best_epoch), {})
-    summary = FinetuneSummary(
-        str(out), task.value, list(labels.names) if labels else None, len(train_rows),
-        len(dev_rows) if dev_rows is not None else 0, step, 0.0, kd_name, best_epoch,
-        {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}, history,
-    )
-    summary.seconds = time.perf_counter() - t0
-    _save(out, cfg, src, model, labels, in_dim, n_out, summary)
-    return summary
+    return step, history, best
 
 
 def _save(out: Path, cfg: FinetuneConfig, src: LoadedStudent, model: TaskModel, labels: LabelSet | None,
           in_dim: int, n_out: int, summary: FinetuneSummary) -> None:
-    """Task files first, then the student folder (whose config.json, written last, marks it complete)."""
+    """Task files first, then the student folder (whose config.json, written last, marks it complete);
+    nothing is written unless every weight is finite."""
     model.cpu().eval()
+    require_finite_weights(model.state_dict(), ", ".join(cfg.train), DIVERGED)
     save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, str(out / HEAD_FILE))
     task_info = {"task": cfg.task.value, "label_names": list(labels.names) if labels else None,
                  "features": "[u, v, |u-v|, u*v]" if cfg.task.pairs else "u", "in_dim": in_dim,

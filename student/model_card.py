@@ -14,7 +14,7 @@ from pathlib import Path
 from kd.storage import fs
 
 CARD = "README.md"
-BUILT_IN = ("static", "transformer-init")  # sentence-transformers modules only: no trust_remote_code
+BUILT_IN = ("static", "transformer-init")  # sentence-transformers modules only: plain SentenceTransformer(dir)
 
 
 def write_model_card(folder: str | os.PathLike, eval_table_markdown: str | None = None) -> Path:
@@ -34,7 +34,11 @@ def model_card(name: str, info: dict, eval_table_markdown: str | None = None) ->
     target = ", ".join(targets) or "(none: trained on labels or pairs only)"
     teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see objectives"
     objectives = ", ".join(str(o) for o in info.get("objectives") or []) or "cosine"
-    trust = "" if cfg["arch"] in BUILT_IN else ", trust_remote_code=True"
+    st_load = ('from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer("{name}-st")'
+               if cfg["arch"] in BUILT_IN else
+               'from kd.student import load_exported\n'
+               'model = load_exported("{name}-st")   # a SentenceTransformer; never trust_remote_code=True on a '
+               'received folder').format(name=name)
     size = f"{info.get('num_parameters', 0):,}"
     evaluation = eval_table_markdown.strip() if eval_table_markdown else (
         "Not evaluated yet: `kd eval --student THIS_FOLDER` writes the table here.")
@@ -72,8 +76,7 @@ vectors = model.encode(["A sentence.", "Another one."])
 With sentence-transformers (after `kd export {name} --format sentence-transformers --out {name}-st`):
 
 ```python
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer("{name}-st"{trust})
+{st_load}
 vectors = model.encode(["A sentence.", "Another one."])
 ```
 

@@ -9,7 +9,10 @@ Built-in modules wherever they reproduce the student, so the directory loads wit
   n+1 tokens instead of n+2: the same direction, so the output is normalised.
 - transformer-init: `Transformer` (the kept BERT layers with the student's token table) + `Pooling` [+ `Dense`].
 - bilstm / bigru / cnn / ffn / transformer: `student.st_module.KdTokenEncoder` (no built-in reproduces
-  WordPiece ids + these encoders) + `Pooling` [+ `Dense`]; loading needs kd and `trust_remote_code=True`.
+  WordPiece ids + these encoders) + `Pooling` [+ `Dense`]. sentence-transformers imports a class outside
+  its package only with `trust_remote_code=True`, which lets the folder choose the code that runs; so
+  these load with `kd.student.load_exported(dir)` (student.st_load), which checks the folder and builds
+  the modules itself. Every arch loads that way; static and transformer-init also with `SentenceTransformer(dir)`.
 The directory is written next to its final place and renamed in, so no half-written directory remains.
 """
 

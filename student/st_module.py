@@ -5,8 +5,12 @@ embedding table and encoder; sentence-transformers' `WordEmbeddings` splits on w
 give the same ids. This module is the student's tokenizer, embeddings and encoder; the built-in `Pooling`
 and `Dense` modules after it do the rest (attentive pooling, which has no built-in, is done here).
 
-Saved as safetensors + JSON + the tokenizer files, never pickle. sentence-transformers imports it by
-class path, so loading needs kd installed and `SentenceTransformer(dir, trust_remote_code=True)`.
+Saved as safetensors + JSON + the tokenizer files, never pickle. sentence-transformers 6 imports a class
+outside its own package only with `trust_remote_code=True`, and that flag lets the folder pick what runs (an
+edited modules.json naming a planted `.py` file runs it). Load exports with `kd.student.load_exported(dir)`
+instead (student.st_load): it accepts this exact class and sentence-transformers' own, refuses any other
+class, Python file, pickle or `auto_map`, and builds each module with its `load` classmethod. A folder that
+asks for `trust_remote_code=True` is asking to run its own code: do not grant it to a folder you received.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor, nn
 
+from kd.student.pca import pca_embeddings
+
 SIF_A = 1e-3  # SIF's smoothing constant (Arora et al. 2017)
 
 
@@ -50,8 +52,6 @@ def sif_weights(counts: np.ndarray, a: float = SIF_A) -> np.ndarray:
 
 def static_init(vocab_vectors: np.ndarray, dim: int, weights: np.ndarray | None, pad_id: int) -> np.ndarray:
     """PCA of the teacher's per-token outputs to `dim`, scaled per token; the padding row is zero."""
-    from kd.student.models import pca_embeddings
-
     m = pca_embeddings(vocab_vectors, dim)
     if weights is not None:
         m = m * weights[: len(m), None]

@@ -11,6 +11,9 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
   scaler, early-stopping state, every rank's RNG states and the data position (epoch, batches
   consumed). Resuming replays nothing: it continues with exactly the batch and the random numbers
   the uninterrupted run would have used, so the weights come out identical (student.checkpoint);
+- numbers: NaN/Inf in a target column the objectives read stops the run before the first step (the
+  row id named, student.data.build_plan); a non-finite loss stops it before its backward pass, and
+  weights are checked before every save (checkpoint, best, student): the last good files stay;
 - DDP under torchrun (gloo on CPU, nccl on CUDA): ranks read disjoint shards, equal step counts
   (student.distributed);
 - metrics.jsonl (one record per log/eval), loss.png, a rich progress bar (rows, rows/s, ETA).
@@ -44,6 +47,7 @@ from torch import Tensor, nn
 from kd.storage import bounds as B
 from kd.storage import fs
 from kd.storage.errors import InputError, KdError
+from kd.storage.finite import require_finite_weights
 from kd.storage.hardware import check_device, native_bf16
 from kd.storage.progress import Bar
 from kd.storage.store import Store
@@ -60,6 +64,7 @@ from kd.student.static import sif_weights, static_init, token_counts
 from kd.student.transformer_init import bert_config, load_init_weights
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
+DIVERGED = "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr (with --overwrite)"
 
 
 class Schedule(str, Enum):
@@ -231,10 +236,8 @@ def _embeddings_matrix(store: Store, teacher: str) -> np.ndarray | None:
     return load_file(store.local_dir(rel))["weight"]
 
 
-def _tokenizer_size(path: str) -> tuple[int, int]:
-    from transformers import AutoTokenizer  # tokenizer only
-
-    tok = AutoTokenizer.from_pretrained(path)
+def _tokenizer_size(store: Store, teacher: str) -> tuple[int, int]:
+    tok = store.load_tokenizer(teacher)
     return len(tok), tok.pad_token_id if tok.pad_token_id is not None else 0
 
 
@@ -251,8 +254,8 @@ def setup(cfg: TrainConfig) -> Setup:
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
                       "re-run kd precompute for this teacher (it saves the tokenizer files)")
-    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")  # (tokenizer: D.build_plan)
-    vocab, pad = _tokenizer_size(tok_dir)
+    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")
+    vocab, pad = _tokenizer_size(store, teacher)  # (its files verified first: a damaged one names itself)
     emb = _embeddings_matrix(store, teacher) if cfg.init_embeddings is not EmbeddingInit.random else None
     if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
         raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
@@ -272,7 +275,7 @@ def setup(cfg: TrainConfig) -> Setup:
     if out_dim is None:  # nothing fixes the width (DSE from a cross-encoder alone): the encoder's own
         student_cfg = dataclasses.replace(student_cfg, out_dim=student_cfg.width)
     if cfg.init:
-        student_cfg = init_config(cfg, tok_dir)
+        student_cfg = init_config(cfg, store.load_tokenizer(teacher))
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     columns = required_columns(objectives)
     data = D.DataConfig(
@@ -331,15 +334,14 @@ def _target_keys(ctx: Context) -> list[str]:
         raise
 
 
-def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
+def init_config(cfg: TrainConfig, store_tokenizer) -> StudentConfig:
     """The --init student's config (its shape wins; dropout is this run's), checked against this run.
 
     - the arch must be the one asked for (--arch), else the weights would not fit;
     - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
       text), else every embedding row would mean another token.
     """
-    from transformers import AutoTokenizer  # tokenizer only
-
+    from kd.storage.tokenizer_files import load_tokenizer
     from kd.student.export import TOKENIZER, read_config
 
     source = StudentConfig.from_dict(read_config(cfg.init)["student"])
@@ -347,8 +349,8 @@ def init_config(cfg: TrainConfig, tokenizer_dir: str) -> StudentConfig:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
     _check_init_shape(cfg, source)
-    mine = AutoTokenizer.from_pretrained(Path(cfg.init) / TOKENIZER)
-    store = AutoTokenizer.from_pretrained(tokenizer_dir)
+    mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
+    store = store_tokenizer
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
     if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
         raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
@@ -376,22 +378,32 @@ def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
 
 
 def read_ids(path: str) -> tuple[int, ...]:
-    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`."""
+    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`.
+
+    - read as UTF-8, a byte-order mark (an editor's) dropped;
+    - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
+      overflow when compared), so it is refused with its line number, as anything else not an integer is.
+    """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read the id file ({e})", path,
                          "write it with kd leakage STORE --exclude-out FILE") from e
+    fix = "one id a line, as kd leakage --exclude-out writes"
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     ids = []
     for n, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            ids.append(int(text))
+            value = int(text)
         except ValueError:
-            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", path,
-                             "one id a line, as kd leakage --exclude-out writes") from None
+            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", f"{path}:{n}", fix) from None
+        if not lo <= value <= hi:
+            raise InputError(f"line {n}: {text[:40]} is outside the 64-bit range of row ids", f"{path}:{n}",
+                             fix) from None
+        ids.append(value)
     return tuple(sorted(set(ids)))
 
 
@@ -684,9 +696,7 @@ def _vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
 
 def _sif(s: Setup, vocab_size: int) -> np.ndarray:
     """SIF weights from token counts over every text of the store (streamed shard by shard)."""
-    from transformers import AutoTokenizer  # tokenizer only
-
-    tok = AutoTokenizer.from_pretrained(s.store.tokenizer_dir(s.tokenizer))
+    tok = s.store.load_tokenizer(s.tokenizer)
     cols = ["text_a", "text_b"] if s.store.manifest.pairs else ["text"]
     shards = (t for k in sorted(s.store.table("texts").shards)
               for t in s.store.read_shard("texts", k, cols).to_pydict().values())
@@ -730,8 +740,8 @@ def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
         # NaN/Inf targets (a store written in fp16 that overflowed) or a diverged model: stop before the
         # weights become NaN and a useless student is saved with exit 0. torchrun stops the other ranks.
         losses = ", ".join(f"{o.spec} {v:.3g}" for o, v in zip(run.s.objectives, parts.tolist()))
-        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses})", run.cfg.store,
-                      "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr")
+        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses}); training stopped, the "
+                      "last checkpoint is kept", run.cfg.store, DIVERGED)
     tr.opt.zero_grad(set_to_none=True)
     tr.scaler.scale(loss).backward()
     if run.cfg.clip > 0:
@@ -790,6 +800,8 @@ def _maybe_validate(run: _Run, st: TrainState, epoch_end: bool) -> None:
 
 
 def _save_checkpoint(run: _Run, st: TrainState) -> None:
+    # on every rank (DDP keeps their weights equal): all stop, and the last good checkpoint stays on disk
+    require_finite_weights(run.tr.model.state_dict(), str(run.out / CHECKPOINT), DIVERGED)
     rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
     if run.d.main:
         checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng, run.store_id)

@@ -41,8 +41,11 @@ def random_texts(n: int, seed: int) -> list[str]:
 
 
 def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, num_layers: int = 2,
-               pairs: bool = False, labels: bool = False, seed: int = 0, tmp: Path | None = None) -> Path:
-    """Write texts + teachers/tiny (cls, mean, sentence, layers) + tokenizer + input embeddings."""
+               pairs: bool = False, labels: bool = False, seed: int = 0, tmp: Path | None = None,
+               nan_at: tuple[int, int] | None = None) -> Path:
+    """Write texts + teachers/tiny (cls, mean, sentence, layers) + tokenizer + input embeddings.
+
+    `nan_at` (shard, row): that row's `mean` holds a NaN (what an old kd or another writer may have stored)."""
     from transformers import AutoTokenizer
 
     tok_dir = tokenizer_files(tmp or path.parent)
@@ -92,6 +95,8 @@ def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, n
         for s, texts in zip(suffixes, sides):
             cols[f"text{s}"] = pa.array(texts)
             for o, v in teacher_vectors(texts).items():
+                if o == "mean" and nan_at is not None and nan_at[0] == k:
+                    v[nan_at[1], 0] = np.nan
                 tvals[f"{o}{s}"] = vectors_to_arrow(v, VectorDType.float32)
         cols |= {"doc_id": pa.array([f"d{k}-{i}" for i in range(n)]), "position": pa.array(np.zeros(n, np.int32)),
                  "source": pa.array(["synthetic"] * n)}

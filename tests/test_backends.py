@@ -255,6 +255,24 @@ def test_low_fidelity_is_refused_unless_allowed(cache, tmp_path, tiny_teacher, m
     assert r.exit_code == 2 and "--allow-low-fidelity" in r.output and not (tmp_path / "s").exists(), r.output
 
 
+def test_another_models_graph_is_refused_even_with_allow_low_fidelity(cache, tmp_path, tiny_teacher, monkeypatch):
+    """A cache folder holding another model's graph (same shapes, other weights) is no lossy copy: its vectors
+    are unrelated to the teacher's, and --allow-low-fidelity must not accept them."""
+    from conftest import build_tiny_bert
+
+    _needs(Backend.onnx)
+    other = backends.load(str(build_tiny_bert(tmp_path / "other-bert", seed=7)), "onnx", allow_low_fidelity=True)
+    monkeypatch.setattr(backends, "exported", lambda *a: other.backend.folder)  # the swapped graph
+    with pytest.raises(KdError, match="computes another model") as e:
+        backends.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
+    assert "--allow-low-fidelity does not accept it" in str(e.value) and str(other.backend.folder) in e.value.where
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    r = CliRunner().invoke(app, ["precompute", str(src), "--out", str(tmp_path / "s"), "--teacher",
+                                 f"tiny={tiny_teacher}", "--backend", "onnx", "--allow-low-fidelity", "--no-progress"])
+    assert r.exit_code == 2 and "another model" in r.output and not (tmp_path / "s").exists(), r.output
+
+
 @pytest.mark.parametrize("backend,quantize,precision,device,match", [
     ("torch", "int8", "auto", None, "--backend onnx or --backend openvino"),
     ("onnx", "none", "bf16", None, "not offered by the onnx backend"),
@@ -327,15 +345,20 @@ def test_a_copy_published_by_another_writer_meanwhile_is_kept(tmp_path, tiny_tea
 def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
     """The packaged MiniLM through OpenVINO static int8: int8 activations, attention MatMuls fp32, and the
     fidelity sample's min cosine to torch fp32 (per column) clears 0.993 (measured 0.9951; 0.9781 at the worst
-    of 10,000 benchmark sentences, docs/results.md)."""
+    of 10,000 benchmark sentences, docs/results.md) where the CPU has int8 dot products, which is where kd picks
+    this recipe. Forced onto an AVX2-only CPU, int8 products go through u8 x s8 pairwise adds that saturate at
+    int16: measured 0.990 on an AVX2 EPYC, so there it must clear kd's own fidelity bar (0.98) only."""
+    from kd.storage.hardware import native_int8
+
     _needs(Backend.openvino)
+    vnni = native_int8()  # this CPU's own answer, before the override below forces the static recipe
     monkeypatch.setenv("KD_CACHE", str(tmp_path))
     monkeypatch.setenv("KD_CPU_INT8", "1")
     t = backends.load("minilm", "openvino", "int8", precision="fp32")
     assert t.backend.meta()["int8_recipe"]["fp32_matmuls"] == 12
     fid = t.backend.fidelity
     assert set(fid) == {"cls", "mean", "layers", "sentence"}
-    assert min(f["min_cosine"] for f in fid.values()) >= 0.993, fid
+    assert min(f["min_cosine"] for f in fid.values()) >= (0.993 if vnni else 0.98), fid
 
 
 CHILD_EXIT_AFTER_OPENVINO = """

@@ -163,10 +163,10 @@ def test_id_mismatch_names_the_shard(tmp_path):
     ids[[3, 4]] = ids[[4, 3]]
     f = path / "teachers" / TEACHER / "part-00001.parquet"
     pq.write_table(bad.set_column(0, "id", pa.array(ids)), f)
-    plan = D.build_plan(store, cfg(path, val_percent=0.0))
-    # rewritten behind the manifest's back: the checksum check names the file
+    # rewritten behind the manifest's back: the checksum check names the file, before training (the plan
+    # reads the target columns once to refuse NaN/Inf, verified)
     with pytest.raises(StoreError, match="does not match its checksum") as e:
-        list(D.train_batches(store, plan, 0, 0))
+        D.build_plan(store, cfg(path, val_percent=0.0))
     assert "teachers/tiny/part-00001.parquet" in str(e.value)
     # committed with a matching checksum (a buggy writer): only the id check can notice
     import hashlib
@@ -177,6 +177,7 @@ def test_id_mismatch_names_the_shard(tmp_path):
     rec = store.manifest.tables[f"teachers/{TEACHER}"].shards[1]
     store.manifest.tables[f"teachers/{TEACHER}"].shards[1] = ShardRecord(rec.file, rec.rows, len(data),
                                                                          hashlib.sha256(data).hexdigest())
+    plan = D.build_plan(store, cfg(path, val_percent=0.0))
     with pytest.raises(StoreError) as e:
         list(D.train_batches(store, plan, 0, 0))
     assert "shard 1" in str(e.value) and "other ids" in str(e.value)

@@ -78,6 +78,26 @@ def test_sentence_transformers_directory_reproduces_the_student(arch, students, 
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_every_arch_loads_through_kd_without_trust_remote_code(arch, students, sentences, tmp_path):
+    """`student.load_exported` builds every export, custom archs included (which plain SentenceTransformer(dir)
+    refuses without trust_remote_code), and gives the student's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from kd import student
+    from kd.student.st_export import export_sentence_transformers
+
+    out = export_sentence_transformers(students[arch], tmp_path / "st")
+    if arch not in ("static", "transformer-init"):
+        with pytest.raises(ValueError, match="trust_remote_code"):
+            SentenceTransformer(str(out), device="cpu")
+    texts = _texts(sentences)
+    got, want = student.load_exported(out).encode(texts, batch_size=16), student.load(students[arch]).encode(texts)
+    assert _cosines(got, want).min() >= 0.9999
+    if arch != "static":
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ["static", "transformer-init"])
 def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
     import json

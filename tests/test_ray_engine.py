@@ -221,6 +221,75 @@ def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runti
     _assert_same_store(Store.open(tmp_path / "s"), want)
 
 
+def _wait_for_a_commit(store: Path, proc: subprocess.Popen, seconds: float) -> None:
+    deadline = time.time() + seconds
+    while _committed(store) < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_ray_process_outlives_a_stopped_driver(tiny_teacher, tmp_path, sig):
+    """A driver that started its own local Ray runtime: SIGTERM stops it within seconds, saying so; after SIGTERM
+    or SIGKILL none of its processes (Ray's head, agents, workers) is alive a few seconds later. (Ray's agents
+    used to outlive a killed driver by a minute or more.)"""
+    pytest.importorskip("ray")
+    from kd.pipeline.ray_reaper import alive, descendants
+
+    src = _corpus(tmp_path / "wiki.txt", 2000, "wikipedia")  # 50 units: the signal lands mid-run
+    driver = subprocess.Popen([sys.executable, "-m", "kd", "precompute", src, "-t", f"tiny={tiny_teacher}",
+                               "--shard-rows", "40", "--no-progress", "-o", str(tmp_path / "s"), "--engine", "ray",
+                               "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "RAY_ADDRESS": ""})
+    _wait_for_a_commit(tmp_path / "s", driver, 240)
+    procs = descendants(driver.pid)
+    assert driver.poll() is None and _committed(tmp_path / "s") >= 1, driver.communicate()[1].decode()[-2000:]
+    assert any(b"raylet" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid, _ in alive(procs))  # a local runtime
+    t0 = time.monotonic()
+    driver.send_signal(sig)
+    _, err = driver.communicate(timeout=60)
+    stopped = time.monotonic() - t0
+    deadline = time.monotonic() + 10
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80] for pid, _ in alive(procs)}
+    assert not left, f"{len(left)} Ray process(es) outlived the driver by 10 s: {left}"
+    if sig == signal.SIGTERM:
+        assert stopped < 20 and driver.returncode == 2, (stopped, err.decode()[-2000:])
+        assert "stopped by SIGTERM" in err.decode() and "rerun the same command" in err.decode()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed on leaving: nothing listens there
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_a_ray_address_where_nothing_listens_is_refused_at_once(tiny_teacher, tmp_path, how):
+    """ray.init retried such an address for many minutes; now the driver stops within seconds, naming the
+    address, before anything is read or written."""
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{_free_port()}"
+    src = tmp_path / "s.txt"
+    src.write_text("the market fell\nprices rose\n")
+    args = [sys.executable, "-m", "kd", "precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "st"),
+            "--engine", "ray", "--no-progress"] + (["--ray-address", address] if how == "option" else [])
+    env = {**os.environ, "RAY_ADDRESS": address if how == "env" else ""}
+    t0 = time.monotonic()
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and address in r.stderr and "ray start --head" in r.stderr, r.stderr[-2000:]
+    assert ("RAY_ADDRESS" if how == "env" else "--ray-address") in r.stderr
+    assert time.monotonic() - t0 < 60 and not (tmp_path / "st").exists()
+
+
+def test_a_ray_address_that_is_not_host_port_is_refused():
+    pytest.importorskip("ray")
+    with pytest.raises(InputError, match="not HOST:PORT"):
+        options("ray", "head-node", None, None, None, None, None)
+
+
 @pytest.mark.parametrize("value", ["0", "soon", "-5"])
 def test_a_bad_start_timeout_is_refused_by_name(monkeypatch, value):
     from kd.pipeline.ray_engine import start_timeout

@@ -45,3 +45,120 @@ def test_repair_then_rerun_gives_the_undamaged_store(clean, tmp_path, tiny_teach
     precompute([str(src)], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
     assert _tables(store) == _tables(clean)
+
+
+# --- per-teacher files and indexes: the same repair ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def full(clean, tmp_path_factory, tiny_teacher):
+    """The clean store plus its per-teacher outputs vocab and init (each added by its own command) and an index."""
+    from kd.storage.index import build_index
+
+    root = tmp_path_factory.mktemp("repair-full")
+    store = shutil.copytree(clean, root / "store")
+    for extra in ("vocab", "init"):
+        precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=40,
+                   outputs=[extra], progress=False)
+    build_index(store, "teachers/tiny", "mean")
+    return store
+
+
+def _flip(f) -> None:
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 8] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 8])
+    f.write_bytes(bytes(data))
+
+
+def _damage(f, mode: str) -> None:
+    if mode == "delete":
+        f.unlink()
+    elif mode == "append":  # what the tester did: valid JSON, then one more byte ("Extra data")
+        f.write_bytes(f.read_bytes() + b"}")
+    else:
+        _flip(f)
+
+
+@pytest.mark.parametrize("rel, mode, outputs, unit", [
+    ("tokenizers/tiny/tokenizer.json", "append", None, "tokenizers/tiny"),
+    ("tokenizers/tiny/tokenizer_config.json", "delete", None, "tokenizers/tiny"),
+    ("teachers/tiny/input_embeddings.safetensors", "flip", None, "teachers/tiny/input_embeddings.safetensors"),
+    ("teachers/tiny/vocab.safetensors", "flip", "vocab", "teachers/tiny/vocab.safetensors"),
+    ("{init}/model.safetensors", "delete", "init", "{init}"),
+])
+def test_a_damaged_per_teacher_file_is_named_repaired_and_restored(full, tmp_path, tiny_teacher, rel, mode, outputs,
+                                                                   unit):
+    """validate names the file; --repair sets its unit aside and forgets it; the command that wrote it restores
+    exactly it (same bytes, same checksums), and the store validates again."""
+    init = next(p.relative_to(full).as_posix() for p in (full / "teachers/tiny").glob("init-*"))
+    rel, unit = rel.format(init=init), unit.format(init=init)
+    store = shutil.copytree(full, tmp_path / "store")
+    _damage(store / rel, mode)
+    res = CliRunner().invoke(app, ["validate", str(store)])
+    assert res.exit_code == 1 and rel in res.output, res.output
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"set aside {unit}" in res.output and "nothing to repair" not in res.output, res.output
+    assert not (store / unit).exists() and (store / (unit + ".damaged")).exists()
+    assert not any(r == unit or r.startswith(unit + "/") for r in Store.open(store).manifest.extras["files"])
+    if not rel.startswith("teachers/tiny/vocab") and not rel.startswith(init):
+        assert res.exit_code == 1 and "re-run the kd precompute command" in res.output  # still missing: said so
+    args = ["precompute", _news(full), "-t", f"tiny={tiny_teacher}", "--shard-rows", "40",
+            "-o", str(store), "--no-progress", *(["--outputs", outputs] if outputs else [])]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and "nothing to do" not in res.output, res.output
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    assert Store.open(store).manifest.extras["files"] == Store.open(full).manifest.extras["files"]
+    assert (store / rel).read_bytes() == (full / rel).read_bytes()
+
+
+def _news(full) -> str:
+    """The inputs the store was made from (the same bytes, so the same fingerprint)."""
+    return Store.open(full).manifest.inputs["files"][0]["path"]
+
+
+@pytest.mark.parametrize("which", ["file", "ids_file"])
+def test_a_damaged_index_is_dropped_and_rebuilt(full, tmp_path, which):
+    from kd.storage.index import list_indexes
+
+    store = shutil.copytree(full, tmp_path / "store")
+    info = list_indexes(Store.open(store))[0]
+    _flip(store / getattr(info, which))
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 1
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"dropped index {info.name}" in res.output and res.exit_code == 0, res.output
+    assert list_indexes(Store.open(store)) == []
+    res = CliRunner().invoke(app, ["index", str(store), "--table", "teachers/tiny", "--column", "mean"])
+    assert res.exit_code == 0, res.output
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+
+
+def test_training_on_a_damaged_tokenizer_names_the_file_and_the_repair(full, tmp_path):
+    store = shutil.copytree(full, tmp_path / "store")
+    _damage(store / "tokenizers/tiny/tokenizer.json", "append")
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "s"),
+                                   "--max-steps", "1", "--no-progress"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "tokenizers/tiny/tokenizer.json" in text and "--repair" in text, res.output
+
+
+def test_a_damaged_tokenizer_without_a_recorded_checksum_names_its_file(full, tmp_path):
+    """Stores written before checksums were recorded: the loader itself names the file it cannot parse."""
+    from kd.storage.errors import KdError
+
+    store = shutil.copytree(full, tmp_path / "store")
+    _damage(store / "tokenizers/tiny/tokenizer.json", "append")
+    s = Store.open(store)
+    s.manifest.extras.pop("files")
+    with pytest.raises(KdError) as e:
+        s.load_tokenizer("tiny")
+    assert str(store / "tokenizers/tiny/tokenizer.json") in str(e.value) and "--repair" in str(e.value)
+
+
+def test_a_teacher_checkpoint_with_a_damaged_tokenizer_names_the_file(tiny_teacher, tmp_path):
+    from kd.pipeline.teacher import load_teacher
+    from kd.storage.errors import KdError
+
+    folder = shutil.copytree(tiny_teacher, tmp_path / "teacher")
+    _damage(folder / "tokenizer.json", "append")
+    with pytest.raises(KdError) as e:
+        load_teacher(str(folder), "cpu")
+    assert str(folder / "tokenizer.json") in str(e.value) and "Extra data" in str(e.value)

@@ -271,3 +271,94 @@ def test_disk_full_while_saving_the_student_is_a_clear_error(store_path, tmp_pat
     res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
     assert res.exit_code == 0, res.output
     assert (out / "config.json").exists() and not list(out.glob("*.tmp*"))
+
+
+def test_a_student_config_without_its_weights_checksum_is_refused(trained, tmp_path):
+    import json
+
+    f = _copy(trained, tmp_path)
+    cfg = json.loads((f / "config.json").read_text())
+    del cfg["weights_sha256"]  # a received folder whose weights could then be anything
+    (f / "config.json").write_text(json.dumps(cfg))
+    assert "no weights_sha256" in _load_error(f)
+    src = tmp_path / "in.txt"
+    src.write_text("the market fell\n", encoding="utf-8")
+    res = _embed(str(src), "--student", str(f), "--out", str(tmp_path / "v.parquet"))
+    assert res.exit_code == 2 and "no weights_sha256" in res.output and not (tmp_path / "v.parquet").exists()
+
+
+PLANTED = "import pathlib\npathlib.Path({marker!r}).touch()\n\nclass Evil:\n    pass\n"
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    """The bilstm student as a sentence-transformers folder (a custom arch: kd's KdTokenEncoder first)."""
+    pytest.importorskip("sentence_transformers")
+    from kd.student.st_export import export_sentence_transformers
+
+    return export_sentence_transformers(trained, tmp_path_factory.mktemp("st") / "export")
+
+
+def _tamper(folder: Path, how: str) -> None:
+    import json
+
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "evil.py").write_text(PLANTED.format(marker=str(MARKER)))
+    if how == "planted-class":
+        modules[0]["type"] = "evil.Evil"  # what makes trust_remote_code=True import evil.py
+    elif how == "class-outside":  # the code beside the folder (on sys.path, or a package installed)
+        (folder / "evil.py").rename(folder.parent / "evil.py")
+        modules[0]["type"] = "evil.Evil"
+    elif how == "look-alike-class":
+        (folder / "evil.py").unlink()
+        modules[0]["type"] = "kd.student.st_module_evil.KdTokenEncoder"
+    elif how == "escaping-path":
+        (folder / "evil.py").unlink()
+        modules[1]["path"] = "../../elsewhere"
+    elif how == "auto-map":
+        (folder / "evil.py").unlink()
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        cfg["auto_map"] = {"AutoTokenizer": ["evil.Evil", None]}
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+@pytest.mark.parametrize("how,expect", [
+    ("planted-class", "Python code"),
+    ("extra-py-only", "evil.py"),
+    ("class-outside", "'evil.Evil'"),
+    ("look-alike-class", "st_module_evil"),
+    ("escaping-path", "outside the folder"),
+    ("auto-map", "auto_map"),
+])
+def test_a_tampered_export_is_refused_and_its_code_never_runs(exported, tmp_path, monkeypatch, how, expect):
+    from kd import student
+
+    MARKER.unlink(missing_ok=True)
+    monkeypatch.syspath_prepend(str(tmp_path))  # "evil" is importable from beside the folder
+    folder = Path(shutil.copytree(exported, tmp_path / "received"))
+    _tamper(folder, how)
+    with pytest.raises(Exception) as e:
+        student.load_exported(folder)
+    assert type(e.value).__name__ == "InputError" and expect in str(e.value), repr(e.value)
+    assert "do not load this folder" in e.value.fix
+    assert not MARKER.exists()
+    planted = next((p for p in (folder / "evil.py", tmp_path / "evil.py") if p.exists()), None)
+    if planted is not None:  # the planted file does what it says when something does import it
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("evil_check", planted)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert MARKER.exists()
+        MARKER.unlink()
+
+
+def test_the_untampered_export_loads_and_kd_load_points_at_the_safe_loader(exported, trained):
+    import numpy as np
+
+    from kd import student
+
+    texts = ["the market fell", "the dog runs in the river"]
+    got, want = student.load_exported(exported).encode(texts), student.load(trained).encode(texts)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert "load_exported" in _load_error(exported)

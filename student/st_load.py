@@ -1,0 +1,123 @@
+"""`load_exported(dir)`: a sentence-transformers export of a kd student, loaded without running code the folder names.
+
+sentence-transformers imports each module class that `modules.json` names; from 6.0 any class outside its
+own package needs `trust_remote_code=True`, and with it the folder decides what runs: a received folder
+with a planted `.py` file and an edited `modules.json` (or a config's `auto_map`) executes that file.
+kd's recurrent, convolutional, feed-forward and small-transformer students need one class of kd's own
+(`KdTokenEncoder`, see student/st_module.py), so their exports would need that flag; this loader makes it
+unnecessary for every arch:
+
+- the folder is checked first, before anything is imported or loaded: every `modules.json` type must be a
+  `sentence_transformers.*` class or exactly `kd.student.st_module.KdTokenEncoder`, every module path must
+  stay inside the folder, and the folder must hold no Python file, no pickle and no `auto_map` entry (a kd
+  export never has any); anything else is refused with a KdError that names it;
+- each module is built by its class's own `load(...)` classmethod, with `trust_remote_code=False` and
+  local files only; kd's class is taken from kd itself, never imported by the name in the folder;
+- the modules are assembled with `SentenceTransformer(modules=[...])` and the saved similarity function
+  and prompts, so `encode` gives what `SentenceTransformer(dir)` would (the student's vectors).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kd.storage.errors import InputError
+
+KD_MODULE = "kd.student.st_module.KdTokenEncoder"
+ST_PREFIX = "sentence_transformers."
+CODE_SUFFIXES = (".py", ".pyc", ".so")  # what Python would import
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # what torch.load would unpickle
+REFUSED = "do not load this folder: a kd export holds safetensors, JSON and tokenizer files only"
+
+
+def load_exported(path: str | os.PathLike, device: str = "cpu"):
+    """A `SentenceTransformer` from a `kd export --format sentence-transformers` folder (any arch), built
+    without `trust_remote_code` and without importing anything the folder names (see the module docstring)."""
+    from sentence_transformers import SentenceTransformer
+
+    root = Path(path)
+    entries = check_export(root)
+    modules = [_module_class(e["type"]).load(str(root), subfolder=e["path"], local_files_only=True,
+                                             trust_remote_code=False) for e in entries]
+    return SentenceTransformer(modules=modules, device=device, **_model_settings(root))
+
+
+def check_export(root: Path) -> list[dict[str, Any]]:
+    """The `modules.json` entries of an export folder, after refusing anything that could run code."""
+    listing = root / "modules.json"
+    if not listing.is_file():
+        raise InputError("no sentence-transformers export here (no modules.json)", str(root),
+                         "point at the --out folder of kd export --format sentence-transformers")
+    _refuse_code_files(root)
+    entries = _read_json(listing)
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise InputError("modules.json is not a list of modules", str(listing), REFUSED)
+    for e in entries:
+        _check_entry(root, e, listing)
+    return entries
+
+
+def _refuse_code_files(root: Path) -> None:
+    """No Python, no pickle, no `auto_map` (transformers' pointer to code in the repository) anywhere."""
+    for p in sorted(root.rglob("*")):
+        if p.suffix in CODE_SUFFIXES or p.suffix in PICKLE_SUFFIXES:
+            kind = "Python code" if p.suffix in CODE_SUFFIXES else "a pickle (loading it can run code)"
+            raise InputError(f"the export folder holds {kind}: {p.relative_to(root)}", str(p), REFUSED)
+        if p.suffix == ".json" and p.is_file() and _has_auto_map(_read_json(p)):
+            raise InputError("a config in the export folder has an auto_map entry (it points transformers at "
+                             f"code to import): {p.relative_to(root)}", str(p), REFUSED)
+
+
+def _has_auto_map(obj: Any) -> bool:
+    return isinstance(obj, dict) and ("auto_map" in obj or any(_has_auto_map(v) for v in obj.values()))
+
+
+def _check_entry(root: Path, entry: dict[str, Any], listing: Path) -> None:
+    ref, sub = entry.get("type"), entry.get("path")
+    if not isinstance(ref, str) or not (ref == KD_MODULE or (ref.startswith(ST_PREFIX) and _is_dotted(ref))):
+        raise InputError(f"modules.json names the class {ref!r}, which is neither sentence-transformers' nor "
+                         f"kd's {KD_MODULE}: loading it would run code chosen by the folder", str(listing), REFUSED)
+    inside = root.resolve()
+    if not isinstance(sub, str) or not (inside / sub).resolve().is_relative_to(inside):
+        raise InputError(f"modules.json points a module outside the folder ({sub!r})", str(listing), REFUSED)
+
+
+def _is_dotted(ref: str) -> bool:
+    return all(part.isidentifier() for part in ref.split("."))
+
+
+def _module_class(ref: str) -> type:
+    """kd's class from kd; a sentence-transformers class from its installed package."""
+    if ref == KD_MODULE:
+        from kd.student.st_module import KdTokenEncoder
+
+        return KdTokenEncoder
+    module, _, name = ref.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise InputError(f"this sentence-transformers has no module class {ref!r}", ref,
+                         "install the sentence-transformers version the export was written with (>= 6.2)") from e
+    if not isinstance(cls, type) or not callable(getattr(cls, "load", None)):
+        raise InputError(f"{ref!r} is not a sentence-transformers module class", ref, REFUSED)
+    return cls
+
+
+def _model_settings(root: Path) -> dict[str, Any]:
+    """Similarity function and prompts saved with the model (what `SentenceTransformer(dir)` restores)."""
+    path = root / "config_sentence_transformers.json"
+    saved = _read_json(path) if path.is_file() else {}
+    keys = ("similarity_fn_name", "prompts", "default_prompt_name")
+    return {k: saved[k] for k in keys if isinstance(saved, dict) and saved.get(k) is not None}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path.name} cannot be read ({e})", str(path),
+                         "copy the export folder again, or export the student again") from e
