@@ -107,7 +107,7 @@ def duckdb_type(t: pa.DataType) -> str | None:
 
 def _committed_files(store: Store, table: str) -> list[str]:
     rec = store.manifest.tables[table]
-    return [store.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+    return [store.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
 
 def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[str]:

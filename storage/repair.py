@@ -27,9 +27,22 @@ class RepairReport:
     manifest_rebuilt: bool = False
 
 
+def _inside(loc: fs.Location, rec) -> str | None:
+    """The shard's path, or None when it leads out of the store (a symlink): never read, never renamed."""
+    try:
+        return fs.member(loc, rec.file, loc.path(MANIFEST), "file")
+    except StoreError:
+        return None
+
+
 def _damage(loc: fs.Location, rec) -> str | None:
-    if not fs.exists(loc, rec.file):
+    if _inside(loc, rec) is None:
+        return "leads out of the store (a symlink)"
+    info = loc.fs.get_file_info(loc.path(rec.file))
+    if info.type == fs.pafs.FileType.NotFound:
         return "missing"
+    if info.size is not None and info.size != rec.bytes:  # known without reading a possibly huge file
+        return "checksum mismatch"
     try:
         data = fs.read_bytes(loc, rec.file)
     except OSError as e:
@@ -45,9 +58,9 @@ def repair(store_path: str) -> RepairReport:
     try:
         load_manifest(loc)
     except StoreError:
-        if not fs.list_files(loc, FRAGMENTS):
+        # manifest.json is damaged or disagrees: the fragments are the commit record, if they hold up alone
+        if load_manifest(loc, main=False) is None:
             raise
-        # manifest.json is damaged or disagrees: the fragments are the commit record
         loc.fs.delete_file(loc.path(MANIFEST))
         report.manifest_rebuilt = True
     merged = load_manifest(loc)
@@ -63,8 +76,8 @@ def repair(store_path: str) -> RepairReport:
     if bad:
         _drop(loc, set(bad))
         for name, k in bad:
-            f = loc.path(merged.tables[name].shards[k].file)
-            if loc.is_local and os.path.exists(f):
+            f = _inside(loc, merged.tables[name].shards[k])
+            if f is not None and loc.is_local and os.path.lexists(f):
                 os.replace(f, f + ".damaged")
     if bad or report.manifest_rebuilt:
         fs.atomic_write_bytes(loc, load_manifest(loc).to_json().encode(), MANIFEST)

@@ -211,11 +211,14 @@ class Setup:
 
 def _embeddings_matrix(store: Store, teacher: str) -> np.ndarray | None:
     rel = store.table(f"teachers/{teacher}").meta.get("input_embeddings")
-    if not rel or not store.loc.is_local or not os.path.exists(store.local_dir(rel)):
+    if not rel or not store.loc.is_local:
+        return None
+    path = store.path_of(rel, f"tables.teachers/{teacher}.meta.input_embeddings")
+    if not os.path.exists(path):
         return None
     from safetensors.numpy import load_file
 
-    return load_file(store.local_dir(rel))["weight"]
+    return load_file(path)["weight"]
 
 
 def _tokenizer_size(path: str) -> tuple[int, int]:
