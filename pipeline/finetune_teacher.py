@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -31,6 +32,7 @@ from torch import nn
 from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import pick_device
 from kd.storage.errors import InputError, KdError
+from kd.storage.outputs import TEACHER
 from kd.storage.progress import Bar
 from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output_dir, parse_task, read_splits, task_metrics
 
@@ -225,7 +227,8 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     labels = None if task.regression else LabelSet.fit(train_rows.labels)
     y_train = _targets(train_rows, task, labels, "--train")
     y_dev = _targets(dev_rows, task, labels, "--dev") if dev_rows is not None else None
-    out = fresh_output_dir(cfg.out, cfg.overwrite, ARGS_FILE, "kd finetune-teacher")
+    out = fresh_output_dir(cfg.out, cfg.overwrite, TEACHER, [cfg.train, cfg.dev,
+                                                              cfg.base if os.path.isdir(cfg.base) else None])
     ref, tok, model, max_length = _load(cfg, labels)
     if task.regression:
         start_at_mean(model, float(np.mean(y_train)))

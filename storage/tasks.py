@@ -15,7 +15,6 @@ other is silently wrong; both take it from here.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -26,6 +25,7 @@ import numpy as np
 from kd.storage.errors import InputError, KdError
 from kd.storage.ids import is_empty, row_ids
 from kd.storage.inputs import ColumnSpec, expand_inputs, read_inputs
+from kd.storage.outputs import COMMANDS, claim_output
 
 
 class Task(str, Enum):
@@ -137,15 +137,11 @@ def read_splits(train: Sequence[str], dev: Sequence[str] | None, task: Task, tex
     return read_task(train, task, spec), (read_task(dev, task, spec) if dev else None)
 
 
-def fresh_output_dir(out: str, overwrite: bool, marker: str, command: str) -> Path:
-    """An empty output folder; with `overwrite` a previous output of `command` (it holds `marker`) is removed."""
-    path = Path(out)
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise KdError("the output folder is not empty", str(path), "use a new --out, or pass --overwrite")
-        if not (path / marker).exists():  # never delete a folder this command did not write
-            raise KdError(f"--overwrite only replaces a folder written by {command}", str(path), "use a new --out")
-        shutil.rmtree(path)
+def fresh_output_dir(out: str, overwrite: bool, kind: str, inputs: Sequence[str | None | Sequence[str]]) -> Path:
+    """An empty output folder for a fine-tuning command (`kind`: outputs.FINETUNE or outputs.TEACHER); with
+    `overwrite` a previous output of that command is removed, never anything else (`outputs.claim_output`)."""
+    flat = [p for i in inputs for p in ([i] if i is None or isinstance(i, str) else i)]
+    path = claim_output(out, COMMANDS[kind], (kind,), flat, overwrite=overwrite, fresh=True, remove=True)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
