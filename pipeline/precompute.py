@@ -38,6 +38,7 @@ from kd.storage import fs
 from kd.storage.errors import InputError, StoreError
 from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest, same_settings
+from kd.storage.outputs import STORE, claim_output
 from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
@@ -175,6 +176,8 @@ def precompute(
     backends.check_options(backend, quantize, precision, device)
     ray_opts = ray_engine.options(engine, ray_address, workers, gpus_per_worker, num_shards, shard_index, device)
     files = inp.expand_inputs(inputs)
+    if fs.resolve(out).is_local:  # never an input's folder, a student or an export; --overwrite: only a store
+        claim_output(out, "kd precompute", (STORE,), files, overwrite=overwrite)
     spec = inp.ColumnSpec(text_column, inp.parse_pair_columns(pair_columns), label_column, delimiter)
     options = {"text_column": text_column, "pair_columns": spec.pair, "label_column": label_column,
                "segment": segment, "spacy_model": spacy_model if segment == "sentences" else None,
