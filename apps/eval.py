@@ -32,6 +32,7 @@ from kd.apps.speed import measure_speed, pick_threads
 from kd.apps.store_teacher import StoreTeacher
 from kd.storage import bounds as B
 from kd.storage.errors import InputError, KdError
+from kd.storage.outputs import claim_output
 from kd.storage.progress import Bar
 
 
@@ -280,8 +281,20 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
         torch.set_num_threads(before)
 
 
+def check_outputs(cfg: EvalConfig) -> None:
+    """--json, --markdown (files) and --plot (a folder) checked before any model is loaded: writable, not a
+    folder where a file goes, never an input (a student, the store, a text file) nor inside a kd folder."""
+    inputs = [*cfg.students, cfg.store, cfg.pairs, cfg.agreement_texts, cfg.baseline_dir]
+    for flag, path in (("--json", cfg.json_path), ("--markdown", cfg.markdown_path)):
+        if path:
+            claim_output(path, "kd eval", inputs=inputs, overwrite=True, file=True, flag=flag)
+    if cfg.plot_dir:
+        claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
+
+
 def _evaluate(cfg: EvalConfig) -> EvalReport:
     measures = [Measure(m) for m in dict.fromkeys(cfg.measures)]
+    check_outputs(cfg)
     teacher, others, info = _models(cfg)
     models = [teacher.model, *others]
     rows = {m.name: ModelResult(m.name, m.kind.value) for m in models}

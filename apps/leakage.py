@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kd.apps import tasks
+from kd.storage.outputs import claim_output
 from kd.storage.store import Store
 
 
@@ -50,6 +51,7 @@ class Overlap:
     rows: int = 0
 
     def write_ids(self, path: str | Path) -> None:
+        claim_output(path, "kd leakage", overwrite=True, file=True, flag="--exclude-out")  # not inside a store
         Path(path).write_text("# kd leakage: store rows that are evaluation texts\n"
                               + "".join(f"{i}\n" for i in self.ids.tolist()), encoding="utf-8")
 

@@ -79,6 +79,7 @@ THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
 # model is off on every row.
 SAME_MODEL_FLOOR = 0.5
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+CLEAR_CACHE = "delete {folder} (the next run exports the teacher again), or point KD_CACHE at another folder"
 _EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
 
 
@@ -148,10 +149,16 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
     # weights (input embeddings, init layers).
     teacher = load_teacher(spec, "cpu", Precision.fp32, max_length)
     folder = exported(teacher, b, q)
-    runner = (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
-        folder, q, _backend_precision(b, Precision(precision)), threads or torch.get_num_threads(), device)
-    teacher.backend = runner
-    runner.fidelity = fidelity(teacher)
+    try:  # a cache damaged past its checksums (or a runtime that cannot read it): the error names the folder
+        runner = (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
+            folder, q, _backend_precision(b, Precision(precision)), threads or torch.get_num_threads(), device)
+        teacher.backend = runner
+        runner.fidelity = fidelity(teacher)
+    except KdError:
+        raise
+    except Exception as e:  # onnxruntime and OpenVINO raise their own exception types
+        raise KdError(f"the exported teacher cannot be run ({type(e).__name__}: {str(e)[:300]})", str(folder),
+                      CLEAR_CACHE.format(folder=folder)) from e
     check_fidelity(teacher, allow_low_fidelity)
     return teacher
 
@@ -181,6 +188,11 @@ class Runner:
     def __post_init__(self) -> None:
         self.spec = json.loads((self.folder / SPEC).read_text(encoding="utf-8"))
         self._open()
+
+    @property
+    def graph(self) -> str:
+        """The graph file the spec names, refused (StoreError) when it leads out of the cache folder."""
+        return fs.member(fs.resolve(self.folder), self.spec["file"], str(self.folder / SPEC), "file")
 
     def _open(self) -> None:
         raise NotImplementedError
@@ -217,7 +229,7 @@ class OnnxRunner(Runner):
         if self.device and self.device.startswith("cuda"):
             index = int(self.device.partition(":")[2] or os.environ.get("LOCAL_RANK", 0))
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": index}))
-        self.session = ort.InferenceSession(str(self.folder / self.spec["file"]), so, providers=providers)
+        self.session = ort.InferenceSession(self.graph, so, providers=providers)
 
     def _run(self, feeds, names):
         return self.session.run(names, feeds)
@@ -230,7 +242,7 @@ class OpenVinoRunner(Runner):
         config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bfloat16" else "f32",
                   "INFERENCE_NUM_THREADS": self.threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
         with signal_stack.kept():  # the CPU plugin's own signal stack would outlive it (pipeline/signal_stack.py)
-            self.compiled = ov.Core().compile_model(str(self.folder / self.spec["file"]), "CPU", config)
+            self.compiled = ov.Core().compile_model(self.graph, "CPU", config)
             self.request = self.compiled.create_infer_request()
 
     def _run(self, feeds, names):
@@ -264,17 +276,20 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
         want["int8_method"] = method
     if _sound(final, want):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    except OSError as e:  # KD_CACHE (or a folder in it) is a file, or not writable
+        raise KdError(f"the export cache cannot be written ({e})", str(final.parent),
+                      "point KD_CACHE at a writable folder, or remove the file in its place") from e
     try:
         spec = {**want, **_export(teacher, b, q, tmp)}
         spec["files"] = {f: fs.file_sha256(tmp / f) for f in sorted(os.listdir(tmp))}
         (tmp / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         if _sound(final, want):
             return final  # another process (a writer beside this one) published its copy meanwhile
-        if final.exists():
-            shutil.rmtree(final)  # damaged, half-copied by hand, or of another format
+        _clear(final)  # damaged, half-copied by hand, or of another format
         try:
             os.replace(tmp, final)
         except OSError:
@@ -282,19 +297,32 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
                 raise
     except OSError as e:
         raise KdError(f"cannot write the exported teacher ({e})", str(final),
-                      "check the disk space and permissions there, or point KD_CACHE at a writable folder") from e
+                      "check the disk space and permissions there; " + CLEAR_CACHE.format(folder=final)) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
+def _clear(path: Path) -> None:
+    """Remove what occupies a cache folder's name: a folder (its symlinks removed, never followed) or a file."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
 def _sound(folder: Path, want: dict) -> bool:
-    """A complete cache folder for `want`: spec readable and matching, every file present with its sha256."""
+    """A complete cache folder for `want`: spec readable and matching, the graph among its files, every file
+    inside the folder (`fs.member`: no '..', no symlink out of it) and present with its sha256. Anything else
+    is rebuilt by `exported`, so a file outside the cache is never read."""
     try:
         spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-        return (all(spec.get(k) == v for k, v in want.items()) and bool(spec.get("files"))
-                and all(fs.file_sha256(folder / f) == h for f, h in spec["files"].items()))
-    except (OSError, ValueError, AttributeError):
+        if (not all(spec.get(k) == v for k, v in want.items()) or not spec.get("files")
+                or spec.get("file") not in spec["files"]):
+            return False
+        loc, where = fs.resolve(folder), str(folder / SPEC)
+        return all(fs.file_sha256(fs.member(loc, f, where, "files")) == h for f, h in spec["files"].items())
+    except (OSError, ValueError, AttributeError, TypeError, KdError):
         return False
 
 
@@ -562,6 +590,7 @@ def check_fidelity(teacher: Teacher, allow_low_fidelity: bool = False) -> None:
             f"teacher {teacher.name!r} on --backend {runner.backend.value} --quantize {runner.quantize.value} "
             f"({runner.precision}) departs from torch fp32: min cosine {worst} < {limit} over "
             f"{FIDELITY_ROWS} bundled sentences",
-            f"--backend {runner.backend.value} --quantize {runner.quantize.value}",
+            f"--backend {runner.backend.value} --quantize {runner.quantize.value}, graph exported to {runner.folder}",
             "use --quantize none, --precision fp32 or --backend torch; or accept it with --allow-low-fidelity "
-            "(the measured cosines are recorded in the manifest)")
+            "(the measured cosines are recorded in the manifest); if the cached graph may be damaged, "
+            + CLEAR_CACHE.format(folder=runner.folder))

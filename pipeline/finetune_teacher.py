@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -37,6 +38,7 @@ from kd.storage import bounds as B
 from kd.storage.errors import KdError
 from kd.storage.finite import check_loss, require_finite_weights
 from kd.storage.hardware import check_device
+from kd.storage.outputs import TEACHER
 from kd.storage.progress import Bar
 from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
 
@@ -234,7 +236,8 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     labels = None if task.regression else LabelSet.fit(train_rows.labels)
     y_train = _targets(train_rows, task, labels, "--train")
     y_dev = _targets(dev_rows, task, labels, "--dev") if dev_rows is not None else None
-    with fresh_output(cfg.out, cfg.overwrite, ARGS_FILE, "kd finetune-teacher") as out:
+    inputs = [cfg.train, cfg.dev, cfg.base if os.path.isdir(cfg.base) else None]
+    with fresh_output(cfg.out, cfg.overwrite, TEACHER, inputs) as out:
         ref, tok, model, max_length = _load(cfg, labels)
         if task.regression:
             start_at_mean(model, float(np.mean(y_train)))

@@ -38,6 +38,7 @@ from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.errors import InputError, StoreError
 from kd.storage.manifest import Manifest
+from kd.storage.outputs import STORE, claim_output
 from kd.storage.store import Store, load_manifest, open_writer
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "precompute", "run"]
@@ -53,12 +54,14 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     """Run one checked job (see the module docstring); the summary the CLI prints."""
     t0 = time.perf_counter()
     files = inp.expand_inputs(list(job.inputs))
+    loc = fs.resolve(job.out)
+    if loc.is_local:  # never an input's folder, a student or an export; --overwrite: only a store
+        claim_output(job.out, "kd precompute", (STORE,), files, overwrite=job.overwrite)
     spec = job.columns()
     fingerprint = inputs_header(files, job.input_options(spec))
     index, count = writer_rank(job.num_shards, job.shard_index)
     teachers = _load_teachers(job)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
-    loc = fs.resolve(job.out)
     existing = load_manifest(loc) if fs.exists(loc) else None
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kd.storage.names import inside
+from kd.storage.errors import StoreError
+from kd.storage.names import inside, real_inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
 
@@ -56,6 +57,37 @@ def resolve(uri: str | os.PathLike | Location) -> Location:
     if text.startswith("file://"):
         text = text[len("file://") :]
     return Location(pafs.LocalFileSystem(), os.path.abspath(text))
+
+
+def check_relative(rel: object, source: str, field: str) -> str:
+    """`rel` if it is a plain relative path (a path that kd records in a manifest or a spec file), else a
+    StoreError naming the file it was read from (`source`) and the `field` that holds it.
+
+    - Parts separated by '/', none empty, '.' or '..'; no leading '/', no backslash, no NUL: such a path
+      can only name something below the folder it is relative to (symlinks aside: see `member`).
+    """
+    parts = rel.split("/") if isinstance(rel, str) else []
+    if not parts or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise StoreError(f"{field} is {rel!r}, not a path inside the folder (kd writes relative paths without "
+                         "'..')", source, "restore this file from a copy, or re-run the kd command that wrote it")
+    return rel
+
+
+def member(loc: Location, rel: object, source: str, field: str) -> str:
+    """The path of `rel` under `loc`, a relative path read from `source` (its `field`); refused with a
+    StoreError unless it stays under the root.
+
+    - `check_relative`: no '..', no absolute path;
+    - local disks: the real path (symlinks followed) lies inside the root's real path, so a symlink that
+      points out of the folder counts as outside.
+    """
+    check_relative(rel, source, field)
+    if loc.is_local:
+        target, ok = real_inside(loc.root, *str(rel).split("/"))
+        if not ok:
+            raise StoreError(f"{field} {rel!r} leads out of the folder (a symlink to {target})", source,
+                             "replace the symlink by the file itself, or re-run the kd command that wrote it")
+    return loc.path(str(rel))
 
 
 def exists(loc: Location, *parts: str) -> bool:

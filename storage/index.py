@@ -263,7 +263,8 @@ def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
 def verified_index_files(store: Store, info: IndexInfo) -> tuple[bytes, bytes]:
     """The index and ids files' bytes, refused when missing or unlike their recorded sha256."""
     out = []
-    for rel, sha in ((info.file, info.sha256), (info.ids_file, info.ids_sha256)):
+    for rel, sha, field in ((info.file, info.sha256, "file"), (info.ids_file, info.ids_sha256, "ids_file")):
+        store.path_of(rel, f"extras.{EXTRA_PREFIX}{info.name}.{field}")  # never a file outside the store
         try:
             data = fs.read_bytes(store.loc, rel)
         except (OSError, pa.ArrowException) as e:

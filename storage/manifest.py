@@ -12,13 +12,20 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kd.storage.errors import StoreError
+from kd.storage.fs import check_relative
 
 FORMAT_NAME = "kd-store"
 FORMAT_VERSION = 1
+# Readers loop over and allocate per shard (plans, validation): a manifest may not declare more. At the default
+# 20,000 rows per shard that is 2e10 rows.
+MAX_SHARDS = 1_000_000
+DAMAGED_FIX = ("delete this file if other manifests remain (manifest.json is rebuilt from manifests/*.json), "
+               "or run `kd validate STORE --repair`")
 
 
 @dataclass
@@ -48,6 +55,18 @@ class TableRecord:
         shards = {int(k): ShardRecord(**v) for k, v in d.get("shards", {}).items()}
         return cls(kind=d["kind"], columns=d.get("columns", {}), meta=d.get("meta", {}), shards=shards)
 
+    def missing(self, num_shards: int, first: int = 5) -> tuple[int, list[int]]:
+        """(how many of shards 0..num_shards-1 are not committed, the first `first` of them), without a set
+        of all shard numbers: a count and a walk that stops after `first` gaps."""
+        have = sum(1 for k in self.shards if 0 <= k < num_shards)
+        gaps: list[int] = []
+        k = 0
+        while len(gaps) < min(first, num_shards - have) and k < num_shards:
+            if k not in self.shards:
+                gaps.append(k)
+            k += 1
+        return num_shards - have, gaps
+
 
 @dataclass
 class Manifest:
@@ -71,7 +90,7 @@ class Manifest:
 
     def is_complete(self, table: str) -> bool:
         rec = self.tables.get(table)
-        return rec is not None and len(rec.shards) == self.num_shards
+        return rec is not None and rec.missing(self.num_shards, 0)[0] == 0
 
     def teachers(self) -> list[str]:
         return [t.split("/", 1)[1] for t, r in self.tables.items() if r.kind == "teacher"]
@@ -89,14 +108,15 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> Manifest:
-        fix = ("delete this file if other manifests remain (manifest.json is rebuilt from manifests/*.json), "
-               "or run `kd validate STORE --repair`")
+        """Parse and check a manifest or fragment: format, version, the row plan's bounds (`check_plan`) and
+        every shard record (`check_shards`), before any reader loops over or opens what it names."""
+        fix = DAMAGED_FIX
         try:
             d = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StoreError(f"the manifest is not valid JSON ({e})", where, fix) from e
         if not isinstance(d, dict) or not isinstance(d.get("inputs"), dict) \
-                or not isinstance(d.get("tables", {}), dict):
+                or not isinstance(d.get("tables", {}), dict) or not isinstance(d.get("extras", {}), dict):
             raise StoreError("this is not a kd store manifest (not a JSON object with inputs and tables)", where, fix)
         if d.get("format") != FORMAT_NAME:
             raise StoreError("this is not a kd store manifest", where, "point at a folder written by kd precompute")
@@ -114,7 +134,45 @@ class Manifest:
         for key in ("fingerprint", "num_shards"):
             if key not in d["inputs"]:
                 raise StoreError(f"the manifest's inputs lack {key!r}", where, fix)
+        check_plan(d["inputs"], where)
+        for name, rec in tables.items():
+            check_relative(name, where, "tables")  # a table name is a folder (teachers/<name>/) readers open
+            check_shards(name, rec, d["inputs"], where)
+        for rel in (d.get("extras") or {}).get("files") or {}:
+            check_relative(rel, where, "extras.files")
         return cls(d["inputs"], tables, d.get("versions", {}), d.get("extras", {}), version)
+
+
+def _count(value: object, low: int, high: float, field: str, where: str) -> int:
+    """An int in [low, high] (bools are not counts), else a StoreError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise StoreError(f"{field} is {value!r}, not a whole number in [{low}, {high:,.0f}]", where, DAMAGED_FIX)
+    return value
+
+
+def check_plan(inputs: dict[str, Any], where: str) -> None:
+    """The row plan's numbers are whole numbers in range before anything loops over or allocates per shard:
+    num_shards in 0..MAX_SHARDS, num_rows >= 0, rows_per_shard >= 1. (Whether they agree with each other and
+    with the fragments is `merge`'s check.)"""
+    _count(inputs["num_shards"], 0, MAX_SHARDS, "inputs.num_shards", where)
+    for key, low in (("num_rows", 0), ("rows_per_shard", 1)):
+        if key in inputs:
+            _count(inputs[key], low, math.inf, f"inputs.{key}", where)
+
+
+def check_shards(name: str, rec: TableRecord, inputs: dict[str, Any], where: str) -> None:
+    """Every shard record of a table: number in [0, num_shards), file inside the store, rows within the plan's
+    shard size, bytes and sha256 of the right types."""
+    n, per = int(inputs["num_shards"]), inputs.get("rows_per_shard")
+    for k, shard in rec.shards.items():
+        field = f"tables.{name}.shards.{k}"
+        if not 0 <= k < n:
+            raise StoreError(f"{field}: shard number {k} is outside the plan's {n} shard(s)", where, DAMAGED_FIX)
+        check_relative(shard.file, where, f"{field}.file")
+        _count(shard.rows, 0, per if isinstance(per, int) else math.inf, f"{field}.rows", where)
+        _count(shard.bytes, 0, math.inf, f"{field}.bytes", where)
+        if not isinstance(shard.sha256, str):
+            raise StoreError(f"{field}.sha256 is {shard.sha256!r}, not a checksum", where, DAMAGED_FIX)
 
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")

@@ -28,10 +28,16 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
-def inside(root: str, *parts: str) -> str:
-    """The real path of root/parts, refusing one that escapes root (e.g. through '..' or a symlink)."""
+def real_inside(root: str, *parts: str) -> tuple[str, bool]:
+    """(the real path of root/parts, whether it lies inside root's real path), symlinks followed."""
     base = os.path.realpath(root)
     target = os.path.realpath(os.path.join(base, *parts))
-    if os.path.commonpath([base, target]) != base:
+    return target, os.path.commonpath([base, target]) == base
+
+
+def inside(root: str, *parts: str) -> str:
+    """The real path of root/parts, refusing one that escapes root (e.g. through '..' or a symlink)."""
+    target, ok = real_inside(root, *parts)
+    if not ok:
         raise KdError("refusing to write outside the store", target, "use a plain name without '..' or '/'")
     return target

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from kd.storage.errors import InputError, KdError
 from kd.storage.manifest import Manifest
+from kd.storage.outputs import claim_output
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
 
@@ -107,7 +108,7 @@ def duckdb_type(t: pa.DataType) -> str | None:
 
 def _committed_files(store: Store, table: str) -> list[str]:
     rec = store.manifest.tables[table]
-    return [store.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+    return [store.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
 
 def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[str]:
@@ -237,6 +238,8 @@ def export(
     fmt = Format(fmt)
     if fmt is Format.table:
         raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")
+    root = store_path.root if isinstance(store_path, Store) else store_path
+    claim_output(out, "kd query", inputs=[root], overwrite=True, file=True)  # never into the store
     con = connect(store_path) if con is None else con
     try:
         last = _run_all_but_last(con, sql)

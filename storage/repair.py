@@ -1,7 +1,8 @@
 """`kd validate --repair`: forget damaged files so that re-running the command that wrote them
 recomputes exactly them.
 
-- a shard whose file is missing, unreadable, or unlike its manifest record (size, sha256) is removed
+- a shard whose file is missing, unreadable, outside the store (a symlink leading out: its record is
+  dropped, the file it points at is never touched), or unlike its manifest record (size, sha256) is removed
   from `manifest.json` and from every fragment in `manifests/` (the same records, so a later merge
   cannot bring it back), and its file is moved aside to `<file>.damaged` (kept for inspection);
 - a per-teacher file the manifest records a sha256 for (`extras.files`: tokenizer, input embeddings,
@@ -51,10 +52,26 @@ class _Drop:
         return bool(self.shards or self.files or self.extras)
 
 
+def _inside(loc: fs.Location, rel: str) -> bool:
+    """Whether a recorded path stays inside the store (a symlink leading out does not): only such files
+    are ever read, moved aside or deleted here."""
+    try:
+        fs.member(loc, rel, loc.path(MANIFEST), "file")
+    except StoreError:
+        return False
+    return True
+
+
 def _damage(loc: fs.Location, rel: str, size: int | None, sha: str) -> str | None:
-    """Why the file at `rel` is not the one recorded (missing, unreadable, size or sha256), or None."""
-    if not fs.exists(loc, rel):
+    """Why the file at `rel` is not the one recorded (outside the store, missing, unreadable, size or
+    sha256), or None. The size is compared before reading, so a huge planted file is never read whole."""
+    if not _inside(loc, rel):
+        return "leads out of the store (a symlink)"
+    info = loc.fs.get_file_info(loc.path(rel))
+    if info.type == fs.pafs.FileType.NotFound:
         return "missing"
+    if size is not None and info.size is not None and info.size != size:
+        return "checksum mismatch"
     try:
         data = fs.read_bytes(loc, rel)
     except (OSError, pa.ArrowException) as e:
@@ -80,9 +97,9 @@ def repair(store_path: str) -> RepairReport:
     try:
         load_manifest(loc)
     except StoreError:
-        if not fs.list_files(loc, FRAGMENTS):
+        # manifest.json is damaged or disagrees: the fragments are the commit record, if they hold up alone
+        if load_manifest(loc, main=False) is None:
             raise
-        # manifest.json is damaged or disagrees: the fragments are the commit record
         loc.fs.delete_file(loc.path(MANIFEST))
         report.manifest_rebuilt = True
     merged = load_manifest(loc)
@@ -161,6 +178,8 @@ def _drop(loc: fs.Location, drop: _Drop) -> None:
 def _set_aside(loc: fs.Location, rel: str) -> None:
     """Move a damaged file or folder to `<rel>.damaged` (replacing an older one), so the rerun writes it
     afresh and it stays for inspection; where it cannot be moved it is deleted."""
+    if not _inside(loc, rel):
+        return  # never rename or delete what a record points at outside the store
     src, dst = loc.path(rel), loc.path(rel) + SET_ASIDE
     kind = loc.fs.get_file_info(src).type
     if kind == fs.pafs.FileType.NotFound:

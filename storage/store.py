@@ -42,10 +42,10 @@ def shard_file(table: str, k: int) -> str:
     return f"{table}/part-{k:05d}.parquet"
 
 
-def load_manifest(loc: fs.Location) -> Manifest | None:
-    """Merged manifest of a store, or None when the location holds no store."""
+def load_manifest(loc: fs.Location, main: bool = True) -> Manifest | None:
+    """Merged manifest of a store (`main=False`: of its fragments alone), or None when there is none."""
     found = []
-    if fs.exists(loc, MANIFEST):
+    if main and fs.exists(loc, MANIFEST):
         found.append(Manifest.from_json(fs.read_bytes(loc, MANIFEST), loc.path(MANIFEST)))
     for name in fs.list_files(loc, FRAGMENTS):
         if name.endswith(".json"):
@@ -84,11 +84,11 @@ class Store:
 
     def require_complete(self, name: str) -> TableRecord:
         rec = self.table(name)
-        missing = sorted(set(range(self.manifest.num_shards)) - set(rec.shards))
-        if missing:
+        count, first = rec.missing(self.manifest.num_shards, 1)
+        if count:
             raise StoreError(
-                f"table {name!r} is incomplete: {len(missing)} of {self.manifest.num_shards} shards missing "
-                f"(first: {missing[0]})",
+                f"table {name!r} is incomplete: {count} of {self.manifest.num_shards} shards missing "
+                f"(first: {first[0]})",
                 self.root,
                 "re-run the kd precompute command that writes it; it resumes where it stopped",
             )
@@ -100,15 +100,25 @@ class Store:
             raise StoreError(f"shard {k} of table {name!r} is not committed", self.root)
         return rec
 
+    def path_of(self, rel: str, field: str = "file") -> str:
+        """The path of a store-relative path the manifest records (in `field`), refused with a StoreError when
+        it leads out of the store ('..', an absolute path, a symlink pointing elsewhere): see `fs.member`."""
+        return fs.member(self.loc, rel, self.loc.path(MANIFEST), field)
+
     def read_verified(self, rec: ShardRecord) -> bytes:
         """A committed file's bytes, hashed while read; a size or sha256 other than the manifest's is refused.
 
         Every reader goes through here (or `verify_files`), so a flipped byte, a truncated or swapped file
-        is an error naming the file, never a different answer.
+        is an error naming the file, never a different answer. The file's size is compared before reading,
+        so a swapped-in huge file is refused without being read into memory.
         """
-        path = self.loc.path(rec.file)
+        path = self.path_of(rec.file)
         digest, parts = hashlib.sha256(), []
         try:
+            size = self.loc.fs.get_file_info(path).size
+            if size is not None and size != rec.bytes:
+                raise StoreError(f"file does not match its checksum in the manifest ({size} bytes, manifest says "
+                                 f"{rec.bytes}): corrupt or modified", path, REPAIR)
             with self.loc.fs.open_input_stream(path) as f:
                 while block := f.read(1 << 22):
                     digest.update(block)
@@ -133,7 +143,7 @@ class Store:
             if (rec.shards[k].file, rec.shards[k].sha256) not in self._verified:
                 self.read_verified(rec.shards[k])
                 self._verified.add((rec.shards[k].file, rec.shards[k].sha256))
-        return [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+        return [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
     def verify_folder(self, *parts: str) -> None:
         """Check the files under a folder (or one file) against the sha256 the manifest records for them.
@@ -146,7 +156,8 @@ class Store:
             if rel != prefix and not rel.startswith(prefix + "/"):
                 continue
             try:
-                data = fs.read_bytes(self.loc, *rel.split("/"))
+                self.path_of(rel, "extras.files")
+                data = fs.read_bytes(self.loc, rel)
             except (OSError, pa.ArrowException) as e:
                 raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
                                  file_repair(self.root)) from e
@@ -157,7 +168,7 @@ class Store:
     def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""
         rec = self.shard_record(name, k)
-        path = self.loc.path(rec.file)
+        path = self.path_of(rec.file)
         try:
             if verify:
                 return pq.read_table(pa.BufferReader(self.read_verified(rec)), columns=columns)
@@ -174,7 +185,7 @@ class Store:
     def dataset(self, name: str, verify: bool = True) -> ds.Dataset:
         """A pyarrow dataset over the committed shards (all verified first unless `verify=False`)."""
         rec = self.require_complete(name)
-        files = self.verify_files(name) if verify else [self.loc.path(rec.shards[k].file) for k in sorted(rec.shards)]
+        files = self.verify_files(name) if verify else [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
         return ds.dataset(files, format="parquet", filesystem=self.loc.fs)
 
     def local_dir(self, *parts: str) -> str:

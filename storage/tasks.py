@@ -29,6 +29,7 @@ from kd.storage.errors import InputError, KdError
 from kd.storage.finite import non_finite_rows
 from kd.storage.ids import is_empty, row_ids
 from kd.storage.inputs import ColumnSpec, expand_inputs, read_inputs
+from kd.storage.outputs import COMMANDS, claim_output
 
 
 class Task(str, Enum):
@@ -152,25 +153,21 @@ def read_splits(train: Sequence[str], dev: Sequence[str] | None, task: Task, tex
     return read_task(train, task, spec), (read_task(dev, task, spec) if dev else None)
 
 
-def fresh_output_dir(out: str, overwrite: bool, marker: str, command: str) -> Path:
-    """An empty output folder; with `overwrite` a previous output of `command` (it holds `marker`) is removed."""
-    path = Path(out)
-    if path.exists() and any(path.iterdir()):
-        if not overwrite:
-            raise KdError("the output folder is not empty", str(path), "use a new --out, or pass --overwrite")
-        if not (path / marker).exists():  # never delete a folder this command did not write
-            raise KdError(f"--overwrite only replaces a folder written by {command}", str(path), "use a new --out")
-        shutil.rmtree(path)
+def fresh_output_dir(out: str, overwrite: bool, kind: str, inputs: Sequence[str | None | Sequence[str]]) -> Path:
+    """An empty output folder for a fine-tuning command (`kind`: outputs.FINETUNE or outputs.TEACHER); with
+    `overwrite` a previous output of that command is removed, never anything else (`outputs.claim_output`)."""
+    flat = [p for i in inputs for p in ([i] if i is None or isinstance(i, str) else i)]
+    path = claim_output(out, COMMANDS[kind], (kind,), flat, overwrite=overwrite, fresh=True, remove=True)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 @contextmanager
-def fresh_output(out: str, overwrite: bool, marker: str, command: str) -> Iterator[Path]:
+def fresh_output(out: str, overwrite: bool, kind: str, inputs: Sequence[str | None | Sequence[str]]) -> Iterator[Path]:
     """`fresh_output_dir`, removed again with what the run wrote into it when the run fails or is interrupted
     (a diverged loss, Ctrl-C), so no half-written output is left. The folder was empty (or this command's
     previous output, which --overwrite removes anyway): nothing of the user's goes with it."""
-    path = fresh_output_dir(out, overwrite, marker, command)
+    path = fresh_output_dir(out, overwrite, kind, inputs)
     try:
         yield path
     except BaseException:

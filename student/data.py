@@ -222,7 +222,7 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
 def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFile:
     """Shard k of a table; its bytes are checked against the manifest (sha256) unless only the footer is read."""
     rec = store.shard_record(table, k)
-    path = store.loc.path(rec.file)
+    path = store.path_of(rec.file)
     try:
         if verify:
             return pq.ParquetFile(pa.BufferReader(store.read_verified(rec)))

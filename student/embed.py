@@ -30,6 +30,7 @@ from kd.storage.finite import non_finite_rows
 from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
+from kd.storage.outputs import claim_output
 from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import Store, open_writer
@@ -79,7 +80,7 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
     if out is None:
         raise InputError("--out is needed for a file input (a Parquet file to write)", input,
                          "pass --out vectors.parquet")
-    check_output_file(out, [input], overwrite)
+    claim_output(out, "kd embed", inputs=[input, student], overwrite=overwrite, file=True)
     texts = read_texts(input, text_column)
     st = load(student, device=device)
     vecs = finite_vectors(st.encode(texts, batch_size=batch_size), np.arange(len(texts)), input)
@@ -104,18 +105,6 @@ def finite_vectors(vecs: np.ndarray, rows: np.ndarray, where: str, row: str = "r
                       "the student is unsound for these texts (its activations overflow): retrain it, or drop "
                       "those texts")
     return vecs
-
-
-def check_output_file(out: str, inputs: list[str], overwrite: bool) -> None:
-    """Refuse an --out that is a folder, one of the inputs, or an existing file (unless `overwrite`)."""
-    p = Path(out)
-    if p.is_dir():
-        raise InputError("--out is an existing folder; a file input is embedded into one Parquet file", out,
-                         "pass a file path, e.g. --out vectors.parquet")
-    if any(p.exists() and Path(i).exists() and os.path.samefile(p, i) for i in inputs):
-        raise InputError("--out is the input file; it would be overwritten", out, "write the vectors elsewhere")
-    if p.exists() and not overwrite:
-        raise InputError("--out already exists", out, "pass another path, or --overwrite to replace it")
 
 
 def read_texts(path: str, text_column: str | None = None) -> list[str]:

@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,8 +239,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
     info = read_config(p)
     state = _verified_weights(p, info)
     try:
-        model = build_student(StudentConfig.from_dict(info["student"]))
-        model.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+        cfg = StudentConfig.from_dict(info["student"])
+        model = build_to_fit(lambda: build_student(cfg),
+                             {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise InputError(f"the weights do not fit the student described by config.json ({str(e)[:300]})",
                          str(p), "config.json and model.safetensors come from different runs: copy the whole "
@@ -248,6 +249,25 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
     dev = _device(device)
     model.to(dev).eval()
     return LoadedStudent(p, model, _tokenizer(p), info, dev)
+
+
+def build_to_fit(build: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
+    """`build()` with `state` loaded; a ValueError when their names or shapes differ.
+
+    - Built first on the meta device (no memory): the sizes a config file gives (vocabulary, widths, layers)
+      are compared with the weights on disk before anything is allocated, so a damaged or forged config
+      asking for 10**12 rows is refused instead of exhausting memory.
+    """
+    with torch.device("meta"):
+        skeleton = build()
+    want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state.items()}
+    if want != have:
+        diff = sorted(set(want.items()) ^ set(have.items()))[:3]
+        raise ValueError(f"the config and the weights differ in names or shapes, first: {diff}")
+    model = build()
+    model.load_state_dict(state)
+    return model
 
 
 def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:

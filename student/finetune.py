@@ -41,11 +41,20 @@ from kd.storage.errors import InputError, KdError
 from kd.storage.finite import check_loss, non_finite_rows, require_finite_weights
 from kd.storage.hardware import check_device
 from kd.storage.ids import text_id, text_key
+from kd.storage.outputs import FINETUNE
 from kd.storage.progress import Bar
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
-from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
-from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, load, save_student
+from kd.storage.tasks import (
+    LabelSet,
+    Task,
+    TaskRows,
+    fresh_output,
+    parse_task,
+    read_splits,
+    task_metrics,
+)
+from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
 from kd.student.models import Student
 
 TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
@@ -301,7 +310,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
                                                                                                     "--dev"))
     device = _device(cfg.device)
     src = load(cfg.student, device="cpu")
-    with fresh_output(cfg.out, cfg.overwrite, TASK_FILE, "kd finetune") as out:
+    with fresh_output(cfg.out, cfg.overwrite, FINETUNE, [cfg.student, cfg.kd_store, cfg.train, cfg.dev]) as out:
         torch.manual_seed(cfg.seed)
         n_out = 1 if labels is None else len(labels)
         in_dim = (4 if task.pairs else 1) * src.dim
@@ -444,7 +453,11 @@ def load_task_model(path: str | os.PathLike, device: str = "cpu") -> TaskPredict
                          "point at the --out folder of a finished kd finetune run")
     info = json.loads((p / TASK_FILE).read_text())
     encoder = load(p, device=device)
-    head = TaskHead(info["in_dim"], info["hidden"], info["n_out"], info["dropout"])
-    head.load_state_dict(load_file(str(p / HEAD_FILE)))
+    try:  # the head's sizes in task.json are checked against its weights before it is allocated
+        head = build_to_fit(lambda: TaskHead(info["in_dim"], info["hidden"], info["n_out"], info["dropout"]),
+                            load_file(str(p / HEAD_FILE)))
+    except (KeyError, TypeError, ValueError, RuntimeError, OSError) as e:
+        raise InputError(f"the task head does not fit task.json ({str(e)[:300]})", str(p / TASK_FILE),
+                         "copy the whole fine-tuned folder again, or re-run kd finetune") from e
     labels = LabelSet(tuple(info["label_names"])) if info["label_names"] else None
     return TaskPredictor(encoder, head.to(encoder.device), Task(info["task"]), labels)

@@ -39,8 +39,9 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
     from kd.student.export import load
     from kd.student.st_export import _replace, prepare_output
 
-    st = load(student_dir)
     target = prepare_output(out, student_dir, overwrite)
+    st = load(student_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
         work = Path(tmp) / "model"
         work.mkdir()
@@ -93,7 +94,7 @@ class OnnxEncoder:
         ids = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
         order = np.argsort(lengths, kind="stable")
-        out = np.zeros((len(ids), spec["dim"]), dtype=np.float32)
+        out = np.zeros((0, int(spec["dim"])), dtype=np.float32)  # sized by the graph's first output below
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
             block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
@@ -102,7 +103,10 @@ class OnnxEncoder:
             mask = (np.arange(block.shape[1]) < lengths[idx, None]).astype(np.int64)
             feeds = {"input_ids": block, "attention_mask": mask}
             # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
-            out[idx] = self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+            emb = self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+            if s == 0:  # the graph's width, not the spec's number: a forged dim allocates nothing
+                out = np.zeros((len(ids), emb.shape[1]), dtype=np.float32)
+            out[idx] = emb
         if normalize or spec["normalize"]:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
         return out

@@ -30,6 +30,7 @@ from torch import nn
 
 from kd.storage.bounds import ExportFormat, choices
 from kd.storage.errors import InputError, KdError
+from kd.storage.outputs import EXPORT, claim_output
 from kd.student.export import LoadedStudent, load
 from kd.student.models import Arch, Student
 
@@ -59,8 +60,9 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
 def export_sentence_transformers(student_dir: str | os.PathLike, out: str | os.PathLike,
                                  overwrite: bool = False) -> Path:
     """Write `out` as a sentence-transformers directory whose `encode` reproduces the student's."""
-    st = load(student_dir)
     target = prepare_output(out, student_dir, overwrite)
+    st = load(student_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
         model = sentence_transformer(st, Path(tmp) / "work")
         model.save(str(Path(tmp) / "model"), create_model_card=False)
@@ -173,16 +175,10 @@ def _offset_tokenizer(st: LoadedStudent):
 
 
 def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
-    """The output directory's path, refused when it is a file, the source, or non-empty (unless overwrite)."""
-    target = Path(out).resolve()
-    if target == Path(source).resolve() or Path(source).resolve() in target.parents:
-        raise InputError("the export would be written into the student folder", str(out), "pick another --out")
-    if target.exists() and not target.is_dir():
-        raise InputError("--out is a file, not a folder", str(out), "pass a folder path for the export")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise InputError("--out already holds files", str(out), "pick an empty folder, or pass --overwrite")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return target
+    """The output folder's resolved path, checked by `storage.outputs.claim_output` before the student is read:
+    never the student, a folder inside it or holding it, nor a store or another student; a non-empty one only
+    with `overwrite`, and only when it holds a previous export (`_replace` swaps it out at the end)."""
+    return claim_output(out, "kd export", (EXPORT,), [source], overwrite=overwrite, fresh=True)
 
 
 def _replace(src: Path, target: Path) -> None:

@@ -49,6 +49,7 @@ from kd.storage import fs
 from kd.storage.errors import InputError, KdError
 from kd.storage.finite import require_finite_weights
 from kd.storage.hardware import check_device, native_bf16
+from kd.storage.outputs import STUDENT, TRAIN_LOCK, claim_output
 from kd.storage.progress import Bar
 from kd.storage.store import Store
 from kd.student import checkpoint
@@ -229,11 +230,14 @@ class Setup:
 
 def _embeddings_matrix(store: Store, teacher: str) -> np.ndarray | None:
     rel = store.table(f"teachers/{teacher}").meta.get("input_embeddings")
-    if not rel or not store.loc.is_local or not os.path.exists(store.local_dir(rel)):
+    if not rel or not store.loc.is_local:
+        return None
+    path = store.path_of(rel, f"tables.teachers/{teacher}.meta.input_embeddings")
+    if not os.path.exists(path):
         return None
     from safetensors.numpy import load_file
 
-    return load_file(store.local_dir(rel))["weight"]
+    return load_file(path)["weight"]
 
 
 def _tokenizer_size(store: Store, teacher: str) -> tuple[int, int]:
@@ -505,7 +509,7 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
         raise KdError("--out is an existing file, not a folder", str(out), "pass a folder path for the student")
     if d.main:
         # Two runs into one folder would interleave metrics and race on every rename: the second stops.
-        lock = fs.exclusive_lock(str(out / ".kd-train.lock"))
+        lock = fs.exclusive_lock(str(out / TRAIN_LOCK))
         if lock is None:
             raise KdError("another kd train-student is writing this output folder", str(out),
                           "wait for it to finish, or use a different --out")
@@ -614,6 +618,10 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
 
 def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     """Everything before the first step, in an order that fixes the random numbers each part draws."""
+    # --out before any work: never the store, an --init student or a folder holding them; --overwrite only
+    # replaces a student folder (its files: `_prepare_out`)
+    claim_output(cfg.out, "kd train-student", (STUDENT,), [cfg.store, cfg.init, cfg.exclude_ids],
+                 overwrite=cfg.overwrite)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     s = setup(cfg)
     plan = D.build_plan(s.store, s.data, d.world)
