@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from kd.common import bounds as B
+from kd.common.errors import InputError, StoreError
+from kd.common.hardware import check_device
+from kd.common.outputs import STORE, claim_output
+from kd.common.progress import Bar
 from kd.pipeline import backends
 from kd.pipeline import inputs as inp
 from kd.pipeline.batches import encode_all, input_embeddings
@@ -33,13 +38,8 @@ from kd.pipeline.plan import ShardPlan, writer_rank
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.teacher import Output, Teacher
-from kd.storage import bounds as B
 from kd.storage import fs
-from kd.storage.errors import InputError, StoreError
-from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest, same_settings
-from kd.storage.outputs import STORE, claim_output
-from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import FRAGMENTS, load_manifest, open_writer, shard_file
 

@@ -55,10 +55,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline.plan import ShardPlan
-from kd.storage import bounds as B
 from kd.storage import fs
-from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
 from kd.storage.store import Store, shard_file
 
@@ -482,7 +482,7 @@ def check_unchanged(existing: Manifest | None, loaded: list, touts: dict, vdtype
 def _run_units(opts, out, specs, load, writer, todo: UnitPlan, commit_texts, touts, pairs, vdtype, batch_tokens,
                progress, summary, settle) -> None:
     """Hand the units to Ray actors one at a time (to whichever is free), commit what they return."""
-    from kd.storage.progress import Bar
+    from kd.common.progress import Bar
 
     ray = require_ray()
     limit = start_timeout()

@@ -22,11 +22,11 @@ from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline.plan import ShardPlan
 from kd.pipeline.precompute import precompute
 from kd.pipeline.ray_engine import RayOptions, Unit, options, plan_units, plan_workers
 from kd.storage import Store
-from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.validate import validate
