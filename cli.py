@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kd.storage import bounds as B
-from kd.storage.errors import KdError
+from kd.common import bounds as B
+from kd.common.errors import KdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Offline knowledge distillation of sentence encoders.")
@@ -299,7 +299,7 @@ def export_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors)."""
-    from kd.student.st_export import export_student
+    from kd.student.exporters import export_student
 
     try:
         path = export_student(student, format, out, overwrite)

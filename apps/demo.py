@@ -22,7 +22,7 @@ from pathlib import Path
 from kd.apps.corpus import demo_corpus
 from kd.apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
 from kd.apps.speed import pick_threads
-from kd.storage import bounds as B
+from kd.common import bounds as B
 
 
 @dataclass
@@ -78,9 +78,9 @@ def preflight(cfg: DemoConfig) -> Path:
     - the bundled corpus and the evaluation sets it scores on are readable.
     """
     from kd.apps import tasks
+    from kd.common.errors import KdError
+    from kd.common.outputs import claim_output
     from kd.pipeline.resolve import resolve_teacher
-    from kd.storage.errors import KdError
-    from kd.storage.outputs import claim_output
 
     # a writable folder, not a store or student nor inside one (its stages check their own folders again)
     out = claim_output(cfg.out, "kd demo")

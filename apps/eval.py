@@ -30,10 +30,10 @@ from kd.apps.models import (
 )
 from kd.apps.speed import measure_speed, pick_threads
 from kd.apps.store_teacher import StoreTeacher
-from kd.storage import bounds as B
-from kd.storage.errors import InputError, KdError
-from kd.storage.outputs import claim_output
-from kd.storage.progress import Bar
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError
+from kd.common.outputs import claim_output
+from kd.common.progress import Bar
 
 
 class Measure(str, Enum):
@@ -196,7 +196,7 @@ def _finite(metrics: dict[str, float | None]) -> dict[str, float | None]:
 
 
 class _Bars:
-    """One progress bar per encoding pass (storage.progress.Bar), or nothing when progress is off."""
+    """One progress bar per encoding pass (common.progress.Bar), or nothing when progress is off."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled

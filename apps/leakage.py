@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kd.apps import tasks
-from kd.storage.outputs import claim_output
+from kd.common.outputs import claim_output
 from kd.storage.store import Store
 
 

@@ -79,7 +79,7 @@ def teacher_model(spec: str, target: str | None = None, name: str | None = None)
         out = target or ("sentence" if t.st is not None else "mean")
         outputs = [o for o in t.available() if o.value == out]
         if not outputs:
-            from kd.storage.errors import InputError
+            from kd.common.errors import InputError
 
             raise InputError(f"teacher {t.name} has no output {out!r}", spec,
                              f"pick one of: {', '.join(o.value for o in t.available())}")

@@ -18,7 +18,7 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.query import Format, connect, export, run_query
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store

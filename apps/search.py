@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
-from kd.storage import bounds as B
-from kd.storage.errors import InputError, KdError
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError
 from kd.storage.index import SearchResult, search
 from kd.storage.store import Store
 

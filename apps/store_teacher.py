@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kd.common.errors import StoreError
 from kd.storage import Store
-from kd.storage.errors import StoreError
 from kd.storage.schema import arrow_to_vectors
 
 # Above this many rows a text->row map costs more memory than running the teacher on a task.

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from kd.storage.bounds import StsSplit, choices
-from kd.storage.errors import InputError
+from kd.common.bounds import StsSplit, choices
+from kd.common.errors import InputError
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))

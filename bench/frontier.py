@@ -95,7 +95,7 @@ def load(spec: Spec):
     if spec.kind == "kd-onnx":  # a `kd export --format onnx` folder, onnxruntime alone
         import torch
 
-        from kd.student.onnx_export import OnnxEncoder
+        from kd.student.exporters.onnx_graph import OnnxEncoder
 
         enc = OnnxEncoder(spec.path, threads=torch.get_num_threads())
         return (lambda texts: enc.encode(texts, batch_size=max(1, len(texts)))), [Path(spec.path)]
@@ -223,7 +223,7 @@ def specs(a: argparse.Namespace) -> list[Spec]:
 def onnx_export(student_dir: str, folder: Path) -> Path:
     """The student through `kd export --format onnx`, once (an existing export is reused)."""
     if not (folder / "model.onnx").exists():
-        from kd.student.onnx_export import export_onnx
+        from kd.student.exporters.onnx_graph import export_onnx
 
         export_onnx(student_dir, folder, overwrite=True)
     return folder

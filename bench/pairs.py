@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from bench.retrieval import median_time
+from kd.common.inputs import ColumnSpec
+from kd.common.tasks import LabelSet, Task, read_task, task_metrics
 from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
 from kd.pipeline.precompute import precompute
 from kd.pipeline.teacher import Output, load_teacher
-from kd.storage.inputs import ColumnSpec
 from kd.storage.store import Store
-from kd.storage.tasks import LabelSet, Task, read_task, task_metrics
 from kd.student import load
 from kd.student.finetune import FinetuneConfig, finetune, load_task_model
 from kd.student.models import StudentOutput
@@ -101,7 +101,7 @@ def log(msg: str) -> None:
 def write_subset(src: Path, spec: ColumnSpec, task: Task, rows: int | None, seed: int, out: Path) -> Path:
     if out.exists():
         return out
-    from kd.storage.tasks import TaskRows
+    from kd.common.tasks import TaskRows
 
     data: TaskRows = read_task(str(src), task, spec)
     keep = np.arange(len(data)) if rows is None or rows >= len(data) else \

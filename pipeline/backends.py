@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from kd.common.errors import InputError, KdError
+from kd.common.hardware import native_bf16, native_int8
+from kd.common.quiet import quiet
 from kd.pipeline import signal_stack
+from kd.pipeline.calibration import CALIBRATION_ROWS, FIDELITY_ROWS, calibration_sentences, fidelity_sentences
 from kd.pipeline.resolve import cache_dir
 from kd.pipeline.teacher import Precision, Teacher, load_teacher
 from kd.storage import fs
-from kd.storage.errors import InputError, KdError
-from kd.storage.hardware import native_bf16, native_int8
-from kd.storage.quiet import quiet
 
 
 class Backend(str, Enum):
@@ -63,8 +64,6 @@ FORMAT = 3  # bump when the exported graphs change: cache folders of another for
 OPSET = 18  # dynamo exporter
 LEGACY_OPSET = 17  # torchscript exporter
 SPEC = "kd_backend.json"
-FIDELITY_ROWS = 64
-CALIBRATION_ROWS = 256  # int8 smoothing statistics (bundled sentences after the fidelity sample's)
 # NNCF's SmoothQuant strength for OpenVINO static int8 (its default is 0.95). MiniLM, 3,000 Leipzig sentences,
 # min cosine to torch fp32: 0.95 -> 0.9786, 0.85 -> 0.9878, 0.8 -> 0.9875, 0.75 -> 0.9904, 0.7 -> 0.9911,
 # 0.5 -> 0.9679, off -> 0.9727 (docs/design.md)
@@ -452,9 +451,7 @@ def _calibration_feeds(teacher: Teacher, inputs: list[str], by_length: bool = Fa
     fidelity measured after loading is not flattered; batches of 32, in corpus order (padding included, for
     SmoothQuant's run-time-scaled activations) or sorted by length as precompute batches them (for static
     activation ranges, which padded positions' outliers would widen: min cosine 0.9857 vs 0.99 on MiniLM)."""
-    from kd.apps.corpus import demo_sentences
-
-    s = demo_sentences()[2 * FIDELITY_ROWS:2 * FIDELITY_ROWS + 2 * CALIBRATION_ROWS]
+    s = calibration_sentences()
     texts = list(zip(s[::2], s[1::2])) if teacher.has_head else s[:CALIBRATION_ROWS]
     if by_length:
         texts = sorted(texts, key=lambda t: len(t[0]) + len(t[1]) if teacher.has_head else len(t))
@@ -538,10 +535,8 @@ def _activation_matmuls(model: Any) -> list[str]:
 
 
 def fidelity_texts(teacher: Teacher) -> list:
-    """64 bundled sentences mixing the four sources of apps/data; pairs for cross-encoders."""
-    from kd.apps.corpus import demo_sentences
-
-    s = demo_sentences()[: 2 * FIDELITY_ROWS]
+    """FIDELITY_ROWS bundled sentences mixing four sources (pipeline.calibration); pairs for cross-encoders."""
+    s = fidelity_sentences()
     return list(zip(s[:FIDELITY_ROWS], s[FIDELITY_ROWS:])) if teacher.has_head else s[:FIDELITY_ROWS]
 
 

@@ -12,12 +12,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kd.pipeline.plan import default_batch_tokens, plan_batches
-from kd.pipeline.teacher import Output, Teacher
+
+if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teacher.encode), not back
+    from kd.pipeline.teacher import Output, Teacher
 
 
 def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, list], np.ndarray]:

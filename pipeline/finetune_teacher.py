@@ -5,7 +5,7 @@ holding the class names) that `kd precompute --teacher DIR` loads as a teacher w
 pair tasks it is a cross-encoder: both sentences go through the model together, tokenizer(a, b).
 
 Algorithm:
-- rows come from `storage.tasks.read_task` (the reader of `kd precompute`); class names from the
+- rows come from `common.tasks.read_task` (the reader of `kd precompute`); class names from the
   training labels (`LabelSet`), one output for pair-regression;
 - AutoModelForSequenceClassification on the base (alias, directory or HF cache name), a new head;
 - plain torch loop: length-grouped shuffled batches (little padding), AdamW without decay on biases
@@ -16,7 +16,7 @@ Algorithm:
   and its metrics go to DIR/dev_metrics.json;
 - numbers: NaN/Inf labels are refused before the model is loaded (file and row named), a non-finite
   loss stops the run before its backward pass, the weights are checked before they are saved, and a
-  failed run leaves no output folder (`storage.finite`, `storage.tasks.fresh_output`).
+  failed run leaves no output folder (`common.finite`, `common.tasks.fresh_output`).
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from kd.common import bounds as B
+from kd.common.errors import KdError
+from kd.common.finite import check_loss, require_finite_weights
+from kd.common.hardware import check_device
+from kd.common.outputs import TEACHER
+from kd.common.progress import Bar
+from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
 from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import pick_device
-from kd.storage import bounds as B
-from kd.storage.errors import KdError
-from kd.storage.finite import check_loss, require_finite_weights
-from kd.storage.hardware import check_device
-from kd.storage.outputs import TEACHER
-from kd.storage.progress import Bar
-from kd.storage.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
 DIVERGED = "the run diverged: lower --lr; check --train for extreme scores"

@@ -1,7 +1,7 @@
 """One `kd precompute` job: every option, checked once, before anything is read, loaded or created.
 
 - `PrecomputeJob` holds the options (the CLI builds one; `precompute.precompute(inputs, out, teachers, **options)`
-  builds one for Python callers) and checks them when built (`check`): numeric bounds (kd.storage.bounds), the
+  builds one for Python callers) and checks them when built (`check`): numeric bounds (kd.common.bounds), the
   device, --out, the choices, the backend combination and the engine flags (`ray_options`);
 - what the steps after it need is derived here too (input options that are fingerprinted, how teachers load,
   which outputs are per row and which per teacher), so the engines read one object instead of loose arguments.
@@ -14,11 +14,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError
+from kd.common.hardware import check_device
 from kd.pipeline import backends
 from kd.pipeline import inputs as inp
-from kd.storage import bounds as B
-from kd.storage.errors import InputError, KdError
-from kd.storage.hardware import check_device
 from kd.storage.schema import VectorDType
 
 ENGINES = B.choices(B.Engine)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import re
 
+from kd.common.errors import InputError
 from kd.pipeline.teacher import Teacher
-from kd.storage.errors import InputError
 
 
 def default_layers(num_layers: int, k: int | None = None) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from kd.common.progress import Bar
 from kd.pipeline.plan import UnitPlan, plan_units
 from kd.pipeline.shards import (
     PrecomputeSummary,
@@ -24,7 +25,6 @@ from kd.pipeline.shards import (
     encode_shard,
     save_teacher_files,
 )
-from kd.storage.progress import Bar
 
 
 def write(ctx: Prepared) -> PrecomputeSummary:

@@ -27,6 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from kd.common.errors import InputError, StoreError
+from kd.common.outputs import STORE, claim_output
 from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
 from kd.pipeline.job import PrecomputeJob
@@ -36,9 +38,7 @@ from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
-from kd.storage.errors import InputError, StoreError
 from kd.storage.manifest import Manifest
-from kd.storage.outputs import STORE, claim_output
 from kd.storage.store import Store, load_manifest, open_writer
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "precompute", "run"]

@@ -55,6 +55,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common.errors import InputError, KdError, StoreError
+from kd.common.progress import Bar
 from kd.pipeline import backends
 from kd.pipeline.job import START_FIX, RayOptions, require_ray
 from kd.pipeline.plan import Unit, UnitPlan, plan_units
@@ -70,9 +72,7 @@ from kd.pipeline.shards import (
 )
 from kd.pipeline.teacher import Output
 from kd.storage import fs
-from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
-from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType
 from kd.storage.store import Store, shard_file
 

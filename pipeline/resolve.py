@@ -22,7 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}

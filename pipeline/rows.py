@@ -1,6 +1,6 @@
 """Turn records into the store's `texts` rows: drop empties, optionally dedup, assign stable ids.
 
-- An id is the first 8 bytes of blake2b(text, occurrence) as int64 (`storage.ids`): the same text gets
+- An id is the first 8 bytes of blake2b(text, occurrence) as int64 (`common.ids`): the same text gets
   the same id in any store and any run, whatever file or line it came from. `occurrence` (0 for the
   first copy, 1 for the second...) keeps ids unique when duplicates are kept.
 - With dedup, only the first occurrence of an exact duplicate is kept.
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from kd.common.ids import is_empty as _is_empty
+from kd.common.ids import text_id
+from kd.common.ids import text_key as _key
 from kd.pipeline.inputs import Records
-from kd.storage.ids import is_empty as _is_empty
-from kd.storage.ids import text_id
-from kd.storage.ids import text_key as _key
 from kd.storage.schema import texts_schema
 
 

@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+from kd.common.errors import InputError
 from kd.pipeline.inputs import Records
-from kd.storage.errors import InputError
 
 
 def load_segmenter(model: str | None):

@@ -20,15 +20,15 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
+from kd.common.errors import StoreError
+from kd.common.progress import Bar
 from kd.pipeline.batches import encode_all, input_embeddings
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan
 from kd.pipeline.rows import RowCounts
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
-from kd.storage.errors import StoreError
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
-from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import FRAGMENTS, StoreWriter, shard_file
 

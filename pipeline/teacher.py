@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kd.common.errors import KdError
+from kd.common.hardware import check_device, native_bf16
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
-from kd.storage.errors import KdError
-from kd.storage.hardware import check_device, native_bf16
 
 
 class Output(str, Enum):

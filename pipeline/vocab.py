@@ -53,7 +53,7 @@ def vocab_bytes(teacher: Teacher, on_batch: Callable[[int], None] | None = None)
     """The vocab file's content (safetensors); refuses non-finite vectors like every other output."""
     from safetensors.numpy import save
 
-    from kd.storage.errors import StoreError
+    from kd.common.errors import StoreError
 
     vecs = vocab_vectors(teacher, on_batch=on_batch)
     bad = np.nonzero(~np.isfinite(vecs).all(1))[0]

@@ -2,7 +2,7 @@
 
 `pipeline` (stage one) writes stores and `student` (stage two) reads them; both import this
 package and never each other. The names below load on first use (PEP 562), so importing one light
-module of the package (e.g. `kd.storage.errors` for `kd --help`) does not pull in pyarrow.
+module of the package (e.g. `kd.common.errors` for `kd --help`) does not pull in pyarrow.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "KdError": "kd.storage.errors", "StoreError": "kd.storage.errors", "FORMAT_VERSION": "kd.storage.manifest",
+    "KdError": "kd.common.errors", "StoreError": "kd.common.errors", "FORMAT_VERSION": "kd.storage.manifest",
     "Manifest": "kd.storage.manifest", "ShardRecord": "kd.storage.manifest", "TableRecord": "kd.storage.manifest",
     "Store": "kd.storage.store",
 }

@@ -35,7 +35,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
-from kd.storage import bounds as B
+from kd.common import bounds as B
 from kd.storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
 from kd.storage.query import resolve_table, view_names
 from kd.storage.store import Store, drop_table, open_writer

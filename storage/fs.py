@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from kd.storage.errors import StoreError
+from kd.common.errors import StoreError
 from kd.storage.names import inside, real_inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kd.common.errors import InputError, StoreError
 from kd.storage import fs
-from kd.storage.errors import InputError, StoreError
 from kd.storage.query import resolve_table, view_names
 from kd.storage.schema import arrow_to_vectors, vector_shape
 from kd.storage.store import Store, iter_shards, open_writer

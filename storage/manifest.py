@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kd.storage.errors import StoreError
+from kd.common.errors import StoreError
 from kd.storage.fs import check_relative
 
 FORMAT_NAME = "kd-store"

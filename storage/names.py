@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 

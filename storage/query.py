@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from kd.storage.errors import InputError, KdError
+from kd.common.errors import InputError, KdError
+from kd.common.outputs import claim_output
 from kd.storage.manifest import Manifest
-from kd.storage.outputs import claim_output
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from kd.common.errors import StoreError
 from kd.storage import fs
-from kd.storage.errors import StoreError
 from kd.storage.manifest import Manifest
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 

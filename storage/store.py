@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from kd.common.errors import StoreError
 from kd.storage import fs
-from kd.storage.errors import StoreError
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
 
 MANIFEST = "manifest.json"

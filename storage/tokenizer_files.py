@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 
 
 def load_tokenizer(folder: str | os.PathLike, fix: str, error: type[KdError] = KdError) -> Any:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common.errors import StoreError
 from kd.storage import fs
-from kd.storage.errors import StoreError
 from kd.storage.schema import type_name
 from kd.storage.store import Store
 

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from kd.common.errors import KdError
 from kd.storage import fs
-from kd.storage.errors import KdError
 from kd.storage.manifest import Manifest
 
 CHECKPOINT = "checkpoint.pt"

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from kd.storage.errors import InputError, StoreError
-from kd.storage.finite import non_finite_rows
+from kd.common.errors import InputError, StoreError
+from kd.common.finite import non_finite_rows
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kd.storage.hardware import check_device
+from kd.common.hardware import check_device
 
 
 @dataclass

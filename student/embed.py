@@ -23,15 +23,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.storage import bounds as B
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError, StoreError
+from kd.common.finite import non_finite_rows
+from kd.common.hardware import check_device
+from kd.common.outputs import claim_output
+from kd.common.progress import Bar
 from kd.storage import fs
-from kd.storage.errors import InputError, KdError, StoreError
-from kd.storage.finite import non_finite_rows
-from kd.storage.hardware import check_device
 from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
-from kd.storage.outputs import claim_output
-from kd.storage.progress import Bar
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import Store, open_writer
 from kd.student.export import LoadedStudent, load
@@ -110,10 +110,10 @@ def finite_vectors(vecs: np.ndarray, rows: np.ndarray, where: str, row: str = "r
 def read_texts(path: str, text_column: str | None = None) -> list[str]:
     """Texts of a .txt (one per line, blanks skipped), .jsonl, .csv/.tsv or .parquet file.
 
-    Read by `storage.inputs` (what precompute uses): non-UTF-8 bytes, malformed JSON lines and missing
+    Read by `common.inputs` (what precompute uses): non-UTF-8 bytes, malformed JSON lines and missing
     columns are errors naming the file and line.
     """
-    from kd.storage.inputs import ColumnSpec, read_inputs
+    from kd.common.inputs import ColumnSpec, read_inputs
 
     p = Path(path)
     if not p.exists():

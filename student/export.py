@@ -27,10 +27,10 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from kd.common.errors import InputError
+from kd.common.finite import first_non_finite, require_finite_weights
+from kd.common.hardware import check_device
 from kd.storage import fs
-from kd.storage.errors import InputError
-from kd.storage.finite import first_non_finite, require_finite_weights
-from kd.storage.hardware import check_device
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"

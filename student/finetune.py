@@ -7,14 +7,14 @@
   plus `kd_weight` x MSE between the head's outputs and the task teacher's logits stored in that store
   (or, with `kd_alpha`, Tang et al.'s mix alpha x task loss + (1 - alpha) x MSE, which SRA+KD uses)
   (e.g. a cross-encoder from `kd finetune-teacher` run by `kd precompute` over the training file).
-  Rows are joined on the store's ids, which `storage.ids` computes from the text alone, so the store
+  Rows are joined on the store's ids, which `common.ids` computes from the text alone, so the store
   must hold every training row (precomputed from the same file and columns); the teacher's class
   names fix the label order.
 - Adam(W), constant learning rate after a short warm-up (SRA picks lr from {2,3,5,10}e-4 on dev),
   gradient clipping; dev metrics after every epoch and the best epoch is kept.
 - Numbers: NaN/Inf labels (named by file and row) and teacher logits (by row id) are refused before
   training, a non-finite loss stops the run before its backward pass, and weights are checked before
-  they are saved; a failed run leaves no output folder (`storage.finite`, `storage.tasks.fresh_output`).
+  they are saved; a failed run leaves no output folder (`common.finite`, `common.tasks.fresh_output`).
 - Output: a student folder (`student.load` still encodes with the fine-tuned encoder) plus
   task.json and task_head.safetensors; `load_task_model(dir).predict(texts | pairs)` gives labels or
   scores.
@@ -36,16 +36,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from kd.storage import bounds as B
-from kd.storage.errors import InputError, KdError
-from kd.storage.finite import check_loss, non_finite_rows, require_finite_weights
-from kd.storage.hardware import check_device
-from kd.storage.ids import text_id, text_key
-from kd.storage.outputs import FINETUNE
-from kd.storage.progress import Bar
-from kd.storage.schema import arrow_to_vectors
-from kd.storage.store import Store
-from kd.storage.tasks import (
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError
+from kd.common.finite import check_loss, non_finite_rows, require_finite_weights
+from kd.common.hardware import check_device
+from kd.common.ids import text_id, text_key
+from kd.common.outputs import FINETUNE
+from kd.common.progress import Bar
+from kd.common.tasks import (
     LabelSet,
     Task,
     TaskRows,
@@ -54,6 +52,8 @@ from kd.storage.tasks import (
     read_splits,
     task_metrics,
 )
+from kd.storage.schema import arrow_to_vectors
+from kd.storage.store import Store
 from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
 from kd.student.models import Student
 

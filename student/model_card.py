@@ -83,7 +83,7 @@ vectors = model.encode(["A sentence.", "Another one."])
 With onnxruntime, no torch (after `kd export {name} --format onnx --out {name}-onnx`):
 
 ```python
-from kd.student.onnx_export import onnx_encode   # or the 15 lines of it: tokenizers + onnxruntime
+from kd.student.exporters.onnx_graph import onnx_encode   # or the 15 lines of it: tokenizers + onnxruntime
 vectors = onnx_encode("{name}-onnx", ["A sentence.", "Another one."])
 ```
 

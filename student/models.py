@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.student.pca import pca_embeddings
 from kd.student.pooling import Pool, Pooling, masked_mean
 from kd.student.static import StaticEncoder

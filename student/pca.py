@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 
 
 def pca_embeddings(matrix: np.ndarray, dim: int) -> np.ndarray:

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kd.storage.errors import InputError
+from kd.common.errors import InputError
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
 ST_PREFIX = "sentence_transformers."

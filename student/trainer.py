@@ -44,13 +44,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kd.storage import bounds as B
+from kd.common import bounds as B
+from kd.common.errors import InputError, KdError
+from kd.common.finite import require_finite_weights
+from kd.common.hardware import check_device, native_bf16
+from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output
+from kd.common.progress import Bar
 from kd.storage import fs
-from kd.storage.errors import InputError, KdError
-from kd.storage.finite import require_finite_weights
-from kd.storage.hardware import check_device, native_bf16
-from kd.storage.outputs import STUDENT, TRAIN_LOCK, claim_output
-from kd.storage.progress import Bar
 from kd.storage.store import Store
 from kd.student import checkpoint
 from kd.student import data as D
@@ -466,7 +466,7 @@ def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of this run, or None for plain fp32.
 
     - CUDA: bf16 where the GPU supports it, else fp16 (with loss scaling, see `make_amp`);
-    - CPU: bf16 for Transformer students when the CPU has native bf16 (`storage.hardware.native_bf16`);
+    - CPU: bf16 for Transformer students when the CPU has native bf16 (`common.hardware.native_bf16`);
     - `--no-amp`: None everywhere. Weights, optimizer state and the objectives stay fp32 (`Distiller`).
     """
     if not cfg.amp:

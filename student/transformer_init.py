@@ -25,7 +25,7 @@ class TransformerInitEncoder(nn.Module):
         from transformers import BertConfig, BertModel
 
         if not cfg.bert:
-            from kd.storage.errors import KdError
+            from kd.common.errors import KdError
 
             raise KdError("a transformer-init student needs the teacher's stored config", "student config",
                           "train it from a store with the init output (kd precompute --outputs init)")
@@ -58,7 +58,7 @@ def load_init_weights(student: nn.Module, folder: Path) -> None:
     missing, unexpected = student.encoder.bert.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("embeddings.word_embeddings")]
     if missing or unexpected:
-        from kd.storage.errors import KdError
+        from kd.common.errors import KdError
 
         raise KdError(f"the stored init weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})",
                       str(folder), "re-run kd precompute --outputs init with this kd version")

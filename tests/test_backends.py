@@ -23,10 +23,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline import backends
 from kd.pipeline.backends import Backend, Quantize
 from kd.pipeline.teacher import load_teacher
-from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.info import summary_table
 from kd.storage.manifest import Manifest, merge, same_settings
 
@@ -348,7 +348,7 @@ def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
     of 10,000 benchmark sentences, docs/results.md) where the CPU has int8 dot products, which is where kd picks
     this recipe. Forced onto an AVX2-only CPU, int8 products go through u8 x s8 pairwise adds that saturate at
     int16: measured 0.990 on an AVX2 EPYC, so there it must clear kd's own fidelity bar (0.98) only."""
-    from kd.storage.hardware import native_int8
+    from kd.common.hardware import native_int8
 
     _needs(Backend.openvino)
     vnni = native_int8()  # this CPU's own answer, before the override below forces the static recipe
@@ -393,3 +393,13 @@ def test_openvino_leaves_the_threads_signal_stack_usable(cache, tiny_teacher, tm
     r = subprocess.run([sys.executable, "-c", CHILD_EXIT_AFTER_OPENVINO, str(tiny_teacher), quantize],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "survived True" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
+def test_calibration_sentences_are_the_demo_corpus_prefix_they_were_copied_from():
+    """Stage one ships its own fidelity/calibration sentences (no import of apps); they are the demo corpus's
+    first 640 round-robin sentences, so fidelities recorded before the copy stay comparable."""
+    from kd.apps.corpus import demo_sentences
+    from kd.pipeline.calibration import CALIBRATION_ROWS, FIDELITY_ROWS, calibration_sentences, fidelity_sentences
+
+    assert fidelity_sentences() + calibration_sentences() == demo_sentences()[: 2 * (FIDELITY_ROWS + CALIBRATION_ROWS)]
+    assert len(set(fidelity_sentences()) & set(calibration_sentences())) == 0

@@ -81,8 +81,8 @@ def test_cross_teacher_student_exports_with_the_same_vectors(store, tmp_path, se
     from sentence_transformers import SentenceTransformer
 
     from kd import student
-    from kd.student.onnx_export import export_onnx, onnx_encode
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.onnx_graph import export_onnx, onnx_encode
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     assert _train(store, tmp_path / "x", "--arch", "transformer-init", "--target", "big.mean", steps=5).exit_code == 0
     want = student.load(tmp_path / "x").encode(sentences[200:240])

@@ -12,7 +12,7 @@ import torch
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
 
-from kd.storage.errors import InputError, StoreError
+from kd.common.errors import InputError, StoreError
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 from kd.student import data as D

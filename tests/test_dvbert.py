@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from test_objectives import make_batch, manifest, run, student_cfg
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.manifest import Manifest
 from kd.storage.schema import VectorDType, vector_type
 from kd.student import trainer as T

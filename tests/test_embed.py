@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kd import student
 from kd.cli import app
-from kd.storage.errors import InputError, StoreError
+from kd.common.errors import InputError, StoreError
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 from kd.student.embed import embed

@@ -64,7 +64,7 @@ def test_sentence_transformers_directory_reproduces_the_student(arch, students, 
     from sentence_transformers import SentenceTransformer
 
     from kd import student
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     st = student.load(students[arch])
     assert not np.allclose(st.model.embed.weight.detach().numpy()[5:40], 0)  # trained, not a blank table
@@ -85,7 +85,7 @@ def test_every_arch_loads_through_kd_without_trust_remote_code(arch, students, s
     from sentence_transformers import SentenceTransformer
 
     from kd import student
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     out = export_sentence_transformers(students[arch], tmp_path / "st")
     if arch not in ("static", "transformer-init"):
@@ -104,7 +104,7 @@ def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
 
     from sentence_transformers import SentenceTransformer
 
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     out = export_sentence_transformers(students[arch], tmp_path / "st")
     types = [m["type"] for m in json.loads((out / "modules.json").read_text())]
@@ -115,7 +115,7 @@ def test_built_in_archs_load_without_remote_code(arch, students, tmp_path):
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_onnx_model_reproduces_the_student(arch, students, sentences, tmp_path):
     from kd import student
-    from kd.student.onnx_export import export_onnx, onnx_encode
+    from kd.student.exporters.onnx_graph import export_onnx, onnx_encode
 
     out = export_onnx(students[arch], tmp_path / "onnx")
     assert {"model.onnx", "tokenizer.json", "kd_onnx.json"} <= {p.name for p in out.iterdir()}
@@ -153,8 +153,8 @@ def test_student_folder_carries_a_model_card(students, store):
 def test_packing_free_recurrence_equals_packed_sequences(arch):
     import torch
 
+    from kd.student.exporters.onnx_graph import MaskedRecurrent
     from kd.student.models import StudentConfig, build_student
-    from kd.student.onnx_export import MaskedRecurrent
 
     torch.manual_seed(0)
     model = build_student(StudentConfig(arch=arch, vocab_size=50, embed_dim=6, hidden_dim=5, num_layers=2,
@@ -187,7 +187,7 @@ def test_static_export_with_a_tokenizer_saved_with_padding(students, sentences, 
     from sentence_transformers import SentenceTransformer
 
     from kd import student
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     folder = Path(shutil.copytree(students["static"], tmp_path / "static"))
     tj = folder / "tokenizer" / "tokenizer.json"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import precompute_news
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.index import build_index, list_indexes, load_index
 from kd.storage.query import connect
 from kd.storage.store import Store

@@ -16,13 +16,13 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import InputError, KdError
+from kd.common.ids import row_ids
+from kd.common.tasks import LabelSet, Task, read_task, task_columns
 from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
 from kd.pipeline.precompute import precompute
 from kd.pipeline.teacher import load_teacher
-from kd.storage.errors import InputError, KdError
-from kd.storage.ids import row_ids
 from kd.storage.store import Store
-from kd.storage.tasks import LabelSet, Task, read_task, task_columns
 from kd.student import load
 from kd.student.finetune import FinetuneConfig, finetune, load_task_model
 from kd.student.trainer import TrainConfig, train

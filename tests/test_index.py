@@ -11,7 +11,7 @@ from store_builder import TableSpec, build_store, grouped_vectors, unit
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.storage.errors import InputError, StoreError
+from kd.common.errors import InputError, StoreError
 from kd.storage.index import build_index, list_indexes, search
 from kd.storage.store import Store, open_writer
 

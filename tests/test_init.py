@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kd import student
 from kd.cli import app
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.student import trainer as T
 
 TEXTS = ["the cat runs in the house", "a man reads the news", "stock price fell this week", "big red car"]

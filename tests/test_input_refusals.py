@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from kd.apps import tasks
 from kd.cli import app
+from kd.common.errors import InputError
 from kd.pipeline.inputs import ColumnSpec, read_inputs
 from kd.pipeline.rows import build_texts
-from kd.storage.errors import InputError
 from kd.student.trainer import read_ids
 
 

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DATA
 
+from kd.common.errors import InputError
 from kd.pipeline.inputs import ColumnSpec, expand_inputs, read_inputs
 from kd.pipeline.plan import ShardPlan, plan_batches
 from kd.pipeline.rows import build_texts, text_id
 from kd.pipeline.segment import segment
-from kd.storage.errors import InputError
 
 
 def test_every_format_reads_the_same_texts(tmp_path):
@@ -198,7 +198,7 @@ def test_quoted_multiline_paragraphs_and_literal_quotes_are_kept(tmp_path):
 
 
 def test_a_runaway_quote_without_delimiters_is_refused_by_size(tmp_path, monkeypatch):
-    import kd.storage.inputs as si
+    import kd.common.inputs as si
 
     monkeypatch.setattr(si, "MAX_QUOTED_FIELD", 50)
     (tmp_path / "x.csv").write_text('text\n"' + "\n".join(["one more swallowed line"] * 5) + "\n")

@@ -80,8 +80,8 @@ def test_finetune_refuses_a_non_finite_label_naming_file_and_row(student_dir, tm
 
 def test_a_nan_class_label_is_refused_too(tmp_path):
     """A classification label "nan" is a missing number (a float column with a hole), not a class."""
-    from kd.storage.errors import InputError
-    from kd.storage.tasks import Task, read_task, task_columns
+    from kd.common.errors import InputError
+    from kd.common.tasks import Task, read_task, task_columns
 
     path = write_pairs(tmp_path / "cls.tsv", 12, 0)
     lines = path.read_text().splitlines()
@@ -110,8 +110,8 @@ def test_train_student_refuses_a_nan_target_naming_table_shard_and_row(tmp_path)
 def test_finetune_refuses_nan_teacher_logits_in_the_kd_store(student_dir, tmp_path):
     from store_builder import TableSpec, build_store
 
-    from kd.storage.ids import row_ids
-    from kd.storage.tasks import Task, read_task, task_columns
+    from kd.common.ids import row_ids
+    from kd.common.tasks import Task, read_task, task_columns
 
     train = _scores(tmp_path)
     rows = read_task(str(train), Task.pair_regression, task_columns(Task.pair_regression, None, "a,b", "quality"))

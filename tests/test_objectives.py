@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from student_stores import tiny_bert_config
 
-from kd.storage.errors import KdError
-from kd.storage.ids import row_ids
+from kd.common.errors import KdError
+from kd.common.ids import row_ids
 from kd.storage.manifest import Manifest, TableRecord
 from kd.storage.schema import VectorDType, vector_type
 from kd.student.models import Arch, StudentConfig, build_student
@@ -60,7 +60,7 @@ def manifest(*, pairs: bool = False, label: str | None = "int64", cross_encoders
 
 
 def hash_ids(n: int, start: int = 0) -> torch.Tensor:
-    """Real row ids: 64-bit content hashes of distinct texts (storage.ids), not 0, 1, 2, ..."""
+    """Real row ids: 64-bit content hashes of distinct texts (common.ids), not 0, 1, 2, ..."""
     return torch.from_numpy(row_ids([f"sentence number {i} of the corpus" for i in range(start, start + n)]))
 
 
@@ -347,7 +347,7 @@ def test_label_objective_and_codir_fine_tuning_stage() -> None:
 
 def test_sra_targets_cls_and_sra_kd_mixes_with_alpha() -> None:
     """SRA distils [CLS]: --target <teacher>.cls for any teacher storing it; SRA+KD: a CE + (1 - a) MSE."""
-    from kd.storage.tasks import Task
+    from kd.common.tasks import Task
     from kd.student.finetune import FinetuneConfig, _mixed_loss
 
     (sra,) = build_objectives(["cosine:0.5"], student_cfg(), manifest(), target="ce1.cls")

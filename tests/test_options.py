@@ -1,4 +1,4 @@
-"""Every numeric and enum option of every command is bounded where it is declared (kd.storage.bounds).
+"""Every numeric and enum option of every command is bounded where it is declared (kd.common.bounds).
 
 The property: for each int/float option of each command, 0, -1 and 10**12 either exit 2 at parse time naming the
 option (no traceback, nothing run), or the (command, option, value) is in MEANINGFUL below. Each choice option
@@ -21,8 +21,8 @@ from student_stores import make_store
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.storage import bounds as B
-from kd.storage.errors import KdError
+from kd.common import bounds as B
+from kd.common.errors import KdError
 
 COMMANDS = typer.main.get_command(app).commands
 
@@ -121,13 +121,13 @@ def test_device_refuses_an_unknown_name_and_lists_the_forms(name):
 def test_the_choice_literals_match_the_library_enums():
     from kd.apps.eval import Measure
     from kd.apps.tasks import ClusterSet
+    from kd.common.tasks import Task
     from kd.pipeline.backends import Backend, Quantize
     from kd.pipeline.teacher import Precision
     from kd.storage.cluster import Method
     from kd.storage.index import IndexKind
     from kd.storage.query import Format
     from kd.storage.schema import VectorDType
-    from kd.storage.tasks import Task
     from kd.student.models import Arch
     from kd.student.pooling import Pooling
     from kd.student.trainer import EmbeddingInit, Schedule

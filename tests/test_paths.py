@@ -4,7 +4,7 @@
   (validate, repair and the readers) without the outside file being read, hashed or renamed; so is a
   symlink that leads out of the store.
 - Counts in a manifest are bounded before anything is allocated (num_shards 10**12: refused at once).
-- Every output (--out, --overwrite, --json, --plot, ...) goes through `storage.outputs.claim_output`:
+- Every output (--out, --overwrite, --json, --plot, ...) goes through `common.outputs.claim_output`:
   never an input, a folder holding one, a store or another student.
 - A damaged export cache is an error naming the cache folder and how to clear it.
 
@@ -25,7 +25,7 @@ from conftest import precompute_news
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.storage.errors import KdError, StoreError
+from kd.common.errors import KdError, StoreError
 from kd.storage.repair import repair
 from kd.storage.store import Store
 from kd.storage.validate import check
@@ -261,7 +261,7 @@ def test_a_cache_spec_naming_a_file_outside_is_never_read(tmp_path, tiny_teacher
 
 
 def test_overwrite_never_deletes_a_kd_folder_below_the_output(built, tmp_path):
-    from kd.storage.outputs import EXPORT, claim_output
+    from kd.common.outputs import EXPORT, claim_output
 
     old = tmp_path / "old-export"
     old.mkdir()

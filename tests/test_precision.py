@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from kd.common.hardware import native_bf16, native_int8
 from kd.pipeline.precompute import precompute
 from kd.pipeline.teacher import Precision, cast_weights, load_teacher, resolve_precision
 from kd.storage import Store
-from kd.storage.hardware import native_bf16, native_int8
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.validate import validate
 

@@ -18,9 +18,9 @@ from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import InputError, StoreError
 from kd.pipeline.precompute import precompute
 from kd.storage import Store
-from kd.storage.errors import InputError, StoreError
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.validate import validate
 

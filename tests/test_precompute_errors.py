@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import KdError
 from kd.storage import fs
-from kd.storage.errors import KdError
 from kd.storage.store import Store
 from kd.storage.validate import validate
 

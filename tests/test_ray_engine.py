@@ -22,13 +22,13 @@ from conftest import DATA, ROOT
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline.job import RayOptions
 from kd.pipeline.job import ray_options as options
 from kd.pipeline.plan import ShardPlan, Unit, plan_units
 from kd.pipeline.precompute import precompute
 from kd.pipeline.ray_engine import plan_workers
 from kd.storage import Store
-from kd.storage.errors import InputError, KdError, StoreError
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.validate import validate

@@ -142,7 +142,7 @@ def test_training_on_a_damaged_tokenizer_names_the_file_and_the_repair(full, tmp
 
 def test_a_damaged_tokenizer_without_a_recorded_checksum_names_its_file(full, tmp_path):
     """Stores written before checksums were recorded: the loader itself names the file it cannot parse."""
-    from kd.storage.errors import KdError
+    from kd.common.errors import KdError
 
     store = shutil.copytree(full, tmp_path / "store")
     _damage(store / "tokenizers/tiny/tokenizer.json", "append")
@@ -154,8 +154,8 @@ def test_a_damaged_tokenizer_without_a_recorded_checksum_names_its_file(full, tm
 
 
 def test_a_teacher_checkpoint_with_a_damaged_tokenizer_names_the_file(tiny_teacher, tmp_path):
+    from kd.common.errors import KdError
     from kd.pipeline.teacher import load_teacher
-    from kd.storage.errors import KdError
 
     folder = shutil.copytree(tiny_teacher, tmp_path / "teacher")
     _damage(folder / "tokenizer.json", "append")

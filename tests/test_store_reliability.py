@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import kd.pipeline.shards as P
 from kd.cli import app
-from kd.storage.errors import KdError, StoreError
+from kd.common.errors import KdError, StoreError
 from kd.storage.store import Store
 from kd.storage.validate import check
 

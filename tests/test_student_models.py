@@ -8,7 +8,7 @@ import torch
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from student_stores import tiny_bert_config
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.student.models import Arch, Pooling, StudentConfig, build_student, pca_embeddings
 from kd.student.pooling import AttentivePooling, masked_max, masked_mean
 

@@ -294,7 +294,7 @@ PLANTED = "import pathlib\npathlib.Path({marker!r}).touch()\n\nclass Evil:\n    
 def exported(trained, tmp_path_factory) -> Path:
     """The bilstm student as a sentence-transformers folder (a custom arch: kd's KdTokenEncoder first)."""
     pytest.importorskip("sentence_transformers")
-    from kd.student.st_export import export_sentence_transformers
+    from kd.student.exporters.st_directory import export_sentence_transformers
 
     return export_sentence_transformers(trained, tmp_path_factory.mktemp("st") / "export")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kd.common.errors import KdError
 from kd.pipeline.teacher import pick_device
-from kd.storage.errors import KdError
 
 
 @pytest.fixture

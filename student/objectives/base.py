@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.manifest import Manifest
 from kd.student.models import StudentConfig, StudentOutput
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.storage.manifest import Manifest
 from kd.student.models import StudentConfig
 from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, ObjectiveSpec, Out, parse_objective

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 from kd.student.distributed import gather_rows
 from kd.student.objectives.base import (
     Batch,

@@ -46,7 +46,7 @@ class Relational(Objective):
     def __init__(self, weight: float, columns: list[str], mode: str, tau: float) -> None:
         super().__init__(weight, columns)
         if mode not in ("mse", "kl"):
-            from kd.storage.errors import KdError
+            from kd.common.errors import KdError
 
             raise KdError(f"unknown relational mode {mode!r}", "--objective relational:mode=...", "use mse or kl")
         self.mode, self.tau = mode, tau

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kd.storage.quiet import quiet
+from kd.common.quiet import quiet
+from kd.student.exporters.folder import prepare_output, replace_folder
 from kd.student.models import RecurrentEncoder, Student
 
 ONNX, SPEC = "model.onnx", "kd_onnx.json"
@@ -37,7 +38,6 @@ OPSET = 18
 def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode."""
     from kd.student.export import load
-    from kd.student.st_export import _replace, prepare_output
 
     target = prepare_output(out, student_dir, overwrite)
     st = load(student_dir)
@@ -61,7 +61,7 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
                 "pad_id": st.config.pad_id, "add_special_tokens": True, "pooling": "in the graph",
                 "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding"}
         (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
-        _replace(work, target)
+        replace_folder(work, target)
     return target
 
 

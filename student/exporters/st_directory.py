@@ -18,43 +18,21 @@ The directory is written next to its final place and renamed in, so no half-writ
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from kd.storage.bounds import ExportFormat, choices
-from kd.storage.errors import InputError, KdError
-from kd.storage.outputs import EXPORT, claim_output
+from kd.common.errors import KdError
 from kd.student.export import LoadedStudent, load
+from kd.student.exporters.folder import prepare_output, replace_folder
 from kd.student.models import Arch, Student
 
 CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
-
-
-FORMATS = choices(ExportFormat)
-
-
-def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """`kd export`: the student in another format (checked before anything is read or written)."""
-    if fmt not in FORMATS:
-        raise InputError(f"unknown export format {fmt!r}", fmt, f"--format is one of {', '.join(FORMATS)}")
-    needs = ("onnx", "onnxruntime", "onnxscript") if fmt == "onnx" else ("sentence_transformers",)
-    missing = [m for m in needs if importlib.util.find_spec(m) is None]
-    if missing:
-        raise InputError(f"--format {fmt} needs {', '.join(missing)}, which is not installed", fmt,
-                         f"pip install {' '.join(m.replace('_', '-') for m in missing)} (kd's 'export' extra)")
-    if fmt == "onnx":
-        from kd.student.onnx_export import export_onnx
-
-        return export_onnx(student_dir, out, overwrite)
-    return export_sentence_transformers(student_dir, out, overwrite)
 
 
 def export_sentence_transformers(student_dir: str | os.PathLike, out: str | os.PathLike,
@@ -66,7 +44,7 @@ def export_sentence_transformers(student_dir: str | os.PathLike, out: str | os.P
     with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
         model = sentence_transformer(st, Path(tmp) / "work")
         model.save(str(Path(tmp) / "model"), create_model_card=False)
-        _replace(Path(tmp) / "model", target)
+        replace_folder(Path(tmp) / "model", target)
     return target
 
 
@@ -172,21 +150,3 @@ def _offset_tokenizer(st: LoadedStudent):
     spec["truncation"] = {"direction": "Right", "max_length": st.config.max_length - len(offset_ids) + 1,
                           "strategy": "LongestFirst", "stride": 0}
     return Tokenizer.from_str(json.dumps(spec)), offset_ids
-
-
-def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
-    """The output folder's resolved path, checked by `storage.outputs.claim_output` before the student is read:
-    never the student, a folder inside it or holding it, nor a store or another student; a non-empty one only
-    with `overwrite`, and only when it holds a previous export (`_replace` swaps it out at the end)."""
-    return claim_output(out, "kd export", (EXPORT,), [source], overwrite=overwrite, fresh=True)
-
-
-def _replace(src: Path, target: Path) -> None:
-    """Move a finished directory into place; an old one is moved aside first and removed after."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(src, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

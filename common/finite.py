@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kd.storage.errors import KdError
+from kd.common.errors import KdError
 
 
 def non_finite_rows(values: np.ndarray) -> np.ndarray:

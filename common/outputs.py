@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from kd.storage.errors import InputError
+from kd.common.errors import InputError
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
 COMMANDS = {STORE: "kd precompute", STUDENT: "kd train-student", FINETUNE: "kd finetune",

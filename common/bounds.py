@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal, get_args
 
-from kd.storage.errors import InputError
+from kd.common.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ ClusterSet = Literal["news-articles", "brown-genres"]  # apps.tasks.ClusterSet
 QueryFormat = Literal["table", "csv", "json", "parquet"]  # storage.query.Format
 IndexKind = Literal["flat", "ivf", "hnsw"]  # storage.index.IndexKind
 ClusterMethod = Literal["auto", "exact", "knn"]  # storage.cluster.Method
-Task = Literal["classification", "pair-classification", "pair-regression"]  # storage.tasks.Task
+Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
 # apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
 Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed")}, type=str)
 

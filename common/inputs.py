@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from kd.storage.errors import InputError
+from kd.common.errors import InputError
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from kd.storage.bounds import DEVICE
-from kd.storage.errors import InputError
+from kd.common.bounds import DEVICE
+from kd.common.errors import InputError
 
 
 def native_bf16() -> bool:

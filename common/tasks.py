@@ -5,7 +5,7 @@ A teacher fine-tuned in stage one (`kd finetune-teacher`) and a student fine-tun
 other is silently wrong; both take it from here.
 
 - `read_task(files, task, spec)`: labelled texts or pairs, blank texts dropped exactly as
-  `kd precompute` drops them, each row with the id precompute gives it (`storage.ids.row_ids`).
+  `kd precompute` drops them, each row with the id precompute gives it (`common.ids.row_ids`).
 - `LabelSet`: class names in index order. Integer labels sort numerically, so label value i is class
   i (what the student data loader assumes of an int64 label column); other labels sort as strings.
 - `read_splits`, `fresh_output`: what both fine-tuning commands do before training. Labels that are
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kd.storage.errors import InputError, KdError
-from kd.storage.finite import non_finite_rows
-from kd.storage.ids import is_empty, row_ids
-from kd.storage.inputs import ColumnSpec, expand_inputs, read_inputs
-from kd.storage.outputs import COMMANDS, claim_output
+from kd.common.errors import InputError, KdError
+from kd.common.finite import non_finite_rows
+from kd.common.ids import is_empty, row_ids
+from kd.common.inputs import ColumnSpec, expand_inputs, read_inputs
+from kd.common.outputs import COMMANDS, claim_output
 
 
 class Task(str, Enum):

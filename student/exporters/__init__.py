@@ -1,0 +1,36 @@
+"""`kd export`: a trained student in another format, the same vectors.
+
+- `sentence-transformers` (st_directory.py): built-in modules wherever they reproduce the student, kd's
+  `KdTokenEncoder` otherwise (load those with `kd.student.load_exported`, never `trust_remote_code`);
+- `onnx` (onnx_graph.py): the whole student as one graph; `OnnxEncoder` runs it with onnxruntime alone;
+- folder.py: the output folder's gate and the atomic swap both formats use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from kd.common.bounds import ExportFormat, choices
+from kd.common.errors import InputError
+
+FORMATS = choices(ExportFormat)
+
+
+def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """`kd export`: the student in another format (checked before anything is read or written)."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown export format {fmt!r}", fmt, f"--format is one of {', '.join(FORMATS)}")
+    needs = ("onnx", "onnxruntime", "onnxscript") if fmt == "onnx" else ("sentence_transformers",)
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(f"--format {fmt} needs {', '.join(missing)}, which is not installed", fmt,
+                         f"pip install {' '.join(m.replace('_', '-') for m in missing)} (kd's 'export' extra)")
+    if fmt == "onnx":
+        from kd.student.exporters.onnx_graph import export_onnx
+
+        return export_onnx(student_dir, out, overwrite)
+    from kd.student.exporters.st_directory import export_sentence_transformers
+
+    return export_sentence_transformers(student_dir, out, overwrite)

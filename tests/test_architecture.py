@@ -1,0 +1,108 @@
+"""The package map of docs/design.md, enforced: which kd package may import which, and no import cycles.
+
+- Every `import kd...` / `from kd... import` in every module of the package is an edge, wherever it
+  stands: at the top or inside a function (a lazy import). A lazy import hides a cycle
+  from Python's import system, not from the design.
+- `from kd.a import b` is an edge to the module kd.a.b when that file exists, else to kd.a.
+- Imports under `if TYPE_CHECKING:` (annotations only) obey the layers but never count as a cycle: they
+  never run.
+- Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> apps
+  -> cli. A module imports only its own layer and the ones below.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("common", "storage", "pipeline", "student", "apps")
+# what each top-level part may import (besides itself)
+ALLOWED = {
+    "kd": set(),
+    "common": set(),
+    "storage": {"common"},
+    "pipeline": {"common", "storage"},
+    "student": {"common", "storage"},
+    "apps": {"common", "storage", "pipeline", "student"},
+    "cli": {"common", "storage", "pipeline", "student", "apps"},
+    "__main__": {"cli"},
+}
+
+
+def modules() -> dict[str, Path]:
+    """kd module name -> file, for the package's own files (tests/ and bench/ are not part of it)."""
+    out = {"kd": ROOT / "__init__.py", "kd.cli": ROOT / "cli.py", "kd.__main__": ROOT / "__main__.py"}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []:
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(("kd", *parts[:-1])) if parts[-1] == "__init__" else ".".join(("kd", *parts))
+            out[name] = f
+    return out
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (annotations only: never run)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
+def imports(file: Path, known: set[str], type_only: bool = True) -> set[str]:
+    """The kd modules `file` imports, lazy ones included; `type_only=False` leaves out the imports under
+    `if TYPE_CHECKING:`, which never run and so cannot take part in an import cycle."""
+    found = set()
+    tree = ast.parse(file.read_text(encoding="utf-8"))
+    skip = set() if type_only else _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name == "kd" or a.name.startswith("kd.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == "kd":
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in known else node.module)
+    return {m for m in found if m in known}
+
+
+def graph(type_only: bool = True) -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(f, set(mods), type_only) - {name} for name, f in mods.items()}
+
+
+def part(module: str) -> str:
+    """The top-level part a module belongs to: kd, cli, __main__, or one of PACKAGES."""
+    return module.split(".")[1] if "." in module else "kd"
+
+
+def test_every_import_points_down_the_layers():
+    wrong = [f"{m} -> {d}" for m, deps in graph().items() for d in sorted(deps)
+             if part(d) != part(m) and part(d) not in ALLOWED[part(m)]]
+    assert not wrong, "imports against the package map (docs/design.md):\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles_even_lazy_ones():
+    g = graph(type_only=False)
+    try:
+        graphlib.TopologicalSorter(g).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+
+
+def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
+    """The walker finds an import inside a function, and the cycle check fires on a planted cycle."""
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kd.apps.eval\n"
+                 "def f():\n    from kd.storage import fs\n    import kd.pipeline.plan\n")
+    known = {"kd.storage", "kd.storage.fs", "kd.pipeline.plan", "kd.apps.eval"}
+    assert imports(f, known) == {"kd.storage.fs", "kd.pipeline.plan", "kd.apps.eval"}
+    assert imports(f, known, type_only=False) == {"kd.storage.fs", "kd.pipeline.plan"}
+    try:
+        graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).prepare()
+    except graphlib.CycleError:
+        return
+    raise AssertionError("graphlib did not report the cycle")
