@@ -121,9 +121,9 @@ def test_kd_index_and_search_with_a_student(store, monkeypatch, sentences):
     r = runner.invoke(app, ["index", str(path), "--table", "minilm", "--column", "sentence"])
     assert r.exit_code == 0 and "indexed 240 rows" in r.output, r.output
     # a student distilled into the teacher's space: its query vector is row 42's teacher vector
-    fake = types.ModuleType("student")
-    fake.load = lambda d: types.SimpleNamespace(encode=lambda texts: x[42:43])
-    monkeypatch.setitem(__import__("sys").modules, "student", fake)
+    import kd.student
+
+    monkeypatch.setattr(kd.student, "load", lambda d: types.SimpleNamespace(encode=lambda texts: x[42:43]))
     r = runner.invoke(app, ["search", str(path), "anything", "--student", "some/dir", "-k", "3"])
     assert r.exit_code == 0, r.output
     first = r.output.splitlines()[3].split("│")
