@@ -36,6 +36,8 @@ def file_repair(root: str) -> str:
             "that wrote the store: it writes the file again")
 FRAGMENTS = "manifests"
 LOCKS = "locks"
+# What a store holds while its first writers start: locks, fragments (maybe only a temp file yet), tables
+BEING_CREATED = {LOCKS, FRAGMENTS, "texts", "teachers", "tokenizers"}
 
 
 def shard_file(table: str, k: int) -> str:
@@ -338,7 +340,9 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
         existing = existing if existing is not None else load_manifest(loc)
         if existing is None and not _is_empty_dir(loc) and not overwrite:
             names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
-            if set(names) - {LOCKS}:
+            # Only a store's own folders (another writer of the same run is creating it and has not renamed
+            # its first fragment in yet): not someone else's files, so no refusal and no race.
+            if set(names) - {LOCKS} and (set(names) - BEING_CREATED or FRAGMENTS not in names):
                 raise StoreError(
                     "the output folder is not empty and holds no kd store",
                     loc.root,
