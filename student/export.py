@@ -89,8 +89,10 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
 
 
 # A static student's calls of up to this many texts run in numpy (`_encode_static`): torch's dispatch costs
-# more than one short text's work (1 text: 2,981 vs 648 texts/s, 1 thread, STS-B test), while from ~16 texts
-# on its fused embedding_bag wins (256: 117,329 vs 37,600) because numpy gathers every token row first.
+# more than one short text's work (bench/static_encode.py, fresh processes, 1 thread, STS-B test texts with
+# tokenisation: 5,272 vs 4,191 texts/s at 1 text per call), while its fused embedding_bag wins on large
+# batches because numpy gathers every token row first (in-process sweep, embedding only: torch ahead from
+# ~16 texts a call, 3.1x at 256).
 NUMPY_STATIC_TEXTS = 8
 
 
