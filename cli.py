@@ -80,6 +80,7 @@ def precompute(
     label_column: Annotated[str | None, typer.Option(help="Optional label column")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
+    sample: Annotated[float | None, typer.Option(help="Keep this fraction of the rows, chosen by content-hash id: the same subset for every teacher and run", **_in(B.SAMPLE))] = None,  # noqa: E501
     batch_tokens: Annotated[int | None, typer.Option(help="Token budget per batch (padded length x rows; default: 4096 on CPU, 16384 on GPU)", **_in(B.BATCH_TOKENS))] = None,  # noqa: E501
     max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens", **_in(B.TOKENS))] = None,
     shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)", **_in(B.ROWS))] = 20000,  # noqa: E501
@@ -107,7 +108,7 @@ def precompute(
         job = PrecomputeJob(
             inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
             spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns, label_column=label_column,
-            delimiter=delimiter, dedup=dedup, batch_tokens=batch_tokens, max_length=max_length, shard_rows=shard_rows,
+            delimiter=delimiter, dedup=dedup, sample=sample, batch_tokens=batch_tokens, max_length=max_length, shard_rows=shard_rows,
             num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
             overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
             allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,

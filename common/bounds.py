@@ -79,6 +79,7 @@ CLIP = Range(0, 10_000)  # 0: off
 PATIENCE = Range(0, 1_000_000)  # 0: never stop early
 PERCENT = Range(0, 100, hi_open=True)  # 0: no held-out rows
 UNIT = Range(0, 1)
+SAMPLE = Range(0, 1, lo_open=True, what="the fraction of rows kept")
 GPU_SHARE = Range(0, 1, lo_open=True, what="a worker runs its teacher on one GPU; 0.5: two workers per GPU")
 LOSS_WEIGHT = Range(0, 10_000)  # 0: the term is off
 COSINE_DISTANCE = Range(0, 2, lo_open=True, what="a cosine distance: 1 - cosine similarity")

@@ -4,6 +4,9 @@
 - `text_id(key, occurrence)`: the first 8 bytes of blake2b(f"{occurrence}\\x1f{key}") as a signed
   int64. `occurrence` (0 for the first copy of a key, 1 for the second...) keeps ids unique when
   duplicates are kept.
+- `in_sample(id, fraction)`: whether an id falls in the first `fraction` of the id space. Ids are uniform hashes,
+  so this keeps a uniform random sample that is the same in every store, run and teacher (`--sample`): stores
+  built from one corpus with one fraction hold the same rows, aligned by id.
 - `row_ids(texts)`: the ids `kd precompute` gives a list of non-empty texts without dedup, which is
   how `kd finetune` finds each training row's teacher outputs in a store.
 """
@@ -29,6 +32,10 @@ def is_empty(text: str | tuple[str, str] | list[str]) -> bool:
 def text_id(key: str, occurrence: int) -> int:
     h = hashlib.blake2b(f"{occurrence}\x1f{key}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little", signed=True)
+
+
+def in_sample(row_id: int, fraction: float) -> bool:
+    return (row_id % 2**64) < fraction * 2**64
 
 
 def row_ids(texts: Sequence) -> np.ndarray:

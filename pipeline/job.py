@@ -51,6 +51,7 @@ class PrecomputeJob:
     label_column: str | None = None
     delimiter: str | None = None
     dedup: bool = False
+    sample: float | None = None  # keep this fraction of the rows, chosen by id (common.ids.in_sample)
     batch_tokens: int | None = None
     max_length: int | None = None
     shard_rows: int = 20000
@@ -86,7 +87,7 @@ class PrecomputeJob:
         their own GPUs, this driver may have none), --out, --segment, the teachers, --dtype (a ValueError),
         the backend combination, the engine flags (`ray_options`, which returns the Ray engine's options).
         Reads nothing but `os.path.isfile(out)` (and, for a Ray address, connects to it once)."""
-        B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS),
+        B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS), ("--sample", self.sample, B.SAMPLE),
                 ("--batch-tokens", self.batch_tokens, B.BATCH_TOKENS), ("--max-length", self.max_length, B.TOKENS),
                 ("--num-shards", self.num_shards, B.SHARDS), ("--shard-index", self.shard_index, B.SHARD_INDEX),
                 ("--threads", self.threads, B.THREADS), ("--workers", self.workers, B.RAY_WORKERS),
@@ -129,9 +130,12 @@ class PrecomputeJob:
 
     def input_options(self, spec: inp.ColumnSpec) -> dict[str, Any]:
         """The options that shape the rows: fingerprinted with the input files."""
-        return {"text_column": self.text_column, "pair_columns": spec.pair, "label_column": self.label_column,
-                "segment": self.segment, "spacy_model": self.spacy_model if self.segment == "sentences" else None,
-                "dedup": self.dedup, "shard_rows": self.shard_rows, "delimiter": self.delimiter}
+        options = {"text_column": self.text_column, "pair_columns": spec.pair, "label_column": self.label_column,
+                   "segment": self.segment, "spacy_model": self.spacy_model if self.segment == "sentences" else None,
+                   "dedup": self.dedup, "shard_rows": self.shard_rows, "delimiter": self.delimiter}
+        if self.sample is not None:  # only when set: stores made without it keep their fingerprint
+            options["sample"] = self.sample
+        return options
 
     def load_options(self) -> dict[str, Any]:
         """Keywords of `backends.load` for each teacher."""

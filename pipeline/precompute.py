@@ -68,7 +68,7 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
     rows, plan, counts = _rows(job, files, spec, loc, same, index, count)
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,
-                       "rows_per_shard": job.shard_rows, "num_shards": plan.num_shards, "counts": counts.__dict__},
+                       "rows_per_shard": job.shard_rows, "num_shards": plan.num_shards, "counts": counts.record()},
                       versions=package_versions())
     with _disk_full_is_clear(job.out):
         writer = open_writer(loc, header, f"writer-{index:05d}-of-{count:05d}", job.overwrite, existing)
@@ -153,7 +153,7 @@ def _rows(job: PrecomputeJob, files: list[str], spec: inp.ColumnSpec, loc: fs.Lo
         rows = _reload_rows(same, loc, plan.owned(index, count))
         if rows is not None:
             return rows, plan, RowCounts(**same.inputs["counts"])
-    table, counts = _load_rows(files, spec, job.segment, job.spacy_model, job.dedup)
+    table, counts = _load_rows(files, spec, job)
     plan = ShardPlan(table.num_rows, job.shard_rows)
     owned = plan.owned(index, count)
     rows = pa.concat_tables([table.slice(plan.bounds(k)[0], plan.size(k)) for k in owned]) if owned \
@@ -161,13 +161,13 @@ def _rows(job: PrecomputeJob, files: list[str], spec: inp.ColumnSpec, loc: fs.Lo
     return rows, plan, counts
 
 
-def _load_rows(files, spec, segment, spacy_model, dedup) -> tuple[pa.Table, RowCounts]:
+def _load_rows(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
     records = inp.read_inputs(files, spec)
-    if segment == "sentences":
+    if job.segment == "sentences":
         if spec.pair:
             raise InputError("--segment sentences splits documents; it cannot be used with --pair-columns")
-        records = split_sentences(records, spacy_model)
-    table, counts = build_texts(records, dedup, pairs=spec.pair is not None)
+        records = split_sentences(records, job.spacy_model)
+    table, counts = build_texts(records, job.dedup, pairs=spec.pair is not None, sample=job.sample)
     if table.num_rows == 0:
         raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)",
                          ", ".join(files), "check --text-column and that the files are not empty")

@@ -4,6 +4,8 @@
   the same id in any store and any run, whatever file or line it came from. `occurrence` (0 for the
   first copy, 1 for the second...) keeps ids unique when duplicates are kept.
 - With dedup, only the first occurrence of an exact duplicate is kept.
+- With a sample fraction, only rows whose id is `in_sample` are kept (after dedup, so a sampled-out text's
+  later copies are duplicates too): a uniform subset that every teacher's store of this corpus shares.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from kd.common.ids import is_empty as _is_empty
-from kd.common.ids import text_id
+from kd.common.ids import in_sample, text_id
 from kd.common.ids import text_key as _key
 from kd.pipeline.inputs import Records
 from kd.storage.schema import texts_schema
@@ -25,7 +27,12 @@ class RowCounts:
     read: int = 0
     empty_dropped: int = 0
     duplicates_dropped: int = 0
+    sampled_out: int = 0
     kept: int = 0
+
+    def record(self) -> dict[str, int]:
+        """The counts the manifest records (sampled_out only when sampling, so other stores stay as before)."""
+        return {k: v for k, v in self.__dict__.items() if k != "sampled_out" or v}
 
 
 def label_type(labels: list) -> pa.DataType | None:
@@ -42,7 +49,7 @@ def label_type(labels: list) -> pa.DataType | None:
     return pa.string()
 
 
-def build_texts(records: Records, dedup: bool, pairs: bool) -> tuple[pa.Table, RowCounts]:
+def build_texts(records: Records, dedup: bool, pairs: bool, sample: float | None = None) -> tuple[pa.Table, RowCounts]:
     counts = RowCounts(read=len(records.texts))
     positions = getattr(records, "positions", None) or [0] * len(records.texts)
     seen: Counter[str] = Counter()
@@ -56,8 +63,12 @@ def build_texts(records: Records, dedup: bool, pairs: bool) -> tuple[pa.Table, R
         if dedup and seen[key]:
             counts.duplicates_dropped += 1
             continue
-        ids.append(text_id(key, seen[key]))
+        row_id = text_id(key, seen[key])
         seen[key] += 1
+        if sample is not None and not in_sample(row_id, sample):
+            counts.sampled_out += 1
+            continue
+        ids.append(row_id)
         keep.append(i)
     counts.kept = len(keep)
     ltype = label_type([records.labels[i] for i in keep])
