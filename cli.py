@@ -108,7 +108,8 @@ def precompute(
         job = PrecomputeJob(
             inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
             spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns, label_column=label_column,
-            delimiter=delimiter, dedup=dedup, sample=sample, batch_tokens=batch_tokens, max_length=max_length, shard_rows=shard_rows,
+            delimiter=delimiter, dedup=dedup, sample=sample, batch_tokens=batch_tokens, max_length=max_length,
+            shard_rows=shard_rows,
             num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
             overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
             allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,

@@ -14,6 +14,9 @@ model2vec[distill] pins transformers < 5.4, so both run in their own venv (bench
 use); kd only loads the results (the `model2vec` core package, bench extra).
 
     python bench/static_baselines.py --store bench/out/store-frontier --budget 900
+    python bench/static_baselines.py --store bench/out/stronger/store --teacher mpnet --budget 900
+
+Outputs are named by teacher: bench/out/model2vec-<teacher>, bench/out/tokenlearn-<teacher> (--out-dir moves them).
 """
 
 from __future__ import annotations
@@ -126,25 +129,28 @@ def main() -> None:
     ap.add_argument("--store", default=str(OUT / "store-frontier"))
     ap.add_argument("--teacher", default="minilm")
     ap.add_argument("--budget", type=float, default=900.0, help="Tokenlearn training seconds")
+    ap.add_argument("--out-dir", default=str(OUT))
     a = ap.parse_args()
     from kd.pipeline.resolve import resolve_teacher
 
     teacher_dir = resolve_teacher(a.teacher).path
+    out = Path(a.out_dir)
     py = str(venv())
-    m2v = OUT / "model2vec-minilm"
+    m2v = out / f"model2vec-{a.teacher}"
     if not (m2v / "model.safetensors").exists():
         subprocess.run([py, "-c", M2V_SCRIPT, teacher_dir, str(m2v)], check=True)
-    data = OUT / "tokenlearn-data"
+    data = out / f"tokenlearn-data-{a.teacher}"
     n = export_training_data(a.store, a.teacher, data)
     print(f"Tokenlearn: {n} training texts (evaluation overlaps removed)", flush=True)
-    init = OUT / "tokenlearn-init"
+    init = out / f"tokenlearn-init-{a.teacher}"
     if not (init / "model.safetensors").exists():
         t0 = time.time()
         subprocess.run([py, "-c", TOKENLEARN_DISTILL, teacher_dir, str(data), str(init)], check=True)
         print(f"Tokenlearn vocabulary + distill: {time.time() - t0:.0f} s", flush=True)
     t0 = time.time()
-    run_with_budget([py, "-c", TOKENLEARN_TRAIN, str(init), str(data), str(OUT / "tokenlearn-minilm")], a.budget)
-    print(f"Tokenlearn training: {time.time() - t0:.0f} s (budget {a.budget:.0f} s) -> {OUT / 'tokenlearn-minilm'}")
+    final = out / f"tokenlearn-{a.teacher}"
+    run_with_budget([py, "-c", TOKENLEARN_TRAIN, str(init), str(data), str(final)], a.budget)
+    print(f"Tokenlearn training: {time.time() - t0:.0f} s (budget {a.budget:.0f} s) -> {final}")
 
 
 if __name__ == "__main__":

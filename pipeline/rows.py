@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from kd.common.ids import is_empty as _is_empty
 from kd.common.ids import in_sample, text_id
+from kd.common.ids import is_empty as _is_empty
 from kd.common.ids import text_key as _key
 from kd.pipeline.inputs import Records
 from kd.storage.schema import texts_schema
