@@ -6,7 +6,8 @@ pair tasks it is a cross-encoder: both sentences go through the model together, 
 
 Algorithm:
 - rows come from `common.tasks.read_task` (the reader of `kd precompute`); class names from the
-  training labels (`LabelSet`), one output for pair-regression;
+  training labels (`LabelSet`), one output for pair-regression; what `kd finetune` does the same
+  (targets, loss, the loop) is `common.finetune`'s;
 - AutoModelForSequenceClassification on the base (alias, directory or HF cache name), a new head;
 - plain torch loop: length-grouped shuffled batches (little padding), AdamW without decay on biases
   and LayerNorms, linear warm-up then linear decay, gradient clipping at 1, bf16 autocast on CUDA;
@@ -23,22 +24,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from kd.common import bounds as B
+from kd.common import finetune as ft
 from kd.common.errors import KdError
-from kd.common.finite import check_loss, require_finite_weights
+from kd.common.finetune import task_loss  # by name: the tests replace this module's loss
+from kd.common.finite import require_finite_weights
 from kd.common.hardware import check_device
 from kd.common.outputs import TEACHER
-from kd.common.progress import Bar
-from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, parse_task, read_splits, task_metrics
+from kd.common.tasks import LabelSet, Task, fresh_output, task_metrics
 from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import pick_device
 
@@ -73,9 +75,7 @@ class TeacherFinetuneConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        self.task = parse_task(self.task)
-        self.train = [self.train] if isinstance(self.train, str) else list(self.train)
-        self.dev = [self.dev] if isinstance(self.dev, str) else (list(self.dev) if self.dev else None)
+        ft.task_options(self)
         B.check("finetune-teacher options", ("--epochs", self.epochs, B.EPOCHS),
                 ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
                 ("--lr", self.lr, B.LR), ("--warmup", self.warmup, B.WARMUP),
@@ -85,14 +85,7 @@ class TeacherFinetuneConfig:
 
 
 @dataclass
-class TeacherFinetuneSummary:
-    out: str
-    task: str
-    label_names: list[str] | None
-    train_rows: int
-    dev_rows: int
-    steps: int
-    seconds: float
+class TeacherFinetuneSummary(ft.RunSummary):
     best_epoch: int | None
     dev_metrics: dict[str, float] = field(default_factory=dict)  # of the saved (best) epoch
     history: list[dict] = field(default_factory=list)  # dev metrics per epoch
@@ -123,8 +116,7 @@ class Encoded:
 
     def __init__(self, tokenizer, texts: list, max_length: int) -> None:
         self.tok = tokenizer
-        args = ([t[0] for t in texts], [t[1] for t in texts]) if texts and not isinstance(texts[0], str) else (texts,)
-        self.enc = dict(tokenizer(*args, truncation=True, max_length=max_length, verbose=False))
+        self.enc = dict(tokenizer(*ft.split_pairs(texts), truncation=True, max_length=max_length, verbose=False))
         self.lengths = np.array([len(x) for x in self.enc["input_ids"]], dtype=np.int64)
 
     def batch(self, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
@@ -170,147 +162,79 @@ def _optimizer(model: nn.Module, cfg: TeacherFinetuneConfig) -> torch.optim.Opti
                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
 
 
-def _schedule(opt: torch.optim.Optimizer, warmup: float, total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    warm = int(warmup * total) if warmup < 1 else int(warmup)
-
-    def factor(step: int) -> float:  # linear warm-up, then linear decay to 0 (BERT fine-tuning)
-        if step < warm:
-            return (step + 1) / (warm + 1)
-        return max(0.0, (total - step) / max(1, total - warm))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def start_at_mean(model: nn.Module, mean: float) -> None:
-    """Set the bias of the one-output layer to the mean training score.
-
-    A new head predicts ~0 while scores are around their mean (2.7 for STS-B); a small learning rate
-    needs hundreds of steps just to move that bias, and the logits a student later distils would
-    carry the offset.
-    """
-    outs = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == 1 and m.bias is not None]
-    if outs:
-        with torch.no_grad():
-            outs[-1].bias.fill_(mean)
-
-
-def task_loss(logits: torch.Tensor, target: torch.Tensor, task: Task) -> torch.Tensor:
-    logits = logits.float()
-    if task.regression:
-        return nn.functional.mse_loss(logits[:, 0], target.float())
-    return nn.functional.cross_entropy(logits, target.long())
-
-
-@torch.inference_mode()
 def predict_logits(model: nn.Module, data: Encoded, device: torch.device, batch_size: int, autocast) -> np.ndarray:
     """Logits in row order (length-sorted batches)."""
-    was_training = model.training
-    model.eval()
-    order = np.argsort(data.lengths, kind="stable")
-    out = None
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
+
+    def forward(idx: np.ndarray) -> torch.Tensor:
         with autocast():
-            z = model(**data.batch(idx, device)).logits.float().cpu().numpy()
-        if out is None:
-            out = np.zeros((len(order), z.shape[1]), dtype=np.float32)
-        out[idx] = z
-    model.train(was_training)
-    return out
+            return model(**data.batch(idx, device)).logits
+
+    return ft.predict_in_order(model, data.lengths, batch_size, forward)
 
 
 # --------------------------------------------------------------------------------------------------
 # The run
 
 
-def _targets(rows: TaskRows, task: Task, labels: LabelSet | None, where: str) -> np.ndarray:
-    return rows.scores() if labels is None else labels.encode(rows.labels, where)
-
-
 def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     """Fine-tune `cfg.base` on `cfg.train` and save a teacher checkpoint to `cfg.out` (see module docstring)."""
     t0 = time.perf_counter()
     task = cfg.task
-    train_rows, dev_rows = read_splits(cfg.train, cfg.dev, task, cfg.text_column, cfg.pair_columns,
-                                       cfg.label_column, cfg.delimiter)
-    labels = None if task.regression else LabelSet.fit(train_rows.labels)
-    y_train = _targets(train_rows, task, labels, "--train")
-    y_dev = _targets(dev_rows, task, labels, "--dev") if dev_rows is not None else None
+    train_rows, dev_rows = ft.read_task_splits(cfg)
+    labels = ft.task_labels(task, train_rows)
+    y_train, y_dev = ft.encode_targets(labels, train_rows, dev_rows)
     inputs = [cfg.train, cfg.dev, cfg.base if os.path.isdir(cfg.base) else None]
     with fresh_output(cfg.out, cfg.overwrite, TEACHER, inputs) as out:
-        ref, tok, model, max_length = _load(cfg, labels)
-        if task.regression:
-            start_at_mean(model, float(np.mean(y_train)))
-        args = asdict(cfg) | {"task": task.value, "base_path": ref.path, "max_length": max_length}
-        (out / ARGS_FILE).write_text(json.dumps(args, indent=1))  # first: marks the folder as this command's
+        tok, model, max_length = _start(cfg, out, labels, y_train)
         device = pick_device(cfg.device)
         model.to(device).train()
         train = Encoded(tok, train_rows.texts, max_length)
         dev = Encoded(tok, dev_rows.texts, max_length) if dev_rows is not None else None
         step, history, best = _fit(cfg, model, train, dev, y_train, y_dev, device)
-        if best is not None:
-            model.load_state_dict(best[2])
+        best_epoch, metrics = ft.keep_best(model, history, best)
         require_finite_weights(model.state_dict(), ", ".join(cfg.train), DIVERGED)
         model.save_pretrained(out)
         tok.save_pretrained(out)
-        best_epoch = best[1] if best is not None else None
-        chosen = next((h for h in history if h["epoch"] == best_epoch), {}) if best_epoch else {}
-        metrics = {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}
         summary = TeacherFinetuneSummary(str(out), task.value, list(labels.names) if labels else None,
-                                         len(train_rows), len(dev_rows) if dev_rows is not None else 0, step, 0.0,
-                                         best_epoch, metrics, history)
-        summary.seconds = time.perf_counter() - t0
+                                         len(train_rows), len(dev_rows) if dev_rows is not None else 0, step,
+                                         time.perf_counter() - t0, best_epoch, metrics, history)
         (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
     return summary
 
 
+def _start(cfg: TeacherFinetuneConfig, out: Path, labels: LabelSet | None, y_train: np.ndarray):
+    """The base with its new head (a score head starting at the mean score), and finetune_args.json written."""
+    ref, tok, model, max_length = _load(cfg, labels)
+    if labels is None:
+        ft.start_at_mean(model, float(np.mean(y_train)))
+    args = asdict(cfg) | {"task": cfg.task.value, "base_path": ref.path, "max_length": max_length}
+    (out / ARGS_FILE).write_text(json.dumps(args, indent=1))  # first: marks the folder as this command's
+    return tok, model, max_length
+
+
 def _fit(cfg: TeacherFinetuneConfig, model: nn.Module, train: Encoded, dev: Encoded | None, y_train: np.ndarray,
          y_dev: np.ndarray | None, device: torch.device) -> tuple[int, list[dict], tuple[float, int, dict] | None]:
-    """The training loop: (steps taken, per-epoch dev records, (best dev metric, epoch, CPU state) or None).
-
-    - length-grouped shuffled batches, AdamW, warm-up then linear decay, clipping at 1, bf16 autocast on CUDA;
-    - each step's loss is checked before its backward pass (a NaN/Inf one stops the run);
-    - with dev rows, the dev metrics after every epoch; the best epoch's weights are kept (ties: the later).
-    """
-    task = cfg.task
+    """`common.finetune.fit` with length-grouped shuffled batches, AdamW without decay on biases and norms,
+    warm-up then linear decay, clipping at 1 and bf16 autocast on CUDA; the dev metrics after every epoch."""
     use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
 
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
-    per_epoch = math.ceil(len(train.lengths) / cfg.batch_size)
-    total = cfg.max_steps or per_epoch * cfg.epochs
-    epochs = math.ceil(total / per_epoch)
+    def loss(idx: np.ndarray) -> torch.Tensor:
+        with autocast():
+            logits = model(**train.batch(idx, device)).logits
+        return task_loss(logits, torch.as_tensor(y_train[idx], device=device), cfg.task)
+
+    def evaluate() -> dict[str, float]:
+        return task_metrics(cfg.task, predict_logits(model, dev, device, cfg.eval_batch_size, autocast), y_dev)
+
+    total = ft.total_steps(len(train.lengths), cfg.batch_size, cfg.epochs, cfg.max_steps)
     opt = _optimizer(model, cfg)
-    sched = _schedule(opt, cfg.warmup, total)
+    sched = ft.warmup_schedule(opt, cfg.warmup, total, decay=True)
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # dropout masks
-    history: list[dict] = []
-    best: tuple[float, int, dict] | None = None  # (main metric, epoch, CPU state dict)
-    step = 0
-    with Bar("finetune-teacher", total=total, unit="steps", enabled=cfg.progress) as bar:
-        for epoch in range(1, epochs + 1):
-            losses = []
-            for idx in length_grouped_batches(train.lengths, cfg.batch_size, rng):
-                if step >= total:
-                    break
-                with autocast():
-                    logits = model(**train.batch(idx, device)).logits
-                loss = task_loss(logits, torch.as_tensor(y_train[idx], device=device), task)
-                losses.append(float(loss.detach()))
-                check_loss(losses[-1], step + 1, ", ".join(cfg.train), DIVERGED)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                step += 1
-                bar.advance(1, epoch=epoch, loss=float(np.mean(losses[-20:])))
-            record = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses)) if losses else None}
-            if dev is not None:
-                record |= task_metrics(task, predict_logits(model, dev, device, cfg.eval_batch_size, autocast), y_dev)
-                score = record[task.main_metric]
-                if best is None or score >= best[0]:  # ties: the later, longer-trained epoch
-                    best = (score, epoch, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
-            history.append(record)
-    return step, history, best
+    plan = ft.FitPlan("finetune-teacher", total, lambda: length_grouped_batches(train.lengths, cfg.batch_size, rng),
+                   loss, evaluate if dev is not None else None, cfg.task.main_metric, ", ".join(cfg.train), DIVERGED,
+                   clip=1.0, progress=cfg.progress)
+    return ft.fit(model, opt, sched, plan)

@@ -11,7 +11,8 @@
   must hold every training row (precomputed from the same file and columns); the teacher's class
   names fix the label order.
 - Adam(W), constant learning rate after a short warm-up (SRA picks lr from {2,3,5,10}e-4 on dev),
-  gradient clipping; dev metrics after every epoch and the best epoch is kept.
+  gradient clipping; dev metrics after every epoch and the best epoch is kept. What `kd finetune-teacher`
+  does the same (targets, task loss, the loop) is `common.finetune`'s.
 - Numbers: NaN/Inf labels (named by file and row) and teacher logits (by row id) are refused before
   training, a non-finite loss stops the run before its backward pass, and weights are checked before
   they are saved; a failed run leaves no output folder (`common.finite`, `common.tasks.fresh_output`).
@@ -23,13 +24,11 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,21 +36,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from kd.common import bounds as B
+from kd.common import finetune as ft
 from kd.common.errors import InputError, KdError
-from kd.common.finite import check_loss, non_finite_rows, require_finite_weights
+from kd.common.finite import non_finite_rows, require_finite_weights
 from kd.common.hardware import check_device
 from kd.common.ids import text_id, text_key
 from kd.common.outputs import FINETUNE
-from kd.common.progress import Bar
-from kd.common.tasks import (
-    LabelSet,
-    Task,
-    TaskRows,
-    fresh_output,
-    parse_task,
-    read_splits,
-    task_metrics,
-)
+from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, task_metrics
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
@@ -94,9 +85,7 @@ class FinetuneConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        self.task = parse_task(self.task)
-        self.train = [self.train] if isinstance(self.train, str) else list(self.train)
-        self.dev = [self.dev] if isinstance(self.dev, str) else (list(self.dev) if self.dev else None)
+        ft.task_options(self)
         B.check("finetune options", ("--epochs", self.epochs, B.EPOCHS), ("--max-steps", self.max_steps, B.STEPS),
                 ("--batch-size", self.batch_size, B.BATCH), ("--lr", self.lr, B.LR), ("--hidden", self.hidden, B.WIDTH),
                 ("--dropout", self.dropout, B.DROPOUT), ("--kd-weight", self.kd_weight, B.LOSS_WEIGHT),
@@ -113,14 +102,7 @@ class FinetuneConfig:
 
 
 @dataclass
-class FinetuneSummary:
-    out: str
-    task: str
-    label_names: list[str] | None
-    train_rows: int
-    dev_rows: int
-    steps: int
-    seconds: float
+class FinetuneSummary(ft.RunSummary):
     kd_teacher: str | None
     best_epoch: int | None
     dev_metrics: dict[str, float] = field(default_factory=dict)
@@ -163,13 +145,14 @@ class TaskModel(nn.Module):
 
 
 class Tokenized:
-    """Rows tokenized once with the student's tokenizer; `batch(idx)` pads [a rows; b rows] for pairs."""
+    """Rows tokenized once with the student's tokenizer; `batch(idx)` pads [a rows; b rows] for pairs.
+    A row's length is its longer side's."""
 
     def __init__(self, tokenizer, texts: list, max_length: int) -> None:
-        self.tok, self.pairs = tokenizer, bool(texts) and not isinstance(texts[0], str)
-        sides = ([t[0] for t in texts], [t[1] for t in texts]) if self.pairs else (texts,)
+        self.tok = tokenizer
         self.sides = [tokenizer(s, truncation=True, max_length=max_length, return_token_type_ids=False,
-                                verbose=False)["input_ids"] for s in sides]
+                                verbose=False)["input_ids"] for s in ft.split_pairs(texts)]
+        self.lengths = np.array([max(len(s[i]) for s in self.sides) for i in range(len(self))])
 
     def __len__(self) -> int:
         return len(self.sides[0])
@@ -221,13 +204,7 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
         raise KdError(f"teacher {name!r} has {logits.shape[1]} logits, pair-regression needs a 1-logit teacher",
                       store.root, "fine-tune the teacher with --task pair-regression")
     ids = table.column("id").to_numpy()
-    pos = {int(i): k for k, i in enumerate(ids)}
-    rows_at = np.array([pos.get(int(i), pos.get(text_id(text_key(t), 0), -1)) for i, t in zip(rows.ids, rows.texts)])
-    missing = np.nonzero(rows_at < 0)[0]
-    if len(missing):
-        raise KdError(f"{len(missing)} of {len(rows)} training rows are not in the --kd-store "
-                      f"(first: {rows.doc_ids[missing[0]]})", store.root,
-                      "precompute the store from the same --train file(s) with the same column options")
+    rows_at = _store_rows(ids, rows, store.root)
     bad = non_finite_rows(logits[rows_at])
     if len(bad):
         row = rows_at[bad[0]]
@@ -236,6 +213,18 @@ def kd_targets(store_path: str, teacher: str | None, rows: TaskRows, task: Task,
                       store.root, "recompute that teacher's logits (kd precompute ... --overwrite), or drop the rows")
     names = store.table(f"teachers/{name}").meta.get("label_names")
     return logits[rows_at], name, names
+
+
+def _store_rows(ids: np.ndarray, rows: TaskRows, where: str) -> np.ndarray:
+    """The position in the store's `ids` of every training row; a missing one is an error."""
+    pos = {int(i): k for k, i in enumerate(ids)}
+    rows_at = np.array([pos.get(int(i), pos.get(text_id(text_key(t), 0), -1)) for i, t in zip(rows.ids, rows.texts)])
+    missing = np.nonzero(rows_at < 0)[0]
+    if len(missing):
+        raise KdError(f"{len(missing)} of {len(rows)} training rows are not in the --kd-store "
+                      f"(first: {rows.doc_ids[missing[0]]})", where,
+                      "precompute the store from the same --train file(s) with the same column options")
+    return rows_at
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,33 +238,14 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@torch.inference_mode()
 def predict_outputs(model: TaskModel, data: Tokenized, device: torch.device, batch_size: int) -> np.ndarray:
     """Head outputs in row order (length-sorted batches for less padding)."""
-    was = model.training
-    model.eval()
-    lengths = np.array([max(len(s[i]) for s in data.sides) for i in range(len(data))])
-    order = np.argsort(lengths, kind="stable")
-    out = None
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        z = model(*data.batch(idx, device)).float().cpu().numpy()
-        if out is None:
-            out = np.zeros((len(order), z.shape[1]), dtype=np.float32)
-        out[idx] = z
-    model.train(was)
-    return out if out is not None else np.zeros((0, 1), dtype=np.float32)
-
-
-def _loss(z: Tensor, y: Tensor, task: Task) -> Tensor:
-    if task.regression:
-        return nn.functional.mse_loss(z[:, 0], y.float())
-    return nn.functional.cross_entropy(z, y.long())
+    return ft.predict_in_order(model, data.lengths, batch_size, lambda idx: model(*data.batch(idx, device)))
 
 
 def _mixed_loss(z: Tensor, y: Tensor, kd: Tensor | None, task: Task, cfg: FinetuneConfig) -> Tensor:
     """Task loss, plus the logit MSE to the teacher: weighted by kd_weight, or mixed by kd_alpha (Tang et al.)."""
-    loss = _loss(z, y, task)
+    loss = ft.task_loss(z, y, task)
     if kd is None:
         return loss
     mse = nn.functional.mse_loss(z.float(), kd)
@@ -291,115 +261,94 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
     saved; otherwise the run stops with an error and leaves no output folder.
     """
     t0 = time.perf_counter()
-    task = cfg.task
-    train_rows, dev_rows = read_splits(cfg.train, cfg.dev, task, cfg.text_column, cfg.pair_columns,
-                                       cfg.label_column, cfg.delimiter)
+    train_rows, dev_rows = ft.read_task_splits(cfg)
     if Path(cfg.out).resolve() == Path(cfg.student).resolve():
         raise InputError("--out is the student being fine-tuned", cfg.out, "write the fine-tuned student elsewhere")
-    kd, kd_name, names = (None, None, None)
-    if cfg.kd_store is not None:
-        kd, kd_name, names = kd_targets(cfg.kd_store, cfg.kd_teacher, train_rows, task)
-    labels = None
-    if not task.regression:
-        labels = LabelSet(tuple(names)) if names else LabelSet.fit(train_rows.labels)
-        if kd is not None and kd.shape[1] != len(labels):
-            raise KdError(f"teacher {kd_name!r} has {kd.shape[1]} logits for {len(labels)} classes", cfg.kd_store,
-                          "use a teacher fine-tuned on this task's labels")
-    y = train_rows.scores() if labels is None else labels.encode(train_rows.labels, "--train")
-    y_dev = None if dev_rows is None else (dev_rows.scores() if labels is None else labels.encode(dev_rows.labels,
-                                                                                                    "--dev"))
+    kd, kd_name, labels = _teacher_and_labels(cfg, train_rows)
+    y, y_dev = ft.encode_targets(labels, train_rows, dev_rows)
     device = _device(cfg.device)
     src = load(cfg.student, device="cpu")
     with fresh_output(cfg.out, cfg.overwrite, FINETUNE, [cfg.student, cfg.kd_store, cfg.train, cfg.dev]) as out:
-        torch.manual_seed(cfg.seed)
-        n_out = 1 if labels is None else len(labels)
-        in_dim = (4 if task.pairs else 1) * src.dim
-        head = TaskHead(in_dim, cfg.hidden, n_out, cfg.dropout)
-        if labels is None:  # scores: start at their mean, not at 0 (a constant offset is slow to learn)
-            with torch.no_grad():
-                head.mlp[-1].bias.fill_(float(np.mean(y)))
-        model = TaskModel(src.model, head, task.pairs).to(device).train()
-        max_length = src.config.max_length
-        train = Tokenized(src.tokenizer, train_rows.texts, max_length)
-        dev = Tokenized(src.tokenizer, dev_rows.texts, max_length) if dev_rows is not None else None
+        model = _task_model(cfg, src, labels, y).to(device).train()
+        train = Tokenized(src.tokenizer, train_rows.texts, src.config.max_length)
+        dev = Tokenized(src.tokenizer, dev_rows.texts, src.config.max_length) if dev_rows is not None else None
         step, history, best = _fit(cfg, model, train, dev, (y, y_dev, kd), device)
-        if best is not None:
-            model.load_state_dict(best[2])
-        best_epoch = best[1] if best is not None else None
-        chosen = next((h for h in history if h["epoch"] == best_epoch), {})
-        summary = FinetuneSummary(
-            str(out), task.value, list(labels.names) if labels else None, len(train_rows),
-            len(dev_rows) if dev_rows is not None else 0, step, 0.0, kd_name, best_epoch,
-            {k: v for k, v in chosen.items() if k not in ("epoch", "step", "train_loss")}, history,
-        )
-        summary.seconds = time.perf_counter() - t0
-        _save(out, cfg, src, model, labels, in_dim, n_out, summary)
+        best_epoch, metrics = ft.keep_best(model, history, best)
+        summary = FinetuneSummary(str(out), cfg.task.value, list(labels.names) if labels else None, len(train_rows),
+                                  len(dev_rows) if dev_rows is not None else 0, step, time.perf_counter() - t0,
+                                  kd_name, best_epoch, metrics, history)
+        _save(out, cfg, src, model, labels, summary)
     return summary
+
+
+def _teacher_and_labels(cfg: FinetuneConfig, rows: TaskRows,
+                        ) -> tuple[np.ndarray | None, str | None, LabelSet | None]:
+    """The KD teacher's logits and name (None, None without --kd-store) and the class names: the
+    teacher's when it stores them (their order is its logits'), else the training labels'."""
+    kd, kd_name, names = (None, None, None)
+    if cfg.kd_store is not None:
+        kd, kd_name, names = kd_targets(cfg.kd_store, cfg.kd_teacher, rows, cfg.task)
+    labels = ft.task_labels(cfg.task, rows, names)
+    if labels is not None and kd is not None and kd.shape[1] != len(labels):
+        raise KdError(f"teacher {kd_name!r} has {kd.shape[1]} logits for {len(labels)} classes", cfg.kd_store,
+                      "use a teacher fine-tuned on this task's labels")
+    return kd, kd_name, labels
+
+
+def _task_model(cfg: FinetuneConfig, src: LoadedStudent, labels: LabelSet | None, y: np.ndarray) -> TaskModel:
+    """The student with a new head (seeded); a score head starts at the mean score, not at 0."""
+    torch.manual_seed(cfg.seed)
+    n_out = 1 if labels is None else len(labels)
+    head = TaskHead((4 if cfg.task.pairs else 1) * src.dim, cfg.hidden, n_out, cfg.dropout)
+    if labels is None:
+        ft.start_at_mean(head, float(np.mean(y)))
+    return TaskModel(src.model, head, cfg.task.pairs)
 
 
 def _fit(cfg: FinetuneConfig, model: TaskModel, train: Tokenized, dev: Tokenized | None,
          targets: tuple[np.ndarray, np.ndarray | None, np.ndarray | None], device: torch.device,
          ) -> tuple[int, list[dict], tuple[float, int, dict] | None]:
-    """The training loop: (steps taken, per-epoch records, (best dev metric, epoch, CPU state) or None).
-
-    - AdamW, warm-up then a constant rate, gradient clipping; shuffled batches each epoch;
-    - each step's loss is checked before its backward pass (a NaN/Inf one stops the run);
-    - with dev rows, the dev metrics after every epoch; the best epoch's weights are kept (ties: the later).
-    """
-    task = cfg.task
+    """`common.finetune.fit` with shuffled batches, AdamW, warm-up then a constant rate, clipping at
+    `cfg.clip` and the loss `_mixed_loss`; the dev metrics after every epoch."""
     y, y_dev, kd = targets
-    per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = cfg.max_steps or per_epoch * cfg.epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = int(cfg.warmup * total) if cfg.warmup < 1 else int(cfg.warmup)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warm + 1)))
-    rng = np.random.default_rng(cfg.seed)
     y_t = torch.as_tensor(y)
     kd_t = torch.as_tensor(kd) if kd is not None else None
-    history: list[dict] = []
-    best: tuple[float, int, dict] | None = None
-    step, epoch = 0, 0
-    with Bar("finetune", total=total, unit="steps", enabled=cfg.progress) as bar:
-        while step < total:
-            epoch += 1
-            losses = []
-            order = rng.permutation(len(train))
-            for s in range(0, len(order), cfg.batch_size):
-                if step >= total:
-                    break
-                idx = order[s : s + cfg.batch_size]
-                z = model(*train.batch(idx, device))
-                loss = _mixed_loss(z, y_t[idx].to(device), None if kd_t is None else kd_t[idx].to(device), task, cfg)
-                losses.append(float(loss.detach()))
-                check_loss(losses[-1], step + 1, ", ".join(cfg.train), DIVERGED)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-                opt.step()
-                sched.step()
-                step += 1
-                bar.update(step, epoch=epoch, loss=float(np.mean(losses[-20:])))
-            record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": float(np.mean(losses))}
-            if dev is not None:
-                record |= task_metrics(task, predict_outputs(model, dev, device, cfg.eval_batch_size), y_dev)
-                if best is None or record[task.main_metric] >= best[0]:  # ties: the later epoch
-                    best = (record[task.main_metric], epoch,
-                            {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
-            history.append(record)
-    return step, history, best
+
+    def loss(idx: np.ndarray) -> Tensor:
+        z = model(*train.batch(idx, device))
+        return _mixed_loss(z, y_t[idx].to(device), None if kd_t is None else kd_t[idx].to(device), cfg.task, cfg)
+
+    def evaluate() -> dict[str, float]:
+        return task_metrics(cfg.task, predict_outputs(model, dev, device, cfg.eval_batch_size), y_dev)
+
+    total = ft.total_steps(len(train), cfg.batch_size, cfg.epochs, cfg.max_steps)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = ft.warmup_schedule(opt, cfg.warmup, total, decay=False)
+    rng = np.random.default_rng(cfg.seed)
+    plan = ft.FitPlan("finetune", total, lambda: _shuffled(len(train), cfg.batch_size, rng), loss,
+                   evaluate if dev is not None else None, cfg.task.main_metric, ", ".join(cfg.train), DIVERGED,
+                   clip=cfg.clip, progress=cfg.progress)
+    return ft.fit(model, opt, sched, plan)
+
+
+def _shuffled(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's batches: the rows in a new random order, cut."""
+    order = rng.permutation(n)
+    return [order[s : s + batch_size] for s in range(0, n, batch_size)]
 
 
 def _save(out: Path, cfg: FinetuneConfig, src: LoadedStudent, model: TaskModel, labels: LabelSet | None,
-          in_dim: int, n_out: int, summary: FinetuneSummary) -> None:
+          summary: FinetuneSummary) -> None:
     """Task files first, then the student folder (whose config.json, written last, marks it complete);
     nothing is written unless every weight is finite."""
     model.cpu().eval()
     require_finite_weights(model.state_dict(), ", ".join(cfg.train), DIVERGED)
     save_file({k: v.contiguous() for k, v in model.head.state_dict().items()}, str(out / HEAD_FILE))
+    first, last = model.head.mlp[0], model.head.mlp[-1]
     task_info = {"task": cfg.task.value, "label_names": list(labels.names) if labels else None,
-                 "features": "[u, v, |u-v|, u*v]" if cfg.task.pairs else "u", "in_dim": in_dim,
-                 "hidden": cfg.hidden, "n_out": n_out, "dropout": cfg.dropout, "kd_teacher": summary.kd_teacher}
+                 "features": "[u, v, |u-v|, u*v]" if cfg.task.pairs else "u", "in_dim": first.in_features,
+                 "hidden": cfg.hidden, "n_out": last.out_features, "dropout": cfg.dropout,
+                 "kd_teacher": summary.kd_teacher}
     (out / TASK_FILE).write_text(json.dumps(task_info, indent=1))
     (out / METRICS_FILE).write_text(json.dumps(asdict(summary), indent=1))
     args = asdict(cfg) | {"task": cfg.task.value}
