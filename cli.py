@@ -92,7 +92,7 @@ def precompute(
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
-    backend: Annotated[B.Backend, typer.Option(help="torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU)")] = "torch",  # noqa: E501
+    backend: Annotated[B.Backend, typer.Option(help="auto | torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU); auto: openvino on a CPU where installed (torch if its fidelity is too low), else torch")] = "auto",  # noqa: E501
     quantize: Annotated[B.Quantize, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")] = "none",  # noqa: E501
     allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
     engine: Annotated[B.Engine, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd\\[ray]')")] = "local",  # noqa: E501

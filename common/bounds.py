@@ -90,7 +90,7 @@ COSINE_DISTANCE = Range(0, 2, lo_open=True, what="a cosine distance: 1 - cosine 
 Segment = Literal["none", "sentences"]
 VectorDType = Literal["float32", "float16"]  # storage.schema.VectorDType
 Precision = Literal["auto", "fp32", "bf16", "fp16"]  # pipeline.teacher.Precision
-Backend = Literal["torch", "onnx", "openvino"]  # pipeline.backends.Backend
+Backend = Literal["auto", "torch", "onnx", "openvino"]  # pipeline.backends.Backend
 Quantize = Literal["none", "int8"]  # pipeline.backends.Quantize
 Engine = Literal["local", "ray"]
 Arch = Literal["bilstm", "bigru", "cnn", "ffn", "transformer", "static", "transformer-init"]  # student.models.Arch

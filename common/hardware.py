@@ -23,6 +23,24 @@ def native_int8() -> bool:
     return _cpu_has("KD_CPU_INT8", ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
+def cpu_signature() -> str:
+    """What identifies this CPU for a cached measurement (pipeline/fidelity_cache.py): a hash of the machine
+    type, the model name and the sorted feature flags of /proc/cpuinfo, and the KD_CPU_* overrides; another
+    CPU model, flag set or override gives another signature (numerics of oneDNN/OpenVINO kernels follow them)."""
+    import hashlib
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().split("\n\n")[0].splitlines()  # the first processor's block
+    except OSError:
+        lines = [platform.processor()]
+    info = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+    parts = [platform.machine(), info.get("model name", ""), " ".join(sorted(info.get("flags", "").split())),
+             os.environ.get("KD_CPU_BF16", ""), os.environ.get("KD_CPU_INT8", "")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 def _cpu_has(override: str, flags: tuple[str, ...]) -> bool:
     """Any of `flags` in /proc/cpuinfo (False where it cannot be read), unless `override` is set to 0 or 1."""
     forced = os.environ.get(override)

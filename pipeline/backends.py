@@ -42,14 +42,15 @@ import torch
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import native_bf16, native_int8
 from kd.common.quiet import quiet
-from kd.pipeline import signal_stack
+from kd.pipeline import backend_choice, fidelity_cache, signal_stack
 from kd.pipeline.calibration import CALIBRATION_ROWS, FIDELITY_ROWS, calibration_sentences, fidelity_sentences
-from kd.pipeline.resolve import cache_dir
-from kd.pipeline.teacher import Precision, Teacher, load_teacher
+from kd.pipeline.resolve import TeacherRef, cache_dir, resolve_teacher
+from kd.pipeline.teacher import Precision, Teacher, load_teacher, load_without_model, pick_device, weights_sha256
 from kd.storage import fs
 
 
 class Backend(str, Enum):
+    auto = "auto"  # pipeline/backend_choice.py: resolved to one of the others when the teacher loads
     torch = "torch"
     onnx = "onnx"
     openvino = "openvino"
@@ -86,7 +87,7 @@ def parse(backend: str | Backend, quantize: str | Quantize) -> tuple[Backend, Qu
     try:
         b = Backend(backend)
     except ValueError:
-        raise InputError(f"unknown --backend {backend!r}", "--backend", "use torch, onnx or openvino") from None
+        raise InputError(f"unknown --backend {backend!r}", "--backend", "use auto, torch, onnx or openvino") from None
     try:
         q = Quantize(quantize)
     except ValueError:
@@ -99,6 +100,8 @@ def check_options(backend: str | Backend, quantize: str | Quantize, precision: s
     """Refuse impossible combinations before anything is read or loaded."""
     b, q = parse(backend, quantize)
     p = Precision(precision)
+    if b is Backend.auto:  # checked once resolved (backend_choice.choose refuses what auto cannot run)
+        return b, q
     if b is Backend.torch:
         if q is Quantize.int8:
             raise InputError("--quantize int8 needs an exporting backend", "--backend torch --quantize int8",
@@ -139,27 +142,92 @@ def _ort():
 
 def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quantize = Quantize.none, *,
          device: str | None = None, precision: str | Precision = Precision.auto, max_length: int | None = None,
-         threads: int | None = None, allow_low_fidelity: bool = False) -> Teacher:
-    """A teacher whose forward pass runs on `backend`; the torch backend is plain `load_teacher`."""
+         threads: int | None = None, allow_low_fidelity: bool = False, engine: str = "local",
+         stored: str | None = None) -> Teacher:
+    """A teacher whose forward pass runs on `backend`; the torch backend is plain `load_teacher`; `auto` is
+    resolved by `backend_choice.choose` (`stored`: the backend the store holds this teacher with)."""
     b, q = check_options(backend, quantize, precision, device)
+    if b is Backend.auto:
+        return _load_auto(spec, q, device, Precision(precision), max_length, threads, allow_low_fidelity, engine,
+                          stored)
     if b is Backend.torch:
         return load_teacher(spec, device, Precision(precision), max_length)
-    # The torch model stays on the CPU in fp32: the fidelity reference, the export source, and what copies
-    # weights (input embeddings, init layers).
-    teacher = load_teacher(spec, "cpu", Precision.fp32, max_length)
-    folder = exported(teacher, b, q)
-    try:  # a cache damaged past its checksums (or a runtime that cannot read it): the error names the folder
-        runner = (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
-            folder, q, _backend_precision(b, Precision(precision)), threads or torch.get_num_threads(), device)
+    ref = resolve_teacher(spec)
+    sha = weights_sha256(ref.path)
+    compute = _backend_precision(b, Precision(precision))
+    teacher = _from_cache(ref, sha, b, q, compute, max_length, threads, device)
+    if teacher is None:
+        # The torch model stays on the CPU in fp32: the fidelity reference, the export source, and what copies
+        # weights (input embeddings, init layers).
+        teacher = load_teacher(ref, "cpu", Precision.fp32, max_length)
+        teacher._sha = sha
+        folder = exported(teacher, b, q)
+        runner = _open(folder, b, q, compute, threads, device)
         teacher.backend = runner
-        runner.fidelity = fidelity(teacher)
+        runner.fidelity = _measure(teacher, folder)
+        fidelity_cache.write(folder, _cache_key(folder, sha, b, q, compute, max_length), teacher, runner.fidelity)
+    check_fidelity(teacher, allow_low_fidelity)
+    return teacher
+
+
+def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_length: int | None,
+               threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
+    """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
+    kind = "cuda" if engine == "local" and pick_device(device).type == "cuda" else "cpu"
+    choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), engine=engine, stored=stored)
+    options = dict(device=device, precision=p, max_length=max_length, threads=threads)
+    try:
+        teacher = load(spec, choice.backend, choice.quantize, allow_low_fidelity=allow_low_fidelity, **options)
+    except LowFidelity as e:
+        if stored is not None:  # the store holds this backend: switching would mix two in one table
+            raise
+        choice = backend_choice.fallback(choice, e.what)
+        teacher = load(spec, Backend.torch, Quantize.none, **options)
+    teacher.choice = choice.record()
+    return teacher
+
+
+def _cache_key(folder: Path, sha: str, b: Backend, q: Quantize, compute: str, max_length: int | None) -> dict:
+    spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
+    return fidelity_cache.key(sha, spec["files"][spec["file"]], b.value, q.value, compute, max_length)
+
+
+def _from_cache(ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str, max_length: int | None,
+                threads: int | None, device: str | None) -> Teacher | None:
+    """The teacher without its torch model, when the export cache holds a sound graph and a fidelity measured
+    for exactly these weights, graph, precision and CPU (pipeline/fidelity_cache.py); else None."""
+    folder = cache_folder(sha, b, q)
+    if not _sound(folder, _want(sha, b, q)):
+        return None
+    rec = fidelity_cache.read(folder, _cache_key(folder, sha, b, q, compute, max_length))
+    if rec is None:
+        return None
+    teacher = load_without_model(ref, rec["architecture"], max_length, rec.get("embedding"))
+    teacher._sha = sha
+    teacher.backend = _open(folder, b, q, compute, threads, device)
+    teacher.backend.fidelity = rec["fidelity"]
+    return teacher
+
+
+def _open(folder: Path, b: Backend, q: Quantize, compute: str, threads: int | None, device: str | None) -> Runner:
+    """The runner of a cached graph; a cache damaged past its checksums (or a runtime that cannot read it) is an
+    error naming the folder."""
+    return _guarded(folder, lambda: (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
+        folder, q, compute, threads or torch.get_num_threads(), device))
+
+
+def _measure(teacher: Teacher, folder: Path) -> dict:
+    return _guarded(folder, lambda: fidelity(teacher))
+
+
+def _guarded(folder: Path, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
     except KdError:
         raise
     except Exception as e:  # onnxruntime and OpenVINO raise their own exception types
         raise KdError(f"the exported teacher cannot be run ({type(e).__name__}: {str(e)[:300]})", str(folder),
                       CLEAR_CACHE.format(folder=folder)) from e
-    check_fidelity(teacher, allow_low_fidelity)
-    return teacher
 
 
 def _backend_precision(b: Backend, p: Precision) -> str:
@@ -265,14 +333,20 @@ def cache_folder(sha: str, b: Backend, q: Quantize) -> Path:
     return cache_dir() / "teachers" / (f"{sha}-{b.value}-{q.value}" + (f"-{method}" if method else ""))
 
 
-def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
-    """The cache folder for (teacher weights, backend, quantize), exported now unless a sound one exists."""
-    sha = teacher.meta([], "float32")["weights_sha256"]
-    final = cache_folder(sha, b, q)
+def _want(sha: str, b: Backend, q: Quantize) -> dict:
+    """What a cache folder's spec must say to serve (weights, backend, quantize)."""
     want = {"format": FORMAT, "weights_sha256": sha, "backend": b.value, "quantize": q.value}
     method = int8_method(b, q)
     if method:
         want["int8_method"] = method
+    return want
+
+
+def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
+    """The cache folder for (teacher weights, backend, quantize), exported now unless a sound one exists."""
+    sha = teacher.meta([], "float32")["weights_sha256"]
+    final = cache_folder(sha, b, q)
+    want = _want(sha, b, q)
     if _sound(final, want):
         return final
     try:
@@ -564,6 +638,10 @@ def threshold(runner: Runner) -> float:
     return min(limit, THRESHOLDS["int8"]) if runner.quantize is Quantize.int8 else limit
 
 
+class LowFidelity(KdError):
+    """A backend's min cosine to torch fp32 is below its threshold (`--backend auto` then runs torch)."""
+
+
 def check_fidelity(teacher: Teacher, allow_low_fidelity: bool = False) -> None:
     """Refuse a backend whose min cosine is below its precision's threshold (unless allowed), and always
     one whose mean cosine is below the floor that separates a lossy copy of the teacher from another model."""
@@ -581,7 +659,7 @@ def check_fidelity(teacher: Teacher, allow_low_fidelity: bool = False) -> None:
     low = {c: f["min_cosine"] for c, f in runner.fidelity.items() if f["min_cosine"] < limit}
     if low and not allow_low_fidelity:
         worst = ", ".join(f"{c} {v:.4f}" for c, v in low.items())
-        raise KdError(
+        raise LowFidelity(
             f"teacher {teacher.name!r} on --backend {runner.backend.value} --quantize {runner.quantize.value} "
             f"({runner.precision}) departs from torch fp32: min cosine {worst} < {limit} over "
             f"{FIDELITY_ROWS} bundled sentences",

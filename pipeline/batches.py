@@ -78,5 +78,11 @@ def _compute_device(teacher: Teacher) -> str:
 
 @torch.inference_mode()
 def input_embeddings(teacher: Teacher) -> torch.Tensor:
-    """The word-embedding matrix [vocab, dim]: students can start from its PCA."""
+    """The word-embedding matrix [vocab, dim]: students can start from its PCA. A teacher loaded without its
+    model reads it from the checkpoint's .safetensors tensor recorded as equal to it (pipeline/fidelity_cache)."""
+    if teacher.model is None and teacher.embedding:
+        from safetensors import safe_open
+
+        with safe_open(f"{teacher.ref.path}/{teacher.embedding['file']}", "pt") as f:
+            return f.get_tensor(teacher.embedding["key"]).float().contiguous()
     return teacher.reference_model().get_input_embeddings().weight.detach().float().cpu().contiguous()

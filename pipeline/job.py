@@ -63,7 +63,7 @@ class PrecomputeJob:
     overwrite: bool = False
     progress: bool = True
     keep_layers: str | None = None
-    backend: str = "torch"
+    backend: str = "auto"  # pipeline/backend_choice.py
     quantize: str = "none"
     threads: int | None = None
     allow_low_fidelity: bool = False
@@ -140,7 +140,8 @@ class PrecomputeJob:
     def load_options(self) -> dict[str, Any]:
         """Keywords of `backends.load` for each teacher."""
         return dict(backend=self.backend, quantize=self.quantize, device=self.device, precision=self.precision,
-                    max_length=self.max_length, threads=self.threads, allow_low_fidelity=self.allow_low_fidelity)
+                    max_length=self.max_length, threads=self.threads, allow_low_fidelity=self.allow_low_fidelity,
+                    engine=self.engine)
 
 
 def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_worker: float | None,

@@ -33,6 +33,7 @@ from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan, writer_rank
+from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
@@ -60,9 +61,9 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     spec = job.columns()
     fingerprint = inputs_header(files, job.input_options(spec))
     index, count = writer_rank(job.num_shards, job.shard_index)
-    teachers = _load_teachers(job)
-    outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
     existing = load_manifest(loc) if fs.exists(loc) else None
+    teachers = _load_teachers(job, None if job.overwrite else existing)
+    outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
     same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
@@ -100,17 +101,25 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _load_teachers(job: PrecomputeJob) -> list[Teacher]:
+def _load_teachers(job: PrecomputeJob, existing: Manifest | None) -> list[Teacher]:
     """Load every --teacher (--engine ray: the driver's CPU copy, for the tokenizer, embeddings, vocab, init;
-    the Ray workers encode); two teachers may not share a name."""
+    the Ray workers encode); two teachers may not share a name. --backend auto keeps the backend a teacher
+    already has in the store (`stored_backend`)."""
     load = job.load_options()
     if job.engine == "ray":
         load = ray_engine.driver_load(load)
-    loaded = [backends.load(t, **load) for t in job.teachers]
+    loaded = [backends.load(t, **load, stored=stored_backend(existing, t)) for t in job.teachers]
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
     return loaded
+
+
+def stored_backend(existing: Manifest | None, spec: str) -> str | None:
+    """The backend the store holds teacher `spec`'s table with (None: not in the store). Stores from before
+    `backend` was recorded ran torch."""
+    rec = existing.tables.get(f"teachers/{resolve_teacher(spec).name}") if existing is not None else None
+    return rec.meta.get("backend", "torch") if rec is not None and rec.meta else None
 
 
 def teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:

@@ -407,11 +407,24 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
         _stop_reaper(reaper)
 
 
+def resolved_backend(ctx: Prepared) -> str:
+    """The backend every worker runs: --backend as given, or what auto resolved to on the driver (torch under
+    Ray, or the backend the store holds), the same for every teacher."""
+    if ctx.job.backend != "auto":
+        return ctx.job.backend
+    chosen = {t.meta([], "float32")["backend"] for t in ctx.teachers}
+    if len(chosen) > 1:
+        raise KdError(f"--backend auto: the store holds these teachers with different backends ({sorted(chosen)})",
+                      "--engine ray", "pass --backend explicitly, or precompute the teachers in separate runs")
+    return chosen.pop()
+
+
 def _worker_args(ctx: Prepared, wp: WorkerPlan) -> tuple:
     """UnitWorker's arguments: the store (its URI when remote: each node resolves it), the teachers, how to load
     them on the worker's device, and how to encode."""
     load = ctx.job.load_options()
-    worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads}
+    worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads,
+                   "backend": resolved_backend(ctx)}
     root = ctx.writer.loc.root if ctx.writer.loc.is_local else ctx.job.out
     specs = dict(zip(ctx.names, ctx.job.teachers))
     outputs = {n: [o.value for o in v] for n, v in ctx.outputs.items()}

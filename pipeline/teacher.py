@@ -117,7 +117,7 @@ def cast_weights(device: torch.device, dtype: torch.dtype | None) -> bool:
 @dataclass
 class Teacher:
     ref: TeacherRef
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # None: not loaded (an exported backend with a cached fidelity runs it)
     tokenizer: object
     has_head: bool
     st: STPooling | None
@@ -129,6 +129,10 @@ class Teacher:
     dim: int = 0
     weights_cast: bool = False  # the model's weights are in `autocast`'s dtype: no autocast context needed
     backend: Any = None  # a pipeline.backends.Runner: the forward pass on ONNX Runtime / OpenVINO (None: torch)
+    config: Any = None  # the checkpoint's transformers config
+    architecture: str = ""  # the model class the checkpoint loads as (recorded in the manifest)
+    embedding: dict | None = None  # {file, key}: the input embeddings in a .safetensors file (model not loaded)
+    choice: dict | None = None  # --backend auto: what it chose and why (pipeline/backend_choice.py)
     _sha: str | None = field(default=None, repr=False)
 
     @property
@@ -138,9 +142,9 @@ class Teacher:
     def reference_model(self) -> torch.nn.Module:
         """The model with the checkpoint's own fp32 weights, for what copies weights (input embeddings, kept
         layers): a bf16-cast teacher reloads them rather than hand out rounded weights."""
-        if not self.weights_cast:
+        if self.model is not None and not self.weights_cast:
             return self.model
-        return type(self.model).from_pretrained(self.ref.path).eval()
+        return model_class(self.has_head).from_pretrained(self.ref.path).eval()
 
     def available(self) -> list[Output]:
         outs = [Output.cls, Output.mean, Output.layers]
@@ -157,12 +161,11 @@ class Teacher:
         """Everything that determines the stored values; two writers must agree on it exactly."""
         if self._sha is None:
             self._sha = weights_sha256(self.ref.path)
-        cfg = self.model.config
         return {
             "source": self.ref.source,
             "weights_sha256": self._sha,
-            "architecture": (cfg.architectures or [type(self.model).__name__])[0],
-            "model_type": cfg.model_type,
+            "architecture": self.architecture,
+            "model_type": self.config.model_type,
             "num_layers": self.num_layers,
             "dim": self.dim,
             "max_length": self.max_length,
@@ -177,6 +180,7 @@ class Teacher:
             **({"cast": "weights" if self.weights_cast else "autocast"} if self.autocast else {}),
             # torch | onnx | openvino, none | int8, and the fidelity to torch fp32 (measured, not compared)
             **(self.backend.meta() if self.backend is not None else {"backend": "torch", "quantize": "none"}),
+            **({"backend_choice": self.choice} if self.choice else {}),
             "dtype": dtype,
             "label_names": self.label_names,
             "default_target": "sentence" if self.st is not None else "mean",
@@ -233,38 +237,66 @@ class Teacher:
         return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
 
 
+def model_class(has_head: bool) -> type:
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if has_head else AutoModel
+
+
 def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
-    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    from kd.storage.tokenizer_files import load_tokenizer
-
-    hf_logging.set_verbosity_error()  # load reports and weight-loading bars would drown our own progress
-    hf_logging.disable_progress_bar()
-
     ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
     dev = pick_device(device)
-    cfg = AutoConfig.from_pretrained(ref.path)
-    has_head = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
-    cls = AutoModelForSequenceClassification if has_head else AutoModel
+    cfg = _config(ref)
     try:
-        model = cls.from_pretrained(ref.path).to(dev).eval()
+        model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
     except (OSError, ValueError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({e})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
+    dtype = resolve_precision(Precision(precision), dev)
+    cast = cast_weights(dev, dtype)
+    if cast:
+        model.to(dtype)
+    architecture = (cfg.architectures or [type(model).__name__])[0]
+    return _teacher(ref, cfg, model, architecture, dev, dtype, max_length, weights_cast=cast)
+
+
+def load_without_model(ref: TeacherRef, architecture: str, max_length: int | None,
+                       embedding: dict | None = None) -> Teacher:
+    """The teacher's config, tokenizer and pooling, without its weights: for an exported backend whose graph and
+    fidelity are cached (pipeline/fidelity_cache.py). `reference_model()` loads the weights if asked."""
+    return _teacher(ref, _config(ref), None, architecture, torch.device("cpu"), None, max_length,
+                    embedding=embedding)
+
+
+def _config(ref: TeacherRef) -> Any:
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # load reports and weight-loading bars would drown our own progress
+    hf_logging.disable_progress_bar()
+    return AutoConfig.from_pretrained(ref.path)
+
+
+def _has_head(cfg: Any) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+
+
+def _teacher(ref: TeacherRef, cfg: Any, model: torch.nn.Module | None, architecture: str, dev: torch.device,
+             dtype: torch.dtype | None, max_length: int | None, **extra: Any) -> Teacher:
+    """A Teacher from the checkpoint's config and tokenizer (max length: the tokenizer's, the position
+    embeddings' and sentence-transformers' limits, then --max-length)."""
+    from kd.storage.tokenizer_files import load_tokenizer
+
     tok = load_tokenizer(ref.path, "the directory must hold the teacher's tokenizer files, undamaged: copy or "
                          "download the checkpoint again")
     st = read_st_pooling(ref.path)
     limit = min(x for x in (tok.model_max_length, getattr(cfg, "max_position_embeddings", 512), 8192) if x)
     if st and st.max_seq_length:
         limit = min(limit, st.max_seq_length)
+    has_head = _has_head(cfg)
     labels = [cfg.id2label[i] for i in range(cfg.num_labels)] if has_head else None
-    dtype = resolve_precision(Precision(precision), dev)
-    cast = cast_weights(dev, dtype)
-    if cast:
-        model.to(dtype)
     return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev, dtype, labels,
-                   cfg.num_hidden_layers, cfg.hidden_size, weights_cast=cast)
+                   cfg.num_hidden_layers, cfg.hidden_size, config=cfg, architecture=architecture, **extra)

@@ -8,6 +8,21 @@ from rich.table import Table
 from kd.storage.store import Store
 
 
+def backend_details(meta: dict) -> str:
+    """The backend part of a teacher's details: e.g. " onnx int8 float32, min cosine 0.9886"; with --backend
+    auto, what it chose and why (" torch bfloat16; auto: openvino none failed the fidelity check (...)")."""
+    choice = meta.get("backend_choice")
+    out = ""
+    if meta.get("backend", "torch") != "torch":
+        low = min((f["min_cosine"] for f in (meta.get("fidelity") or {}).values()), default=None)
+        recipe = (meta.get("int8_recipe") or {}).get("method")  # openvino: static | weights
+        out = (f" {meta['backend']} {meta.get('quantize')}" + (f" ({recipe})" if recipe else "")
+               + f" {meta.get('precision')}" + (f", min cosine {low:.4f}" if low is not None else ""))
+    elif choice:
+        out = f" torch {meta.get('precision')}"
+    return out + (f"; auto: {choice['reason']}" if choice else "")
+
+
 def summary_table(store_path: str) -> Group:
     store = Store.open(store_path)
     m = store.manifest
@@ -30,12 +45,7 @@ def summary_table(store_path: str) -> Group:
         if rec.kind == "teacher":
             details = (f"{rec.meta.get('architecture')} L={rec.meta.get('num_layers')} d={rec.meta.get('dim')} "
                        f"max_len={rec.meta.get('max_length')} {rec.meta.get('dtype')}")
-            if rec.meta.get("backend", "torch") != "torch":  # e.g. "onnx int8 float32, min cosine 0.9886"
-                low = min((f["min_cosine"] for f in (rec.meta.get("fidelity") or {}).values()), default=None)
-                recipe = (rec.meta.get("int8_recipe") or {}).get("method")  # openvino: static | weights
-                details += (f" {rec.meta['backend']} {rec.meta.get('quantize')}" + (f" ({recipe})" if recipe else "")
-                            + f" {rec.meta.get('precision')}"
-                            + (f", min cosine {low:.4f}" if low is not None else ""))
+            details += backend_details(rec.meta)
         cols = ", ".join(c for c in rec.columns if c not in ("id",))
         tables.add_row(name, rec.kind, f"{len(rec.shards)}/{m.num_shards}", f"{rows:,}", f"{mb:.1f}", cols, details)
     return Group(head, tables)

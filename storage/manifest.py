@@ -177,8 +177,9 @@ def check_shards(name: str, rec: TableRecord, inputs: dict[str, Any], where: str
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")
 # Table meta keys that are measurements, not settings: writers on other CPUs (or a resumed run) measure slightly
-# other numbers, so they are not compared; merged, the lowest of each number is kept.
-MEASURED_META = ("fidelity",)
+# other numbers, so they are not compared; merged, the lowest of each number is kept. `backend_choice` (what
+# --backend auto chose, and why) is a record of the backend setting, which is compared on its own.
+MEASURED_META = ("fidelity", "backend_choice")
 # Meta keys added after stores were written, with the value their absence meant.
 META_DEFAULTS = {"backend": "torch", "quantize": "none"}
 

@@ -17,14 +17,17 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
+
+if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
+    import pyarrow.dataset as ds
 
 MANIFEST = "manifest.json"
 REPAIR = "run `kd validate STORE --repair` to drop the damaged shards, then re-run the command that wrote them"
@@ -186,6 +189,8 @@ class Store:
 
     def dataset(self, name: str, verify: bool = True) -> ds.Dataset:
         """A pyarrow dataset over the committed shards (all verified first unless `verify=False`)."""
+        import pyarrow.dataset as ds
+
         rec = self.require_complete(name)
         files = self.verify_files(name) if verify else [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
         return ds.dataset(files, format="parquet", filesystem=self.loc.fs)
