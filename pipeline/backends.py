@@ -25,6 +25,7 @@ stays in `Teacher.forward`, in fp32, so every backend pools identically.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -161,10 +162,14 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
         # weights (input embeddings, init layers).
         teacher = load_teacher(ref, "cpu", Precision.fp32, max_length)
         teacher._sha = sha
+        # padded, truncated calls leave their settings in a fast tokenizer, and the store saves its files: the
+        # untouched copy is kept, so a measured and a cached run write the same tokenizer.json
+        clean = copy.deepcopy(teacher.tokenizer)
         folder = exported(teacher, b, q)
         runner = _open(folder, b, q, compute, threads, device)
         teacher.backend = runner
         runner.fidelity = _measure(teacher, folder)
+        teacher.tokenizer = clean
         fidelity_cache.write(folder, _cache_key(folder, sha, b, q, compute, max_length), teacher, runner.fidelity)
     check_fidelity(teacher, allow_low_fidelity)
     return teacher

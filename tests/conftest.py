@@ -11,6 +11,24 @@ import pytest
 # hold on every machine (subprocesses inherit this); tests of the bf16 default set KD_CPU_BF16=1 themselves.
 os.environ.setdefault("KD_CPU_BF16", "0")
 
+
+def _suite_cache() -> None:
+    """`--backend auto` (the default) exports teachers into KD_CACHE: the suite exports into a folder of its own,
+    never ~/.cache/kd; the unpacked mpnet there is linked in (unpacking it again takes a minute)."""
+    if "KD_CACHE" in os.environ:
+        return
+    import tempfile
+
+    cache = Path(tempfile.mkdtemp(prefix="kd-test-cache-"))
+    mpnet = Path.home() / ".cache" / "kd" / "teachers" / "all-mpnet-base-v2"
+    if mpnet.is_dir():
+        (cache / "teachers").mkdir()
+        (cache / "teachers" / mpnet.name).symlink_to(mpnet, target_is_directory=True)
+    os.environ["KD_CACHE"] = str(cache)
+
+
+_suite_cache()
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared"))
 DATA = SHARED / "data"

@@ -30,7 +30,7 @@ def test_auto_follows_native_bf16_on_cpu(monkeypatch, flag, dtype):
 def _store(tmp_path, teacher, sentences, name: str, precision: str) -> Store:
     src = tmp_path / "s.txt"
     src.write_text("\n".join(sentences[:80]) + "\n")
-    precompute([str(src)], str(tmp_path / name), [str(teacher)], precision=precision, progress=False)
+    precompute([str(src)], str(tmp_path / name), [str(teacher)], precision=precision, backend="torch", progress=False)
     return Store.open(tmp_path / name)
 
 
