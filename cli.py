@@ -86,7 +86,7 @@ def precompute(
     shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)", **_in(B.ROWS))] = 20000,  # noqa: E501
     num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)", **_in(B.SHARDS))] = None,  # noqa: E501
     shard_index: Annotated[int | None, typer.Option(help="This writer's 0-based index (default: torchrun RANK or 0)", **_in(B.SHARD_INDEX))] = None,  # noqa: E501
-    dtype: Annotated[B.VectorDType, typer.Option(help="float32 | float16 for stored vectors")] = "float32",
+    dtype: Annotated[B.VectorDType, typer.Option(help="float32 | float16 | int8 for stored vectors (int8: per-vector scale, read back as float32; logits stay float32)")] = "float32",  # noqa: E501
     precision: Annotated[B.Precision, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision; auto: fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")] = "auto",  # noqa: E501
     device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)", **_device(False))] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,

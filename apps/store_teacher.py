@@ -15,7 +15,7 @@ import numpy as np
 
 from kd.common.errors import StoreError
 from kd.storage import Store
-from kd.storage.schema import arrow_to_vectors
+from kd.storage.schema import table_vectors, with_scales
 
 # Above this many rows a text->row map costs more memory than running the teacher on a task.
 MAX_LOOKUP_ROWS = 5_000_000
@@ -64,8 +64,9 @@ class StoreTeacher:
         return [("text", self.target)]
 
     def _vectors(self, column: str, rows: np.ndarray) -> np.ndarray:
-        table = self.store.dataset(f"teachers/{self.name}").take(rows.astype(np.int64), columns=[column])
-        return arrow_to_vectors(table.column(column))
+        data = self.store.dataset(f"teachers/{self.name}")
+        table = data.take(rows.astype(np.int64), columns=with_scales([column], data.schema.names))
+        return table_vectors(table, column, self.store.loc.path(f"teachers/{self.name}"))
 
     def sample(self, n: int) -> tuple[list[str], np.ndarray]:
         """n rows spread evenly over the store (all rows when it has fewer), first side of pairs."""

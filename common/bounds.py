@@ -88,7 +88,7 @@ COSINE_DISTANCE = Range(0, 2, lo_open=True, what="a cosine distance: 1 - cosine 
 # Literal into a choice: a bad value exits 2 listing the allowed ones). The library enums live in modules that
 # import torch, which `kd --help` must not; tests/test_options.py checks each Literal against its enum.
 Segment = Literal["none", "sentences"]
-VectorDType = Literal["float32", "float16"]  # storage.schema.VectorDType
+VectorDType = Literal["float32", "float16", "int8"]  # storage.schema.VectorDType
 Precision = Literal["auto", "fp32", "bf16", "fp16"]  # pipeline.teacher.Precision
 Backend = Literal["auto", "torch", "onnx", "openvino"]  # pipeline.backends.Backend
 Quantize = Literal["none", "int8"]  # pipeline.backends.Quantize

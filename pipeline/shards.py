@@ -29,7 +29,7 @@ from kd.pipeline.rows import RowCounts
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
-from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
+from kd.storage.schema import VectorDType, column_types, type_name, vector_columns
 from kd.storage.store import FRAGMENTS, StoreWriter, shard_file
 
 
@@ -125,8 +125,14 @@ def columns(t: Teacher, outputs: list[Output], pairs: bool, dtype: VectorDType) 
     sides = ("",) if (not pairs or t.has_head) else ("_a", "_b")
     for o in outputs:
         for s in sides:
-            cols[o.value + s] = type_name(vector_type(shapes[o], dtype))
+            cols |= column_types(o.value + s, shapes[o], stored_dtype(o.value, dtype))
     return cols
+
+
+def stored_dtype(column: str, dtype: VectorDType) -> VectorDType:
+    """The dtype column `column` is stored in: `logits` stay float32 under int8 (a few numbers per row, and
+    soft targets under a temperature are too sensitive to quantisation error to save so little)."""
+    return VectorDType.float32 if dtype is VectorDType.int8 and column == Output.logits.value else dtype
 
 
 def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pairs: bool, vdtype: VectorDType,
@@ -139,7 +145,8 @@ def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pai
     refuse_non_finite(t.name, k, shard, texts, vecs, vdtype)
     trunc = n_tokens > t.max_length
     cols = {"id": shard["id"], "n_tokens": pa.array(n_tokens), "truncated": pa.array(trunc)}
-    cols |= {c: vectors_to_arrow(v, vdtype) for c, v in vecs.items()}
+    for c, v in vecs.items():
+        cols |= vector_columns(c, v, stored_dtype(c, vdtype))
     return pa.table(cols), int(trunc.sum())
 
 

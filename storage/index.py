@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 
 from kd.common.errors import InputError, StoreError
 from kd.storage import fs
+from kd.storage.int8 import is_scale_column
 from kd.storage.query import resolve_table, view_names
-from kd.storage.schema import arrow_to_vectors, vector_shape
+from kd.storage.schema import table_vectors, vector_shape
 from kd.storage.store import Store, iter_shards, open_writer
 
 WRITER_ID = "index"
@@ -91,7 +92,7 @@ def vector_column(store: Store, table: str, column: str) -> int:
     """Check that `column` of `table` is a 1-D vector column; return its dimension."""
     schema = store.dataset(table).schema
     if column not in schema.names:
-        vecs = [f.name for f in schema if vector_shape(f.type)]
+        vecs = [f.name for f in schema if vector_shape(f.type) and not is_scale_column(f.name)]
         raise InputError(f"table {table!r} has no column {column!r}", store.root, f"vector columns: {', '.join(vecs)}")
     shape = vector_shape(schema.field(column).type)
     if len(shape) != 1:
@@ -108,7 +109,7 @@ def read_vectors(store: Store, table: str, column: str) -> tuple[np.ndarray, np.
     ids, vecs, sizes = [], [], []
     for _, t in iter_shards(store, table):
         ids.append(t.column("id").to_numpy())
-        vecs.append(arrow_to_vectors(t.column(column)))
+        vecs.append(table_vectors(t, column, store.loc.path(table)))
         sizes.append(t.num_rows)
     return np.concatenate(ids), np.concatenate(vecs), sizes
 
@@ -208,7 +209,7 @@ def default_vector(store_path: str | os.PathLike, table: str | None, column: str
     table = resolve_table(store, table)
     if column is None:
         schema = store.dataset(table, verify=False).schema
-        vectors = [f.name for f in schema if len(vector_shape(f.type)) == 1]
+        vectors = [f.name for f in schema if len(vector_shape(f.type)) == 1 and not is_scale_column(f.name)]
         column = next((c for c in ("sentence", "mean") if c in vectors), vectors[0] if vectors else None)
         if column is None:
             raise InputError(f"table {table!r} has no 1-D vector column", store.root, "pass --column")

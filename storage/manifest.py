@@ -20,7 +20,11 @@ from kd.common.errors import StoreError
 from kd.storage.fs import check_relative
 
 FORMAT_NAME = "kd-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version this kd writes and reads
+# Version 2 adds int8 vector columns with `<column>__scale` beside them. A store is written as version 1 unless
+# it holds an int8 column, so float stores stay readable by kd versions that know version 1 only, and those
+# refuse an int8 store instead of reading its codes as floats.
+READ_VERSIONS = (1, 2)
 # Readers loop over and allocate per shard (plans, validation): a manifest may not declare more. At the default
 # 20,000 rows per shard that is 2e10 rows.
 MAX_SHARDS = 1_000_000
@@ -95,10 +99,15 @@ class Manifest:
     def teachers(self) -> list[str]:
         return [t.split("/", 1)[1] for t, r in self.tables.items() if r.kind == "teacher"]
 
+    def required_version(self) -> int:
+        """The lowest format version that can hold these tables: 2 when any column is int8, else 1."""
+        int8 = any(t.startswith("int8") for rec in self.tables.values() for t in rec.columns.values())
+        return 2 if int8 else 1
+
     def to_json(self) -> str:
         d = {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": self.required_version(),
             "inputs": self.inputs,
             "tables": {k: v.to_json() for k, v in sorted(self.tables.items())},
             "versions": self.versions,
@@ -121,9 +130,10 @@ class Manifest:
         if d.get("format") != FORMAT_NAME:
             raise StoreError("this is not a kd store manifest", where, "point at a folder written by kd precompute")
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise StoreError(
-                f"store format version {version} is not supported (this kd reads version {FORMAT_VERSION})",
+                f"store format version {version} is not supported (this kd reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))})",
                 where,
                 "re-run kd precompute with this kd version, or use the kd version that wrote the store",
             )

@@ -5,6 +5,8 @@
 - Vector columns are cast back to fixed-size arrays (`FLOAT[dim]`, `FLOAT[dim][L]` for per-layer
   states; DuckDB writes the inner size first), because Parquet keeps the fixed size only in
   pyarrow's schema metadata and DuckDB would read FLOAT[] lists that `array_*` functions refuse.
+- int8 columns are dequantized in the view (code x its `<column>__scale`, storage.int8), so a view shows
+  FLOAT vectors whatever the store's dtype; the scale columns themselves are not shown.
 - `outputs` joins every aligned table to `texts` on id (LEFT JOIN: rows of an incomplete table
   read NULL), each column prefixed with its table's view name.
 
@@ -30,10 +32,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from kd.common.errors import InputError, KdError
+from kd.common.errors import InputError, KdError, StoreError
 from kd.common.outputs import claim_output
+from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
-from kd.storage.schema import vector_shape
+from kd.storage.schema import is_int8, vector_shape
 from kd.storage.store import Store
 
 RESERVED = ("texts", "outputs")
@@ -111,10 +114,29 @@ def _committed_files(store: Store, table: str) -> list[str]:
     return [store.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
 
+def _dequantized(column: str, shape: tuple[int, ...], alias: str) -> str:
+    """SQL for int8 codes times their scale (list comprehensions: DuckDB 1.1 and 2.x both read them)."""
+    q, s = f"{alias}.{_ident(column)}", f"{alias}.{_ident(scale_column(column))}"
+    if len(shape) == 1:
+        return f"[x * {s} FOR x IN {q}]"
+    return f"[[x * {s}[i] FOR x IN {q}[i]] FOR i IN range(1, {shape[0] + 1})]"
+
+
+def _view_schema(schema: pa.Schema) -> pa.Schema:
+    """The file's fields a view shows: all but the scale columns of int8 columns."""
+    scales = {scale_column(f.name) for f in schema if is_int8(f.type)}
+    return pa.schema([f for f in schema if f.name not in scales])
+
+
 def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[str]:
-    for f in schema:
+    for f in _view_schema(schema):
         cast = duckdb_type(f.type)
         expr = f"{alias}.{_ident(f.name)}"
+        if is_int8(f.type):
+            if scale_column(f.name) not in schema.names:
+                raise StoreError(f"int8 column {f.name!r} has no scale column {scale_column(f.name)!r}", None,
+                                 "the store is damaged: run kd validate STORE")
+            expr = _dequantized(f.name, vector_shape(f.type), alias)
         if cast:
             expr = f"CAST({expr} AS {cast})"
         yield f"{expr} AS {_ident(f.name if prefix is None else f'{prefix}_{f.name}')}"
@@ -147,7 +169,7 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
             con.register(raw, ds.dataset(files, format="parquet", filesystem=store.loc.fs))
             source = _ident(raw)
         schema = pq.read_schema(files[0], filesystem=store.loc.fs)
-        schemas[table] = schema
+        schemas[table] = _view_schema(schema)
         body = f"SELECT {', '.join(_select_list(schema, None, 's'))} FROM {source} AS s"
         con.execute(f"CREATE VIEW {_ident(view)} AS {body}")
         if view != table:

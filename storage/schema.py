@@ -6,6 +6,8 @@
 - Parquet keeps the fixed size only in pyarrow's schema metadata: DuckDB reads such a column as
   FLOAT[] (a list). `storage.query` casts it back to FLOAT[dim] in its views so that
   `array_cosine_similarity` works; on raw files use `list_cosine_similarity`.
+- int8 columns carry a float32 scale column beside them (`storage.int8`): `vector_columns` writes both,
+  `table_vectors` dequantizes, so every reader that goes through it sees float32 whatever the dtype.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from enum import Enum
 import numpy as np
 import pyarrow as pa
 
+from kd.storage.int8 import dequantize, quantize, scale_column
+
 
 class VectorDType(str, Enum):
-    """On-disk precision of vector columns (DuckDB 1.1+ reads both back as FLOAT)."""
+    """On-disk precision of vector columns (DuckDB 1.1+ reads float16 back as FLOAT; int8 has a scale column)."""
 
     float32 = "float32"
     float16 = "float16"
+    int8 = "int8"
 
     @property
     def arrow(self) -> pa.DataType:
-        return pa.float32() if self is VectorDType.float32 else pa.float16()
+        return {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8()}[self.value]
 
 
 # Columns of the texts table in order. text_a/text_b replace text in pair stores.
@@ -63,6 +68,48 @@ def vectors_to_arrow(x: np.ndarray, dtype: VectorDType) -> pa.Array:
     for n in reversed(x.shape[1:]):
         arr = pa.FixedSizeListArray.from_arrays(arr, n)
     return arr
+
+
+def vector_columns(name: str, x: np.ndarray, dtype: VectorDType) -> dict[str, pa.Array]:
+    """The column(s) that store vectors `x` as `name`: int8 adds its float32 scale column `<name>__scale`."""
+    if dtype is not VectorDType.int8:
+        return {name: vectors_to_arrow(x, dtype)}
+    q, scale = quantize(x)
+    return {name: vectors_to_arrow(q, dtype), scale_column(name): vectors_to_arrow(scale, VectorDType.float32)}
+
+
+def column_types(name: str, shape: tuple[int, ...], dtype: VectorDType) -> dict[str, str]:
+    """Manifest types of the column(s) `vector_columns` writes for per-row shape `shape`."""
+    types = {name: type_name(vector_type(shape, dtype))}
+    if dtype is VectorDType.int8:
+        types[scale_column(name)] = type_name(vector_type(shape[:-1], VectorDType.float32))
+    return types
+
+
+def is_int8(t: pa.DataType) -> bool:
+    """Whether a vector column holds int8 codes (innermost value type)."""
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_int8(t)
+
+
+def with_scales(columns: list[str], available: list[str]) -> list[str]:
+    """`columns` plus the scale column of each that has one in `available` (what a projected read needs)."""
+    return columns + [scale_column(c) for c in columns if scale_column(c) in available]
+
+
+def table_vectors(table: pa.Table | pa.RecordBatch, column: str, where: str | None = None) -> np.ndarray:
+    """Column `column` of `table` as a float32 (rows, *shape) array; int8 is dequantized with its scale
+    column (refused, naming `where`, when that is missing, non-finite or negative)."""
+    col = table.column(column)
+    if not is_int8(col.type):
+        return arrow_to_vectors(col)
+    sc = scale_column(column)
+    scale = None
+    if sc in table.schema.names:
+        s = table.column(sc)
+        scale = arrow_to_vectors(s) if vector_shape(s.type) else s.to_numpy(zero_copy_only=False)
+    return dequantize(arrow_to_vectors(col, np.int8), scale, column, where)
 
 
 def arrow_to_vectors(col: pa.Array | pa.ChunkedArray, dtype: np.dtype = np.float32) -> np.ndarray:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.storage import fs
-from kd.storage.schema import type_name
+from kd.storage.schema import is_int8, table_vectors, type_name
 from kd.storage.store import Store
 
 
@@ -108,13 +108,25 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
             out.append(Problem(path, f"column {col!r} missing"))
         elif have[col] != typ:
             out.append(Problem(path, f"column {col!r} is {have[col]}, manifest says {typ}"))
-    out += _non_finite(table, path)
+    out += _non_finite(table, path) + _bad_scales(table, path)
     if "id" in have:
         ids = table["id"].combine_chunks()
         if name == "texts":
             text_ids[k] = ids
         elif k in text_ids and not ids.equals(text_ids[k]):
             out.append(Problem(path, f"ids are not aligned with texts shard {k}"))
+    return out
+
+
+def _bad_scales(table: pa.Table, path: str) -> list[Problem]:
+    """int8 columns whose scale column is missing, non-finite or negative (what the readers refuse)."""
+    out = []
+    for f in table.schema:
+        if is_int8(f.type):
+            try:
+                table_vectors(table, f.name, path)
+            except StoreError as e:
+                out.append(Problem(path, e.what))
     return out
 
 

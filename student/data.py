@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kd.common.errors import InputError, StoreError
 from kd.common.finite import non_finite_rows
-from kd.storage.schema import arrow_to_vectors
+from kd.storage.int8 import is_scale_column
+from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
 
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
@@ -79,7 +80,8 @@ def available_columns(store: Store) -> list[str]:
     for name, rec in sorted(store.manifest.tables.items()):
         if rec.kind == "teacher":
             teacher = name.split("/", 1)[1]
-            out += [f"{teacher}.{c}" for c in rec.columns if c not in ("id", "n_tokens", "truncated")]
+            out += [f"{teacher}.{c}" for c in rec.columns
+                    if c not in ("id", "n_tokens", "truncated") and not is_scale_column(c)]
     if LABEL in store.table("texts").columns:
         out.append(LABEL)
     return out
@@ -236,7 +238,7 @@ def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFi
 
 def _check_footer(store: Store, table: str, k: int, columns: list[str]) -> None:
     pf = _open(store, table, k, verify=False)  # footer only: the data is verified when it is read
-    path = store.loc.path(store.table(table).shards[k].file)
+    path = _shard_path(store, table, k)
     want = store.table(table).shards[k].rows
     if pf.metadata.num_rows != want:
         raise StoreError(
@@ -258,12 +260,12 @@ def _check_finite(store: Store, table: str, k: int, columns: list[str], chunk_ro
     """
     for part in _batches(store, table, k, columns, chunk_rows):
         for c in columns[1:]:
-            bad = non_finite_rows(arrow_to_vectors(part.column(c)))
+            bad = non_finite_rows(table_vectors(part, c, _shard_path(store, table, k)))
             if len(bad):
                 raise StoreError(
                     f"column {c!r} of table {table!r} is not finite (NaN/Inf) in shard {k}, first at row id "
                     f"{int(part.column('id')[int(bad[0])].as_py())} ({len(bad)} row(s) in this chunk)",
-                    store.loc.path(store.table(table).shards[k].file),
+                    _shard_path(store, table, k),
                     "rebuild that table (kd precompute ... --overwrite); kd validate lists every bad shard")
 
 
@@ -306,25 +308,30 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
                 raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
             teacher = t.split("/", 1)[1]
             for c in names:
-                chunk[f"{teacher}.{c}"] = arrow_to_vectors(parts[t].column(c))
+                chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
         yield chunk
 
 
 def _misaligned(store: Store, k: int, table: str, what: str) -> StoreError:
     return StoreError(
         f"shard {k} of table {table!r} {what}: the tables are not aligned",
-        store.loc.path(store.table(table).shards[k].file),
+        _shard_path(store, table, k),
         "re-run the kd command that wrote this table with --overwrite",
     )
 
 
+def _shard_path(store: Store, table: str, k: int) -> str:
+    return store.loc.path(store.table(table).shards[k].file)
+
+
 def _batches(store: Store, table: str, k: int, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:
+    """Shard k of `table` in record batches of `columns`, plus the scale column of each int8 one."""
     pf = _open(store, table, k)
     try:
-        yield from pf.iter_batches(batch_size=rows, columns=columns)
+        yield from pf.iter_batches(batch_size=rows, columns=with_scales(columns, pf.schema_arrow.names))
     except (OSError, pa.ArrowException) as e:
         raise StoreError(
-            f"cannot read shard {k} of table {table!r} ({e})", store.loc.path(store.table(table).shards[k].file),
+            f"cannot read shard {k} of table {table!r} ({e})", _shard_path(store, table, k),
             "the file is corrupt: delete it and re-run the kd command that wrote it",
         ) from e
 

@@ -23,7 +23,7 @@ class TableSpec:
 def _column(x: np.ndarray) -> pa.Array:
     if x.ndim == 1:
         return pa.array(x)
-    return vectors_to_arrow(x, VectorDType.float32)
+    return vectors_to_arrow(x, VectorDType.int8 if x.dtype == np.int8 else VectorDType.float32)
 
 
 def build_store(

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from kd.common.errors import KdError
+from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import Manifest
 from kd.student.models import StudentConfig, StudentOutput
 
@@ -171,7 +172,8 @@ class Context:
         for table, rec in manifest.tables.items():
             if rec.kind == "teacher" and table.startswith("teachers/"):
                 name = table.split("/", 1)[1]
-                shapes[name] = {c: type_shape(t) for c, t in rec.columns.items() if type_shape(t)}
+                shapes[name] = {c: type_shape(t) for c, t in rec.columns.items()
+                                if type_shape(t) and not is_scale_column(c)}  # a scale is part of its column
                 meta[name] = dict(rec.meta)
         texts = manifest.tables.get("texts")
         label_type = texts.columns.get("label") if texts else None
