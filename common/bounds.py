@@ -101,9 +101,9 @@ TokenWeights = Literal["sif", "none"]
 ExportFormat = Literal["sentence-transformers", "onnx"]
 StsSplit = Literal["train", "dev", "test"]
 ClusterSet = Literal["news-articles", "brown-genres"]  # apps.tasks.ClusterSet
-QueryFormat = Literal["table", "csv", "json", "parquet"]  # storage.query.Format
-IndexKind = Literal["flat", "ivf", "hnsw"]  # storage.index.IndexKind
-ClusterMethod = Literal["auto", "exact", "knn"]  # storage.cluster.Method
+QueryFormat = Literal["table", "csv", "json", "parquet"]  # dataset.query.Format
+IndexKind = Literal["flat", "ivf", "hnsw"]  # dataset.index.IndexKind
+ClusterMethod = Literal["auto", "exact", "knn"]  # dataset.cluster.Method
 Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
 # apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
 Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed")}, type=str)

@@ -122,11 +122,11 @@ def test_the_choice_literals_match_the_library_enums():
     from kd.apps.eval import Measure
     from kd.apps.tasks import ClusterSet
     from kd.common.tasks import Task
+    from kd.dataset.cluster import Method
+    from kd.dataset.index import IndexKind
+    from kd.dataset.query import Format
     from kd.pipeline.backends import Backend, Quantize
     from kd.pipeline.teacher import Precision
-    from kd.storage.cluster import Method
-    from kd.storage.index import IndexKind
-    from kd.storage.query import Format
     from kd.storage.schema import VectorDType
     from kd.student.models import Arch
     from kd.student.pooling import Pooling
