@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kd.common.errors import KdError
-from kd.common.hardware import check_device, native_bf16
+from kd.common.hardware import native_bf16, resolve_device
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
 
 
@@ -83,18 +83,6 @@ def weights_sha256(path: str) -> str:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def pick_device(device: str | None = None) -> torch.device:
-    """The asked device, or CUDA when present. Under torchrun each rank takes its own GPU: cuda:LOCAL_RANK
-    (modulo the visible devices), so N ranks on one node never share GPU 0."""
-    check_device(device)
-    if device in (None, "auto", "cuda"):
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        return torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
-    return torch.device(device)
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
@@ -246,7 +234,7 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     hf_logging.disable_progress_bar()
 
     ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
-    dev = pick_device(device)
+    dev = resolve_device(device)
     cfg = AutoConfig.from_pretrained(ref.path)
     has_head = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
     cls = AutoModelForSequenceClassification if has_head else AutoModel

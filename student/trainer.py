@@ -56,11 +56,11 @@ from kd.student import checkpoint
 from kd.student import data as D
 from kd.student.checkpoint import CHECKPOINT, Trainables, TrainState
 from kd.student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
-from kd.student.export import save_student, weights_state, write_weights
 from kd.student.metrics import CURVE, METRICS, Metrics, plot_curve
 from kd.student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
 from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
+from kd.student.saved import save_student, weights_state, write_weights
 from kd.student.static import sif_weights, static_init, token_counts
 from kd.student.transformer_init import bert_config, load_init_weights
 
@@ -346,7 +346,7 @@ def init_config(cfg: TrainConfig, store_tokenizer) -> StudentConfig:
       text), else every embedding row would mean another token.
     """
     from kd.storage.tokenizer_files import load_tokenizer
-    from kd.student.export import TOKENIZER, read_config
+    from kd.student.saved import TOKENIZER, read_config
 
     source = StudentConfig.from_dict(read_config(cfg.init)["student"])
     if source.arch.value != cfg.arch:
@@ -668,7 +668,7 @@ def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     student = build_student(s.student_cfg)
     if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
-        from kd.student.export import load
+        from kd.student.saved import load
 
         student.load_state_dict(load(cfg.init).model.state_dict())
         return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)

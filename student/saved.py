@@ -29,7 +29,7 @@ from torch import nn
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite, require_finite_weights
-from kd.common.hardware import check_device
+from kd.common.hardware import resolve_device
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
@@ -248,7 +248,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
         raise InputError(f"the weights do not fit the student described by config.json ({str(e)[:300]})",
                          str(p), "config.json and model.safetensors come from different runs: copy the whole "
                          "folder again") from e
-    dev = _device(device)
+    dev = resolve_device(device)
     model.to(dev).eval()
     return LoadedStudent(p, model, _tokenizer(p), info, dev)
 
@@ -303,9 +303,3 @@ def _tokenizer(p: Path):
         raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
                          "copy the whole student folder (weights, config.json and tokenizer/)")
     return load_tokenizer(p / TOKENIZER, "copy the whole student folder again", InputError)
-
-
-def _device(device: str | torch.device) -> torch.device:
-    if isinstance(device, str):
-        check_device(device)
-    return torch.device(device)
