@@ -219,7 +219,8 @@ def train_student(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from kd.student.trainer import TrainConfig, arch_defaults, train
+    from kd.student.train_config import TrainConfig, arch_defaults
+    from kd.student.trainer import train
 
     try:
         tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,

@@ -150,22 +150,32 @@ class Store:
     def verify_folder(self, *parts: str) -> None:
         """Check the files under a folder (or one file) against the sha256 the manifest records for them.
 
-        Stores written before checksums were recorded for these files pass unchecked.
+        - Stores written before checksums were recorded for these files pass unchecked.
+        - Each file is checked once per opened Store (as shards are in `verify_files`): set-up and the data
+          stream of one training run ask for the same tokenizer folder.
         """
         known = self.manifest.extras.get("files", {})
         prefix = "/".join(parts)
         for rel, sha in sorted(known.items()):
-            if rel != prefix and not rel.startswith(prefix + "/"):
-                continue
-            try:
-                self.path_of(rel, "extras.files")
-                data = fs.read_bytes(self.loc, rel)
-            except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
-                                 file_repair(self.root)) from e
-            if fs.sha256(data) != sha:
-                raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
-                                 self.loc.path(rel), file_repair(self.root))
+            if (rel == prefix or rel.startswith(prefix + "/")) and (rel, sha) not in self._verified:
+                self.read_recorded(rel)
+
+    def read_recorded(self, rel: str) -> bytes:
+        """A file of the store outside the tables (tokenizer, input embeddings, vocab and init outputs), read
+        once: its bytes, checked against the sha256 `extras.files` records for it (unchecked when none is)."""
+        sha = self.manifest.extras.get("files", {}).get(rel)
+        try:
+            self.path_of(rel, "extras.files")
+            data = fs.read_bytes(self.loc, rel)
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
+                             file_repair(self.root)) from e
+        if sha is not None and fs.sha256(data) != sha:
+            raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
+                             self.loc.path(rel), file_repair(self.root))
+        if sha is not None:
+            self._verified.add((rel, sha))
+        return data
 
     def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""

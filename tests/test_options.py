@@ -130,7 +130,7 @@ def test_the_choice_literals_match_the_library_enums():
     from kd.storage.schema import VectorDType
     from kd.student.models import Arch
     from kd.student.pooling import Pooling
-    from kd.student.trainer import EmbeddingInit, Schedule
+    from kd.student.train_config import EmbeddingInit, Schedule
 
     pairs = [(B.Measure, Measure), (B.ClusterSet, ClusterSet), (B.Backend, Backend), (B.Quantize, Quantize),
              (B.Precision, Precision), (B.ClusterMethod, Method), (B.IndexKind, IndexKind), (B.QueryFormat, Format),
@@ -249,7 +249,8 @@ def test_init_refuses_a_shape_option_that_contradicts_it(stage_one, tmp_path, fl
 
 
 def test_init_accepts_shape_options_that_agree(stage_one, tmp_path):
-    from kd.student.trainer import TrainConfig, arch_defaults, setup
+    from kd.student.setup import setup
+    from kd.student.train_config import TrainConfig, arch_defaults
 
     store, student = stage_one
     s = setup(TrainConfig(str(store), str(tmp_path / "two"), init=str(student), embed_dim=8, hidden_dim=8,
