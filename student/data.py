@@ -291,24 +291,31 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
         n = min(pending[t].num_rows for t in tables)
         parts = {t: pending[t].slice(0, n) for t in tables}
         pending = {t: pending[t].slice(n) for t in tables}
-        ids = parts["texts"].column("id").to_numpy()
-        chunk: dict[str, np.ndarray] = {"id": ids}
-        if cols.pos:
-            chunk[POS] = np.arange(row0, row0 + n, dtype=np.int64)
-            row0 += n
-        for c in cols.texts:
-            chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
-        if cols.label:
-            chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
-        for t, names in cols.teachers.items():
-            other = parts[t].column("id").to_numpy()
-            if not np.array_equal(other, ids):
-                row = int(np.nonzero(other != ids)[0][0])
-                raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
-            teacher = t.split("/", 1)[1]
-            for c in names:
-                chunk[f"{teacher}.{c}"] = arrow_to_vectors(parts[t].column(c))
-        yield chunk
+        yield _zip_chunk(store, cols, k, parts, row0)
+        row0 += n
+
+
+def _zip_chunk(store: Store, cols: Columns, k: int, parts: dict[str, pa.RecordBatch],
+               row0: int) -> dict[str, np.ndarray]:
+    """One chunk of equally long record batches of shard k (one per table) as read_aligned's dict; every
+    teacher batch's ids must equal the texts batch's (`row0`: the shard-wide position of its first row)."""
+    ids = parts["texts"].column("id").to_numpy()
+    chunk: dict[str, np.ndarray] = {"id": ids}
+    if cols.pos:
+        chunk[POS] = np.arange(row0, row0 + len(ids), dtype=np.int64)
+    for c in cols.texts:
+        chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
+    if cols.label:
+        chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
+    for t, names in cols.teachers.items():
+        other = parts[t].column("id").to_numpy()
+        if not np.array_equal(other, ids):
+            row = int(np.nonzero(other != ids)[0][0])
+            raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
+        teacher = t.split("/", 1)[1]
+        for c in names:
+            chunk[f"{teacher}.{c}"] = arrow_to_vectors(parts[t].column(c))
+    return chunk
 
 
 def _misaligned(store: Store, k: int, table: str, what: str) -> StoreError:
