@@ -219,7 +219,8 @@ def train_student(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from kd.student.trainer import TrainConfig, arch_defaults, train
+    from kd.student.train_config import TrainConfig, arch_defaults
+    from kd.student.trainer import train
 
     try:
         tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
@@ -420,7 +421,7 @@ def index_cmd(
     kind: Annotated[B.IndexKind, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
 ) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
-    from kd.storage.index import build_index, default_vector
+    from kd.dataset.index import build_index, default_vector
 
     try:
         if table is None or column is None:
@@ -471,7 +472,7 @@ def cluster_cmd(
     k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph", **_in(B.K))] = 30,
 ) -> None:
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
-    from kd.storage.cluster import cluster_store
+    from kd.dataset.cluster import cluster_store
 
     try:
         s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)

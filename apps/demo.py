@@ -137,7 +137,7 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
 
 def _tier_config(cfg: DemoConfig, tier: str, store: Path, folder: Path):
     """Training options of a demo tier: the arch's defaults, sized to finish in minutes on 2 cores."""
-    from kd.student.trainer import TrainConfig, arch_defaults
+    from kd.student.train_config import TrainConfig, arch_defaults
 
     steps = dict(max_steps=30, epochs=1) if cfg.quick else {}
     common = dict(objectives=["cosine"], patience=0, val_percent=5.0, checkpoint_every=10_000,

@@ -95,11 +95,11 @@ def _teacher_name(spec: str) -> str:
 
 
 def student_model(folder: str | Path, name: str | None = None) -> EvalModel:
-    """A student saved by `kd train-student` (student.export)."""
+    """A student saved by `kd train-student` (student.saved)."""
 
     def load() -> Loaded:
         from kd import student
-        from kd.student.export import CONFIG, TOKENIZER, WEIGHTS
+        from kd.student.saved import CONFIG, TOKENIZER, WEIGHTS
 
         s = student.load(folder)
         files = [Path(folder) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]

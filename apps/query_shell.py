@@ -1,7 +1,7 @@
 """`kd query`: one SQL statement to the terminal or a file, or an interactive prompt.
 
 - Results print as a rich table (at most `max_rows` rows; long cells such as vectors shortened),
-  or go through DuckDB COPY to csv/json/parquet (`storage.query.export`); csv/json without
+  or go through DuckDB COPY to csv/json/parquet (`dataset.query.export`); csv/json without
   --out print to stdout.
 - The prompt reads lines until one ends with ';' (so it works piped: `kd query S < file.sql`),
   runs them, prints the result, and keeps going after an error. `.tables` lists the views,
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kd.common.errors import KdError
-from kd.storage.query import Format, connect, export, run_query
+from kd.dataset.query import Format, connect, export, run_query
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
 

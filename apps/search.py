@@ -18,7 +18,7 @@ import numpy as np
 
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
-from kd.storage.index import SearchResult, search
+from kd.dataset.index import SearchResult, search
 from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")

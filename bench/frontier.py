@@ -106,7 +106,7 @@ def load(spec: Spec):
         return (lambda texts: m.encode(texts, batch_size=max(1, len(texts)))), [Path(spec.path)]
     if spec.kind == "kd":
         from kd import student
-        from kd.student.export import CONFIG, TOKENIZER, WEIGHTS
+        from kd.student.saved import CONFIG, TOKENIZER, WEIGHTS
 
         s = student.load(spec.path)
         files = [Path(spec.path) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kd.storage.index import IndexKind, make_index, normalize
-from kd.storage.query import connect, view_names
+from kd.dataset.index import IndexKind, make_index, normalize
+from kd.dataset.query import connect, view_names
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 

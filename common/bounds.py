@@ -95,15 +95,15 @@ Quantize = Literal["none", "int8"]  # pipeline.backends.Quantize
 Engine = Literal["local", "ray"]
 Arch = Literal["bilstm", "bigru", "cnn", "ffn", "transformer", "static", "transformer-init"]  # student.models.Arch
 Pooling = Literal["mean", "max", "attentive", "cls"]  # student.pooling.Pooling
-Schedule = Literal["cosine", "plateau", "constant"]  # student.trainer.Schedule
-EmbeddingInit = Literal["auto", "teacher", "vocab", "random"]  # student.trainer.EmbeddingInit
+Schedule = Literal["cosine", "plateau", "constant"]  # student.train_config.Schedule
+EmbeddingInit = Literal["auto", "teacher", "vocab", "random"]  # student.train_config.EmbeddingInit
 TokenWeights = Literal["sif", "none"]
 ExportFormat = Literal["sentence-transformers", "onnx"]
 StsSplit = Literal["train", "dev", "test"]
 ClusterSet = Literal["news-articles", "brown-genres"]  # apps.tasks.ClusterSet
-QueryFormat = Literal["table", "csv", "json", "parquet"]  # storage.query.Format
-IndexKind = Literal["flat", "ivf", "hnsw"]  # storage.index.IndexKind
-ClusterMethod = Literal["auto", "exact", "knn"]  # storage.cluster.Method
+QueryFormat = Literal["table", "csv", "json", "parquet"]  # dataset.query.Format
+IndexKind = Literal["flat", "ivf", "hnsw"]  # dataset.index.IndexKind
+ClusterMethod = Literal["auto", "exact", "knn"]  # dataset.cluster.Method
 Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
 # apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
 Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed")}, type=str)

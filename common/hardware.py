@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from kd.common.bounds import DEVICE
 from kd.common.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def native_bf16() -> bool:
@@ -52,6 +56,29 @@ def _cpu_has(override: str, flags: tuple[str, ...]) -> bool:
     except OSError:
         return False
     return any(flag in found for flag in flags)
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """The one place a --device becomes a torch.device (teacher, training, fine-tuning, embedding, loading).
+
+    - checked first (`check_device`): an unknown or unavailable device is an InputError naming the fix;
+    - None, auto and cuda: CUDA when present, else the CPU (a plain `cuda` without CUDA was refused above).
+      Under torchrun each rank takes its own GPU, cuda:LOCAL_RANK modulo the visible devices, so N ranks
+      on one node never share GPU 0;
+    - cpu and cuda:N as given; a torch.device is taken as it is.
+    torch is imported here, not at module import: `kd --help` imports this module.
+    """
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    check_device(device)
+    if device not in (None, "auto", "cuda"):
+        return torch.device(device)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    return torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
 
 
 def check_device(device: str | None) -> None:

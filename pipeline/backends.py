@@ -41,12 +41,12 @@ import numpy as np
 import torch
 
 from kd.common.errors import InputError, KdError
-from kd.common.hardware import native_bf16, native_int8
+from kd.common.hardware import native_bf16, native_int8, resolve_device
 from kd.common.quiet import quiet
 from kd.pipeline import backend_choice, fidelity_cache, signal_stack
 from kd.pipeline.calibration import CALIBRATION_ROWS, FIDELITY_ROWS, calibration_sentences, fidelity_sentences
 from kd.pipeline.resolve import TeacherRef, cache_dir, resolve_teacher
-from kd.pipeline.teacher import Precision, Teacher, load_teacher, load_without_model, pick_device, weights_sha256
+from kd.pipeline.teacher import Precision, Teacher, load_teacher, load_without_model, weights_sha256
 from kd.storage import fs
 
 
@@ -178,7 +178,7 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
 def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_length: int | None,
                threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
     """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
-    kind = "cuda" if engine == "local" and pick_device(device).type == "cuda" else "cpu"
+    kind = "cuda" if engine == "local" and resolve_device(device).type == "cuda" else "cpu"
     choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), engine=engine, stored=stored)
     options = dict(device=device, precision=p, max_length=max_length, threads=threads)
     try:

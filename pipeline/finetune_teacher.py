@@ -38,11 +38,10 @@ from kd.common import finetune as ft
 from kd.common.errors import KdError
 from kd.common.finetune import task_loss  # by name: the tests replace this module's loss
 from kd.common.finite import require_finite_weights
-from kd.common.hardware import check_device
+from kd.common.hardware import check_device, resolve_device
 from kd.common.outputs import TEACHER
 from kd.common.tasks import LabelSet, Task, fresh_output, task_metrics
 from kd.pipeline.resolve import resolve_teacher
-from kd.pipeline.teacher import pick_device
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
 DIVERGED = "the run diverged: lower --lr; check --train for extreme scores"
@@ -186,7 +185,7 @@ def finetune_teacher(cfg: TeacherFinetuneConfig) -> TeacherFinetuneSummary:
     inputs = [cfg.train, cfg.dev, cfg.base if os.path.isdir(cfg.base) else None]
     with fresh_output(cfg.out, cfg.overwrite, TEACHER, inputs) as out:
         tok, model, max_length = _start(cfg, out, labels, y_train)
-        device = pick_device(cfg.device)
+        device = resolve_device(cfg.device)
         model.to(device).train()
         train = Encoded(tok, train_rows.texts, max_length)
         dev = Encoded(tok, dev_rows.texts, max_length) if dev_rows is not None else None

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kd.common.errors import KdError
-from kd.common.hardware import check_device, native_bf16
+from kd.common.hardware import native_bf16, resolve_device
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
 
 
@@ -83,18 +83,6 @@ def weights_sha256(path: str) -> str:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def pick_device(device: str | None = None) -> torch.device:
-    """The asked device, or CUDA when present. Under torchrun each rank takes its own GPU: cuda:LOCAL_RANK
-    (modulo the visible devices), so N ranks on one node never share GPU 0."""
-    check_device(device)
-    if device in (None, "auto", "cuda"):
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        return torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
-    return torch.device(device)
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
@@ -248,7 +236,7 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
     ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
-    dev = pick_device(device)
+    dev = resolve_device(device)
     cfg = _config(ref)
     try:
         model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()

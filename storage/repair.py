@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from kd.common.errors import StoreError
 from kd.storage import fs
+from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
@@ -140,8 +141,6 @@ def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], 
 
 def _damaged_indexes(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:
     """faiss indexes whose index or ids file is missing or unlike its recorded sha256."""
-    from kd.storage.index import EXTRA_PREFIX  # (the module imports faiss; only its constant is used)
-
     for key, info in sorted(m.extras.items()):
         if not key.startswith(EXTRA_PREFIX) or not isinstance(info, dict):
             continue

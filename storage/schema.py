@@ -4,7 +4,7 @@
   of those, so every row of a column has the same shape and readers get a dense numpy array back
   with no copy per row.
 - Parquet keeps the fixed size only in pyarrow's schema metadata: DuckDB reads such a column as
-  FLOAT[] (a list). `storage.query` casts it back to FLOAT[dim] in its views so that
+  FLOAT[] (a list). `dataset.query` casts it back to FLOAT[dim] in its views so that
   `array_cosine_similarity` works; on raw files use `list_cosine_similarity`.
 - int8 columns carry a float32 scale column beside them (`storage.int8`): `vector_columns` writes both,
   `table_vectors` dequantizes, so every reader that goes through it sees float32 whatever the dtype.

@@ -153,22 +153,32 @@ class Store:
     def verify_folder(self, *parts: str) -> None:
         """Check the files under a folder (or one file) against the sha256 the manifest records for them.
 
-        Stores written before checksums were recorded for these files pass unchecked.
+        - Stores written before checksums were recorded for these files pass unchecked.
+        - Each file is checked once per opened Store (as shards are in `verify_files`): set-up and the data
+          stream of one training run ask for the same tokenizer folder.
         """
         known = self.manifest.extras.get("files", {})
         prefix = "/".join(parts)
         for rel, sha in sorted(known.items()):
-            if rel != prefix and not rel.startswith(prefix + "/"):
-                continue
-            try:
-                self.path_of(rel, "extras.files")
-                data = fs.read_bytes(self.loc, rel)
-            except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
-                                 file_repair(self.root)) from e
-            if fs.sha256(data) != sha:
-                raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
-                                 self.loc.path(rel), file_repair(self.root))
+            if (rel == prefix or rel.startswith(prefix + "/")) and (rel, sha) not in self._verified:
+                self.read_recorded(rel)
+
+    def read_recorded(self, rel: str) -> bytes:
+        """A file of the store outside the tables (tokenizer, input embeddings, vocab and init outputs), read
+        once: its bytes, checked against the sha256 `extras.files` records for it (unchecked when none is)."""
+        sha = self.manifest.extras.get("files", {}).get(rel)
+        try:
+            self.path_of(rel, "extras.files")
+            data = fs.read_bytes(self.loc, rel)
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"a file the manifest records is missing or unreadable ({e})", self.loc.path(rel),
+                             file_repair(self.root)) from e
+        if sha is not None and fs.sha256(data) != sha:
+            raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
+                             self.loc.path(rel), file_repair(self.root))
+        if sha is not None:
+            self._verified.add((rel, sha))
+        return data
 
     def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""
@@ -328,6 +338,33 @@ def _wipe(loc: fs.Location) -> None:
         loc.fs.delete_file(loc.path(MANIFEST))
 
 
+def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existing: Manifest | None) -> Manifest | None:
+    """The store at `loc` a writer of `header` may extend (None: none, or wiped by `overwrite`); refuses a
+    folder of other files, or a store of other inputs or settings, unless `overwrite`."""
+    if existing is None and not _is_empty_dir(loc) and not overwrite:
+        names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
+        # Only a store's own folders (another writer of the same run is creating it and has not renamed
+        # its first fragment in yet): not someone else's files, so no refusal and no race.
+        if set(names) - {LOCKS} and (set(names) - BEING_CREATED or FRAGMENTS not in names):
+            raise StoreError(
+                "the output folder is not empty and holds no kd store",
+                loc.root,
+                "choose an empty or new --out, or pass --overwrite to replace its store files",
+            )
+    if existing is not None and (
+        existing.fingerprint != header.fingerprint or existing.num_shards != header.num_shards
+    ):
+        if not overwrite:
+            raise StoreError(
+                "the output folder holds a store made from other inputs or settings",
+                loc.root,
+                "use a new --out, or pass --overwrite to replace it",
+            )
+        _wipe(loc)
+        return None
+    return existing
+
+
 def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_id: str, overwrite: bool = False,
                 existing: Manifest | None = None) -> StoreWriter:
     """Open (or create) a store for writing shards described by `header` (inputs + versions).
@@ -342,28 +379,7 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:
-        existing = existing if existing is not None else load_manifest(loc)
-        if existing is None and not _is_empty_dir(loc) and not overwrite:
-            names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
-            # Only a store's own folders (another writer of the same run is creating it and has not renamed
-            # its first fragment in yet): not someone else's files, so no refusal and no race.
-            if set(names) - {LOCKS} and (set(names) - BEING_CREATED or FRAGMENTS not in names):
-                raise StoreError(
-                    "the output folder is not empty and holds no kd store",
-                    loc.root,
-                    "choose an empty or new --out, or pass --overwrite to replace its store files",
-                )
-        if existing is not None and (
-            existing.fingerprint != header.fingerprint or existing.num_shards != header.num_shards
-        ):
-            if not overwrite:
-                raise StoreError(
-                    "the output folder holds a store made from other inputs or settings",
-                    loc.root,
-                    "use a new --out, or pass --overwrite to replace it",
-                )
-            _wipe(loc)
-            existing = None
+        existing = _existing_store(loc, header, overwrite, existing if existing is not None else load_manifest(loc))
         own = None
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):
             own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json"), writer_id)

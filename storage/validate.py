@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.storage import fs
+from kd.storage.index_files import list_indexes, load_index
 from kd.storage.schema import is_int8, table_vectors, type_name
 from kd.storage.store import Store
 
@@ -72,8 +73,6 @@ def _check_teacher_files(store: Store) -> list[Problem]:
 
 def _check_indexes(store: Store) -> list[Problem]:
     """Every faiss index the manifest lists: files present, checksums, row counts, not stale."""
-    from kd.storage.index import list_indexes, load_index
-
     out = []
     for info in list_indexes(store):
         try:

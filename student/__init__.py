@@ -9,7 +9,7 @@ Never imports `pipeline` or any transformers model class: a student trains from 
                                                         # folder, without trust_remote_code (student.st_load)
 """
 
-from kd.student.export import LoadedStudent, load
+from kd.student.saved import LoadedStudent, load
 from kd.student.st_load import load_exported
 
 __all__ = ["LoadedStudent", "load", "load_exported"]

@@ -21,6 +21,7 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -292,24 +293,31 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
         n = min(pending[t].num_rows for t in tables)
         parts = {t: pending[t].slice(0, n) for t in tables}
         pending = {t: pending[t].slice(n) for t in tables}
-        ids = parts["texts"].column("id").to_numpy()
-        chunk: dict[str, np.ndarray] = {"id": ids}
-        if cols.pos:
-            chunk[POS] = np.arange(row0, row0 + n, dtype=np.int64)
-            row0 += n
-        for c in cols.texts:
-            chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
-        if cols.label:
-            chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
-        for t, names in cols.teachers.items():
-            other = parts[t].column("id").to_numpy()
-            if not np.array_equal(other, ids):
-                row = int(np.nonzero(other != ids)[0][0])
-                raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
-            teacher = t.split("/", 1)[1]
-            for c in names:
-                chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
-        yield chunk
+        yield _zip_chunk(store, cols, k, parts, row0)
+        row0 += n
+
+
+def _zip_chunk(store: Store, cols: Columns, k: int, parts: dict[str, pa.RecordBatch],
+               row0: int) -> dict[str, np.ndarray]:
+    """One chunk of equally long record batches of shard k (one per table) as read_aligned's dict; every
+    teacher batch's ids must equal the texts batch's (`row0`: the shard-wide position of its first row)."""
+    ids = parts["texts"].column("id").to_numpy()
+    chunk: dict[str, np.ndarray] = {"id": ids}
+    if cols.pos:
+        chunk[POS] = np.arange(row0, row0 + len(ids), dtype=np.int64)
+    for c in cols.texts:
+        chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
+    if cols.label:
+        chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
+    for t, names in cols.teachers.items():
+        other = parts[t].column("id").to_numpy()
+        if not np.array_equal(other, ids):
+            row = int(np.nonzero(other != ids)[0][0])
+            raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
+        teacher = t.split("/", 1)[1]
+        for c in names:
+            chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
+    return chunk
 
 
 def _misaligned(store: Store, k: int, table: str, what: str) -> StoreError:
@@ -416,9 +424,10 @@ def _bucketed(pool: dict[str, np.ndarray], rows: np.ndarray, bs: int, cols: Colu
 class Tokenize:
     """Rows -> model batch: tokenized text(s), id, targets and labels as tensors (see module contract)."""
 
-    def __init__(self, tokenizer_dir: str, max_length: int) -> None:
+    def __init__(self, tokenizer_dir: str, max_length: int, tokenizer: Any = None) -> None:
+        """`tokenizer`: the one training set-up loaded from `tokenizer_dir` (then not loaded again)."""
         self.dir, self.max_length = tokenizer_dir, max_length
-        self._tok = None
+        self._tok = tokenizer
 
     @property
     def tokenizer(self):
@@ -454,9 +463,10 @@ class Tokenize:
 class TrainStream(IterableDataset):
     """One epoch of one rank: each DataLoader worker is one reader with its own units and shuffle RNG."""
 
-    def __init__(self, store: Store, plan: Plan, epoch: int, rank: int, skip: list[int]) -> None:
+    def __init__(self, store: Store, plan: Plan, epoch: int, rank: int, skip: list[int],
+                 tokenizer: Any = None) -> None:
         self.store, self.plan, self.epoch, self.rank, self.skip = store, plan, epoch, rank, skip
-        self.tokenize = Tokenize(store.tokenizer_dir(plan.cfg.tokenizer), plan.cfg.max_length)
+        self.tokenize = Tokenize(store.tokenizer_dir(plan.cfg.tokenizer), plan.cfg.max_length, tokenizer)
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -472,8 +482,10 @@ class TrainStream(IterableDataset):
             yield batch
 
 
-def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 0) -> Iterator[dict]:
-    """Batches [start, plan.steps(epoch)) of an epoch for one rank, in the canonical order."""
+def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 0,
+                  tokenizer: Any = None) -> Iterator[dict]:
+    """Batches [start, plan.steps(epoch)) of an epoch for one rank, in the canonical order (`tokenizer`: the
+    plan's tokenizer if already loaded; DataLoader workers fork with it)."""
     order = canonical_order(plan.reader_batches(epoch, rank))[: plan.steps(epoch)]
     skip = [order[:start].count(r) for r in range(plan.readers_per_rank)]
     if start >= len(order):
@@ -483,7 +495,7 @@ def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 
         # Workers fork after the main process may have used a tokenizer; its thread pool is not fork-safe.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     loader = DataLoader(
-        TrainStream(store, plan, epoch, rank, skip), batch_size=None, num_workers=nw,
+        TrainStream(store, plan, epoch, rank, skip, tokenizer), batch_size=None, num_workers=nw,
         generator=torch.Generator(),  # keeps DataLoader from drawing on the global RNG (exact resume)
         prefetch_factor=2 if nw else None,
     )
@@ -499,10 +511,11 @@ def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 
         del it  # shuts the workers down when the epoch is cut short (DDP minimum, max_steps)
 
 
-def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1) -> list[dict]:
+def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1,
+                       tokenizer: Any = None) -> list[dict]:
     """The held-out rows (first `max_val_rows` in shard order), tokenized once; rank r keeps batches r::world."""
     cfg = plan.cfg
-    tok = Tokenize(store.tokenizer_dir(cfg.tokenizer), cfg.max_length)
+    tok = Tokenize(store.tokenizer_dir(cfg.tokenizer), cfg.max_length, tokenizer)
     rows: dict[str, np.ndarray] | None = None
     for k in range(store.manifest.num_shards):
         if _rows(rows) >= cfg.max_val_rows or plan.num_val == 0:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kd.common.hardware import check_device
+from kd.common.hardware import resolve_device
 
 
 @dataclass
@@ -33,10 +33,7 @@ class Dist:
 def init_dist(device: str) -> Dist:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    check_device(device)
-    cuda = torch.cuda.is_available() and device in ("auto", "cuda")
-    dev = torch.device(f"cuda:{local}" if cuda else ("cpu" if device == "auto" else device))
+    dev = resolve_device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1:

@@ -7,7 +7,7 @@
 - File input (.txt one text per line; .jsonl/.csv/.parquet with a text column): a Parquet file
   with row, text, embedding.
 - No NaN/Inf vector is ever written: a student whose weights hold one is refused on load
-  (`student.export.load`), and every batch of vectors is checked before it is committed, naming the
+  (`student.saved.load`), and every batch of vectors is checked before it is committed, naming the
   first bad row (`finite_vectors`); the shards committed before it are sound and stay.
 """
 
@@ -34,7 +34,7 @@ from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import Store, open_writer
-from kd.student.export import LoadedStudent, load
+from kd.student.saved import LoadedStudent, load
 
 
 @dataclass

@@ -39,14 +39,14 @@ from kd.common import bounds as B
 from kd.common import finetune as ft
 from kd.common.errors import InputError, KdError
 from kd.common.finite import non_finite_rows, require_finite_weights
-from kd.common.hardware import check_device
+from kd.common.hardware import check_device, resolve_device
 from kd.common.ids import text_id, text_key
 from kd.common.outputs import FINETUNE
 from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, task_metrics
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
-from kd.student.export import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
 from kd.student.models import Student
+from kd.student.saved import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
 
 TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
 DIVERGED = "the run diverged: lower --lr (or --kd-weight); check --train and --kd-store for extreme values"
@@ -231,13 +231,6 @@ def _store_rows(ids: np.ndarray, rows: TaskRows, where: str) -> np.ndarray:
 # Training
 
 
-def _device(name: str) -> torch.device:
-    check_device(name)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def predict_outputs(model: TaskModel, data: Tokenized, device: torch.device, batch_size: int) -> np.ndarray:
     """Head outputs in row order (length-sorted batches for less padding)."""
     return ft.predict_in_order(model, data.lengths, batch_size, lambda idx: model(*data.batch(idx, device)))
@@ -266,7 +259,7 @@ def finetune(cfg: FinetuneConfig) -> FinetuneSummary:
         raise InputError("--out is the student being fine-tuned", cfg.out, "write the fine-tuned student elsewhere")
     kd, kd_name, labels = _teacher_and_labels(cfg, train_rows)
     y, y_dev = ft.encode_targets(labels, train_rows, dev_rows)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     src = load(cfg.student, device="cpu")
     with fresh_output(cfg.out, cfg.overwrite, FINETUNE, [cfg.student, cfg.kd_store, cfg.train, cfg.dev]) as out:
         model = _task_model(cfg, src, labels, y).to(device).train()

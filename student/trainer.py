@@ -18,8 +18,9 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
   (student.distributed);
 - metrics.jsonl (one record per log/eval), loss.png, a rich progress bar (rows, rows/s, ETA).
 
-Read top to bottom: options, the model, set-up from the store, optimisation, the output folder and
-its records, then the loop (`train` -> `_start` -> `_run_epoch` -> `_train_step`, `_maybe_log`,
+The options are student.train_config, the set-up from the store (each file read once, the student's
+starting weights) student.setup. Read top to bottom: the model, optimisation, the output folder and its
+records, then the loop (`train` -> `_start` -> `_run_epoch` -> `_train_step`, `_maybe_log`,
 `_maybe_validate`, `_save_checkpoint` -> `_finish`).
 """
 
@@ -30,13 +31,11 @@ import dataclasses
 import errno
 import functools
 import math
-import os
 import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,140 +43,24 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
-from kd.common.hardware import check_device, native_bf16
+from kd.common.hardware import native_bf16
 from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output
 from kd.common.progress import Bar
 from kd.storage import fs
-from kd.storage.store import Store
 from kd.student import checkpoint
 from kd.student import data as D
 from kd.student.checkpoint import CHECKPOINT, Trainables, TrainState
 from kd.student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
-from kd.student.export import save_student, weights_state, write_weights
 from kd.student.metrics import CURVE, METRICS, Metrics, plot_curve
-from kd.student.models import Student, StudentConfig, StudentOutput, build_student, pca_embeddings
-from kd.student.objectives import build_objectives, required_columns
-from kd.student.objectives.base import Context
-from kd.student.static import sif_weights, static_init, token_counts
-from kd.student.transformer_init import bert_config, load_init_weights
+from kd.student.models import Student, StudentOutput
+from kd.student.saved import save_student, weights_state, write_weights
+from kd.student.setup import Setup, initial_student, setup
+from kd.student.train_config import Schedule, TrainConfig
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
 DIVERGED = "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr (with --overwrite)"
-
-
-class Schedule(str, Enum):
-    cosine = "cosine"  # linear warm-up, then cosine decay to 0 at the last step
-    plateau = "plateau"  # ReduceLROnPlateau on validation loss (warm-up still applies)
-    constant = "constant"  # warm-up, then flat
-
-
-class EmbeddingInit(str, Enum):
-    auto = "auto"  # static: the vocab output if stored; else the teacher's input embeddings (PCA); else random
-    teacher = "teacher"  # the teacher's input embeddings, required
-    vocab = "vocab"  # the teacher's output for each token alone (`kd precompute --outputs vocab`), required
-    random = "random"
-
-
-# Defaults that differ by arch, applied where the user gave no value (`arch_defaults`). A static student
-# has far fewer computations per parameter: large batches and a high rate, no dropout on its only layer.
-ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
-    "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
-    # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only
-    "transformer-init": {"batch_size": 64, "lr": 1e-4, "dropout": 0.0, "epochs": 1, "weight_decay": 0.01},
-}
-
-
-def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[str, Any]:
-    """`given` with the arch's defaults filled in for every key whose value is None (with `init` the
-    --init student's embed_dim stands, not the arch's)."""
-    base = {"batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3, "weight_decay": 0.01}
-    base |= ARCH_DEFAULTS.get(arch, {})
-    if init:
-        base.pop("embed_dim", None)
-    return {k: (base.get(k) if v is None else v) for k, v in given.items()}
-
-
-@dataclass
-class TrainConfig:
-    """Every option of `kd train-student`; saved as training_args.json."""
-
-    store: str
-    out: str
-    arch: str = "bilstm"
-    objectives: list[str] = field(default_factory=lambda: ["cosine"])
-    target: str | None = None  # "<teacher>.<column>"; default: the teacher's default_target
-    embed_dim: int | None = None  # default: min(300, the teacher's input-embedding width)
-    hidden_dim: int | None = None  # None: StudentConfig's default
-    out_dim: int | None = None  # embedding width; None: the target's width (no target: the encoder's width)
-    init: str | None = None  # a trained student folder to start from (same arch and tokenizer)
-    num_layers: int = 1
-    pooling: str = "mean"
-    dropout: float = 0.1
-    max_length: int = 128
-    student: dict[str, Any] = field(default_factory=dict)  # other StudentConfig fields
-    epochs: int = 3
-    max_steps: int | None = None  # overrides epochs
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup: float = 0.05  # < 1: fraction of the steps; >= 1: steps
-    schedule: Schedule = Schedule.cosine
-    clip: float = 1.0  # max gradient norm; 0 disables
-    patience: int = 3  # evaluations without improvement before stopping; 0: never stop early
-    eval_every: int | None = None  # steps; None: at each epoch end
-    checkpoint_every: int = 500
-    log_every: int = 20
-    seed: int = 0
-    num_workers: int = 0
-    shuffle_buffer: int = 10_000
-    val_percent: float = 2.0
-    max_val_rows: int = 2_000
-    device: str = "auto"
-    amp: bool = True  # autocast on CUDA only (bf16 where supported, else fp16 + GradScaler)
-    init_embeddings: EmbeddingInit = EmbeddingInit.auto
-    token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
-    exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
-    init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
-    # stored teacher whose tokenizer, embeddings, vocab/init outputs the student starts from (`source_teacher`);
-    # None: the target's teacher, or for transformer-init the one teacher with an init output
-    init_teacher: str | None = None
-    bucket: bool = True  # length-bucketed batches inside the shuffle buffer (student.data._bucketed)
-    resume: bool = True
-    overwrite: bool = False
-    progress: bool = True
-
-    # options that may differ between a run and its resumption (the rest must match)
-    RESUMABLE = ("epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every", "device",
-                 "progress", "resume", "overwrite")
-
-    def __post_init__(self) -> None:
-        self.schedule = Schedule(self.schedule)
-        self.init_embeddings = EmbeddingInit(self.init_embeddings)
-        B.check("train-student options", ("--embed-dim", self.embed_dim, B.WIDTH),
-                ("--hidden-dim", self.hidden_dim, B.WIDTH), ("--out-dim", self.out_dim, B.WIDTH),
-                ("--layers", self.num_layers, B.LAYERS), ("--dropout", self.dropout, B.DROPOUT),
-                ("--max-length", self.max_length, B.TOKENS), ("--epochs", self.epochs, B.EPOCHS),
-                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
-                ("--lr", self.lr, B.STUDENT_LR), ("--weight-decay", self.weight_decay, B.WEIGHT_DECAY),
-                ("--warmup", self.warmup, B.WARMUP), ("--clip", self.clip, B.CLIP),
-                ("--patience", self.patience, B.PATIENCE), ("--eval-every", self.eval_every, B.STEPS),
-                ("--checkpoint-every", self.checkpoint_every, B.STEPS), ("--log-every", self.log_every, B.STEPS),
-                ("--seed", self.seed, B.SEED), ("--workers", self.num_workers, B.LOADER_WORKERS),
-                ("--shuffle-buffer", self.shuffle_buffer, B.ROWS), ("--val-percent", self.val_percent, B.PERCENT),
-                ("max_val_rows", self.max_val_rows, B.ROWS))
-        if not self.objectives:
-            raise InputError("no objective given", "--objective", "e.g. --objective cosine")
-        if self.token_weights not in B.choices(B.TokenWeights):
-            raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
-        check_device(self.device)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["schedule"], d["init_embeddings"] = self.schedule.value, self.init_embeddings.value
-        return d
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,213 +95,6 @@ def _fp32(out: StudentOutput | tuple[StudentOutput, StudentOutput]) -> Any:
         return tuple(_fp32(o) for o in out)
     return dataclasses.replace(out, embedding=out.embedding.float(),
                                layers=None if out.layers is None else out.layers.float())
-
-
-# --------------------------------------------------------------------------------------------------
-# Set-up from the store
-
-
-@dataclass
-class Setup:
-    store: Store
-    student_cfg: StudentConfig
-    objectives: list[nn.Module]
-    target: list[str]  # batch keys of the embedding target
-    tokenizer: str  # teacher whose tokenizer is used
-    data: D.DataConfig
-
-
-def _embeddings_matrix(store: Store, teacher: str) -> np.ndarray | None:
-    rel = store.table(f"teachers/{teacher}").meta.get("input_embeddings")
-    if not rel or not store.loc.is_local:
-        return None
-    path = store.path_of(rel, f"tables.teachers/{teacher}.meta.input_embeddings")
-    if not os.path.exists(path):
-        return None
-    from safetensors.numpy import load_file
-
-    return load_file(path)["weight"]
-
-
-def _tokenizer_size(store: Store, teacher: str) -> tuple[int, int]:
-    tok = store.load_tokenizer(teacher)
-    return len(tok), tok.pad_token_id if tok.pad_token_id is not None else 0
-
-
-def setup(cfg: TrainConfig) -> Setup:
-    """Resolve target, tokenizer, student shape and objectives from the store; errors before any step."""
-    store = Store.open(cfg.store)
-    store.require_complete("texts")
-    probe = StudentConfig()
-    ctx = Context.from_manifest(store.manifest, probe, cfg.target)
-    keys = _target_keys(ctx)
-    target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
-    teacher = source_teacher(store, target_teacher, cfg)
-    tok_dir = store.tokenizer_dir(teacher)
-    if not os.path.isdir(tok_dir):
-        raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
-                      "re-run kd precompute for this teacher (it saves the tokenizer files)")
-    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")
-    vocab, pad = _tokenizer_size(store, teacher)  # (its files verified first: a damaged one names itself)
-    emb = _embeddings_matrix(store, teacher) if cfg.init_embeddings is not EmbeddingInit.random else None
-    if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
-        raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
-                      "use --init-embeddings random, or re-run kd precompute with this kd version")
-    extra = dict(cfg.student)
-    if cfg.hidden_dim is not None:
-        extra["hidden_dim"] = cfg.hidden_dim
-    if cfg.arch == "transformer-init" and not cfg.init:  # (with --init the source student fixes the shape)
-        extra["bert"] = bert_config(init_folder(store, teacher, cfg.init_layers))
-    embed_dim = cfg.embed_dim or min(probe.embed_dim, emb.shape[1] if emb is not None else probe.embed_dim)
-    out_dim = cfg.out_dim or (ctx.shape(keys[0])[0] if keys else None)
-    student_cfg = StudentConfig(
-        arch=cfg.arch, vocab_size=max(vocab, emb.shape[0] if emb is not None else 0), pad_id=pad,
-        embed_dim=embed_dim, num_layers=cfg.num_layers, pooling=cfg.pooling, out_dim=out_dim or 1,
-        dropout=cfg.dropout, max_length=cfg.max_length, **extra,
-    )
-    if out_dim is None:  # nothing fixes the width (DSE from a cross-encoder alone): the encoder's own
-        student_cfg = dataclasses.replace(student_cfg, out_dim=student_cfg.width)
-    if cfg.init:
-        student_cfg = init_config(cfg, store.load_tokenizer(teacher))
-    objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
-    columns = required_columns(objectives)
-    data = D.DataConfig(
-        cfg.store, columns, teacher, batch_size=cfg.batch_size, max_length=cfg.max_length,
-        shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
-        seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
-        bucket=cfg.bucket,
-    )
-    return Setup(store, student_cfg, objectives, keys, teacher, data)
-
-
-def init_teachers(store: Store) -> list[str]:
-    """Teachers of the store with a stored `init` output (embeddings + kept layers)."""
-    files = store.manifest.extras.get("files", {})
-    return sorted({rel.split("/")[1] for rel in files if rel.startswith("teachers/") and "/init-" in rel})
-
-
-def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig) -> str:
-    """The stored teacher a student starts from: tokenizer, input embeddings, `vocab` and `init` outputs.
-
-    The target may be another teacher's output of another width (MiniLM's tokenizer and layers, mpnet's
-    768-d `sentence` as the target): the student reads ids of the source's tokenizer, and the width gap is
-    bridged by `out_dim` (a learned head) or the objective's projection. Rules:
-    - `--init-teacher NAME`: that teacher, which must be in the store;
-    - transformer-init: the one teacher with an `init` output; with several, `--init-teacher` picks;
-    - otherwise the target's teacher (the behaviour of single-teacher stores).
-    """
-    teachers = sorted(t.split("/", 1)[1] for t, r in store.manifest.tables.items() if r.kind == "teacher")
-    if cfg.init_teacher is not None:
-        if cfg.init_teacher not in teachers:
-            raise KdError(f"--init-teacher {cfg.init_teacher!r} is not a teacher of the store", store.root,
-                          f"pick one of: {', '.join(teachers)}")
-        return cfg.init_teacher
-    if cfg.arch != "transformer-init" or cfg.init:
-        return target_teacher
-    have = init_teachers(store)
-    if len(have) == 1:
-        return have[0]
-    if not have:
-        raise KdError("no teacher of the store has an init output (embeddings + layers) for transformer-init",
-                      store.root, "add one (no row is recomputed): kd precompute <same inputs and options> -t "
-                      f"{target_teacher} --outputs init --keep-layers 2,5")
-    raise KdError(f"several teachers of the store have an init output: {', '.join(have)}", store.root,
-                  f"pick the one the student starts from: --init-teacher {have[0]}")
-
-
-def _target_keys(ctx: Context) -> list[str]:
-    """The embedding target's batch keys; [] when no teacher has an embedding column and none was asked for
-    (a store of cross-encoders only: DSE's pair objective needs no target, objectives that do say so)."""
-    try:
-        return ctx.embedding_target()
-    except KdError:
-        if ctx.target_teacher is None and not any(ctx.keys(t, c, True) for t in ctx.shapes
-                                                  for c in ("sentence", "mean", "cls")):
-            return []
-        raise
-
-
-def init_config(cfg: TrainConfig, store_tokenizer) -> StudentConfig:
-    """The --init student's config (its shape wins; dropout is this run's), checked against this run.
-
-    - the arch must be the one asked for (--arch), else the weights would not fit;
-    - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
-      text), else every embedding row would mean another token.
-    """
-    from kd.storage.tokenizer_files import load_tokenizer
-    from kd.student.export import TOKENIZER, read_config
-
-    source = StudentConfig.from_dict(read_config(cfg.init)["student"])
-    if source.arch.value != cfg.arch:
-        raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
-                      f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
-    _check_init_shape(cfg, source)
-    mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
-    store = store_tokenizer
-    probe = "The quick brown fox, 1999: naïve café-au-lait!"
-    if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
-        raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
-                      "precompute the store with a teacher that shares the student's tokenizer, or train from "
-                      "scratch (no --init)")
-    return dataclasses.replace(source, dropout=cfg.dropout)
-
-
-def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
-    """Refuse a shape option that the --init student contradicts (its shape wins, so it would be ignored).
-
-    A width counts when it was given (not None); --layers and --pooling when they differ from TrainConfig's
-    defaults, since their defaults cannot be told apart from an explicit value.
-    """
-    defaults = TrainConfig.__dataclass_fields__
-    asked = [("--embed-dim", cfg.embed_dim, source.embed_dim), ("--hidden-dim", cfg.hidden_dim, source.hidden_dim),
-             ("--out-dim", cfg.out_dim, source.out_dim)]
-    asked += [(flag, getattr(cfg, name), value) for flag, name, value in
-              (("--layers", "num_layers", source.num_layers), ("--pooling", "pooling", source.pooling.value))
-              if getattr(cfg, name) != defaults[name].default]
-    for flag, mine, theirs in asked:
-        if mine is not None and mine != theirs:
-            raise KdError(f"{flag} {mine} contradicts the --init student, whose value is {theirs}", cfg.init,
-                          f"drop {flag} (an initialised student keeps its shape), or pass {flag} {theirs}")
-
-
-def read_ids(path: str) -> tuple[int, ...]:
-    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`.
-
-    - read as UTF-8, a byte-order mark (an editor's) dropped;
-    - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
-      overflow when compared), so it is refused with its line number, as anything else not an integer is.
-    """
-    try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read the id file ({e})", path,
-                         "write it with kd leakage STORE --exclude-out FILE") from e
-    fix = "one id a line, as kd leakage --exclude-out writes"
-    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    ids = []
-    for n, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            value = int(text)
-        except ValueError:
-            raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", f"{path}:{n}", fix) from None
-        if not lo <= value <= hi:
-            raise InputError(f"line {n}: {text[:40]} is outside the 64-bit range of row ids", f"{path}:{n}",
-                             fix) from None
-        ids.append(value)
-    return tuple(sorted(set(ids)))
-
-
-def init_embeddings(student: Student, matrix: np.ndarray, seed: int) -> None:
-    """PCA of the teacher's input embeddings to embed_dim; wider students get the rest random (small)."""
-    cfg = student.config
-    m = pca_embeddings(matrix, min(cfg.embed_dim, matrix.shape[1], matrix.shape[0]))
-    out = np.random.default_rng(seed).normal(0, float(m.std()) * 0.1, (cfg.vocab_size, cfg.embed_dim))
-    out[: m.shape[0], : m.shape[1]] = m
-    out[cfg.pad_id] = 0.0
-    student.init_embeddings(out.astype(np.float32))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -644,84 +320,20 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     # after the seeds: a resumed run replaces them with the RNG states saved at its checkpoint
     st = checkpoint.restore(ckpt, tr, d.rank) if ckpt is not None else TrainState()
     ddp = wrap(model, d)
-    val = D.validation_batches(s.store, plan, d.rank, d.world)
+    val = D.validation_batches(s.store, plan, d.rank, d.world, s.tok)
     has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
     metrics = Metrics(out / METRICS, d.main, st.step if ckpt is not None else None)
     return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, store_id), st
 
 
-def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
-    """The store's `init` output for `teacher` (checksums verified): the one asked for, or the only one."""
-    known = sorted({rel.rsplit("/", 1)[0] for rel in store.manifest.extras.get("files", {})
-                    if rel.startswith(f"teachers/{teacher}/init-")})
-    if layers:
-        known = [k for k in known if k.endswith("init-" + "-".join(x.strip() for x in layers.split(",")))]
-    if len(known) != 1:
-        have = ", ".join(k.rsplit("init-", 1)[1].replace("-", ",") for k in known) or "none"
-        raise KdError(f"the store has {len(known)} matching init outputs for teacher {teacher!r} (kept layers: {have})",
-                      store.root, "add one: kd precompute <same inputs and options> --outputs init --keep-layers 2,5;"
-                      " pick one with --init-layers")
-    store.verify_folder(*known[0].split("/"))
-    return Path(store.local_dir(known[0]))
-
-
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
-    student = build_student(s.student_cfg)
-    if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
-        from kd.student.export import load
-
-        student.load_state_dict(load(cfg.init).model.state_dict())
-        return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
-    if s.student_cfg.arch == "transformer-init":
-        load_init_weights(student, init_folder(s.store, s.tokenizer, cfg.init_layers))
-        return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
-    vocab = _vocab_matrix(s.store, s.tokenizer) if cfg.init_embeddings in (EmbeddingInit.auto,
-                                                                             EmbeddingInit.vocab) else None
-    if cfg.init_embeddings is EmbeddingInit.vocab and vocab is None:
-        raise KdError(f"the store has no vocab output for teacher {s.tokenizer!r}", s.store.root,
-                      "add it (no row is recomputed): kd precompute <same inputs and options> --outputs vocab")
-    if vocab is not None and (cfg.init_embeddings is EmbeddingInit.vocab or s.student_cfg.arch == "static"):
-        weights = _sif(s, len(vocab)) if cfg.token_weights == "sif" and s.student_cfg.arch == "static" else None
-        student.init_embeddings(_fit_rows(static_init(vocab, s.student_cfg.embed_dim, weights,
-                                                      s.student_cfg.pad_id), s.student_cfg.vocab_size))
-    elif cfg.init_embeddings is not EmbeddingInit.random:
-        matrix = _embeddings_matrix(s.store, s.tokenizer)
-        if matrix is not None:
-            init_embeddings(student, matrix, cfg.seed)
-    return Distiller(student, s.objectives, s.store.manifest.pairs).to(d.device)
-
-
-def _vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
-    """The teacher's `vocab` output ([vocab, dim]), verified against its manifest checksum."""
-    rel = f"teachers/{teacher}/vocab.safetensors"
-    if rel not in store.manifest.extras.get("files", {}) or not store.loc.is_local:
-        return None
-    store.verify_folder(*rel.split("/"))
-    from safetensors.numpy import load_file
-
-    return load_file(store.local_dir(rel))["vectors"]
-
-
-def _sif(s: Setup, vocab_size: int) -> np.ndarray:
-    """SIF weights from token counts over every text of the store (streamed shard by shard)."""
-    tok = s.store.load_tokenizer(s.tokenizer)
-    cols = ["text_a", "text_b"] if s.store.manifest.pairs else ["text"]
-    shards = (t for k in sorted(s.store.table("texts").shards)
-              for t in s.store.read_shard("texts", k, cols).to_pydict().values())
-    return sif_weights(token_counts(shards, tok, vocab_size))
-
-
-def _fit_rows(m: np.ndarray, rows: int) -> np.ndarray:
-    """A matrix with exactly `rows` rows (tokens beyond the vocab output's: zeros)."""
-    out = np.zeros((rows, m.shape[1]), dtype=np.float32)
-    out[: min(rows, len(m))] = m[:rows]
-    return out
+    return Distiller(initial_student(cfg, s), s.objectives, s.store.manifest.pairs).to(d.device)
 
 
 def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
     """The rest of epoch `st.epoch` from batch `st.batch_no`; stops early at the last step or on early stopping."""
     n_batches = run.plan.steps(st.epoch)
-    for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank):
+    for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank, run.s.tok):
         batch = _to(batch, run.d.device)
         parts = _train_step(run, st, batch)
         st.step, st.batch_no = st.step + 1, st.batch_no + 1
@@ -844,4 +456,4 @@ def _load_best(model: Distiller, path: Path) -> None:
         obj.load_state_dict({k[len(p):]: v for k, v in best.items() if k.startswith(p)})
 
 
-__all__ = ["EmbeddingInit", "Schedule", "TrainConfig", "evaluate", "setup", "train"]
+__all__ = ["Distiller", "TrainConfig", "evaluate", "setup", "train"]

@@ -6,8 +6,9 @@
 - `from kd.a import b` is an edge to the module kd.a.b when that file exists, else to kd.a.
 - Imports under `if TYPE_CHECKING:` (annotations only) obey the layers but never count as a cycle: they
   never run.
-- Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> apps
-  -> cli. A module imports only its own layer and the ones below.
+- Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> dataset
+  -> apps -> cli. A module imports only its own layer and the ones below; dataset (DuckDB views, faiss,
+  clustering) sits above the store contract and is never imported by storage, pipeline or student.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import graphlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "storage", "pipeline", "student", "apps")
+PACKAGES = ("common", "storage", "pipeline", "student", "dataset", "apps")
 # what each top-level part may import (besides itself)
 ALLOWED = {
     "kd": set(),
@@ -25,8 +26,9 @@ ALLOWED = {
     "storage": {"common"},
     "pipeline": {"common", "storage"},
     "student": {"common", "storage"},
-    "apps": {"common", "storage", "pipeline", "student"},
-    "cli": {"common", "storage", "pipeline", "student", "apps"},
+    "dataset": {"common", "storage"},
+    "apps": {"common", "storage", "pipeline", "student", "dataset"},
+    "cli": {"common", "storage", "pipeline", "student", "dataset", "apps"},
     "__main__": {"cli"},
 }
 
@@ -106,3 +108,11 @@ def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
     except graphlib.CycleError:
         return
     raise AssertionError("graphlib did not report the cycle")
+
+
+def test_storage_holds_the_store_contract_only():
+    """The dataset side (DuckDB views, faiss search, clustering) lives in kd.dataset, not in the contract."""
+    contract = {"fs", "manifest", "schema", "store", "validate", "repair", "names", "info", "tokenizer_files",
+                "index_files"}
+    have = {f.stem for f in (ROOT / "storage").glob("*.py")} - {"__init__"}
+    assert have == contract, f"storage/ holds {sorted(have - contract)} beyond the store contract"

@@ -90,7 +90,7 @@ def test_auto_without_openvino_runs_torch(tiny_teacher, monkeypatch):
 def test_auto_on_cuda_runs_torch(tiny_teacher, monkeypatch):
     """CUDA mocked: auto asks for torch on the device, whatever is installed."""
     asked = []
-    monkeypatch.setattr(backends, "pick_device", lambda device=None: torch.device("cuda"))
+    monkeypatch.setattr(backends, "resolve_device", lambda device=None: torch.device("cuda"))
     monkeypatch.setattr(backends, "load_teacher", lambda spec, device, p, n: asked.append(device) or
                         types.SimpleNamespace(backend=None, choice=None))
     t = backends.load(str(tiny_teacher), "auto")

@@ -8,7 +8,7 @@ from conftest import precompute_news
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.pipeline.teacher import pick_device
+from kd.common.hardware import resolve_device
 
 
 def _run(*args: str):
@@ -57,9 +57,9 @@ def test_each_torchrun_rank_takes_its_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     for local, want in (("0", "cuda:0"), ("3", "cuda:3"), ("5", "cuda:1")):
         monkeypatch.setenv("LOCAL_RANK", local)
-        assert str(pick_device(None)) == want
+        assert str(resolve_device(None)) == want
     monkeypatch.delenv("LOCAL_RANK")
-    assert str(pick_device(None)) == "cuda:0" and str(pick_device("cpu")) == "cpu"
+    assert str(resolve_device(None)) == "cuda:0" and str(resolve_device("cpu")) == "cpu"
 
 
 def test_train_student_refuses_bad_percentages(store, tmp_path):

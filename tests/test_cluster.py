@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from kd.apps.metrics_cluster import annotated_pair_f1, pair_f1
 from kd.cli import app
 from kd.common.errors import InputError
-from kd.storage.cluster import Method, agglomerative, cluster_store
-from kd.storage.query import connect
+from kd.dataset.cluster import Method, agglomerative, cluster_store
+from kd.dataset.query import connect
 from kd.storage.store import Store
 
 

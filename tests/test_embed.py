@@ -1,4 +1,4 @@
-"""student.export / student.embed: save + load + encode, and `kd embed` into an aligned store table."""
+"""student.saved / student.embed: save + load + encode, and `kd embed` into an aligned store table."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ naming the damaged file, or answers exactly as on the undamaged store. Never a d
 
 The store: real news sentences, a tiny random BERT teacher, 3 shards, a faiss index. Damage modes:
 flip 8 bytes in the middle, truncate to half, delete. Readers: Store.read_table (texts + teacher),
-the training stream (student.data), DuckDB through storage.query.connect, faiss search through
-storage.index, and kd validate (which must report every damage).
+the training stream (student.data), DuckDB through dataset.query.connect, faiss search through
+dataset.index, and kd validate (which must report every damage).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 from conftest import precompute_news
 
 from kd.common.errors import KdError
-from kd.storage.index import build_index, list_indexes, load_index
-from kd.storage.query import connect
+from kd.dataset.index import build_index
+from kd.dataset.query import connect
+from kd.storage.index_files import list_indexes, load_index
 from kd.storage.store import Store
 from kd.storage.validate import check
 from kd.student import data as D

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from kd.cli import app
 from kd.common.errors import InputError, StoreError
-from kd.storage.index import build_index, list_indexes, search
+from kd.dataset.index import build_index, search
+from kd.storage.index_files import list_indexes
 from kd.storage.store import Store, open_writer
 
 DIM = 24
@@ -170,7 +171,7 @@ def test_pair_store_search_returns_the_embedded_side(tmp_path):
 
 
 def test_default_vector_is_the_first_teachers_sentence_else_mean_else_first(tmp_path, sentences):
-    from kd.storage.index import default_vector
+    from kd.dataset.index import default_vector
 
     x, _ = grouped_vectors(4, 10, DIM, spread=0.1, seed=3)
     path = tmp_path / "store"

@@ -18,7 +18,7 @@ from kd.cli import app
 from kd.common.errors import InputError
 from kd.pipeline.inputs import ColumnSpec, read_inputs
 from kd.pipeline.rows import build_texts
-from kd.student.trainer import read_ids
+from kd.student.setup import read_ids
 
 
 def _refused(path, spec: ColumnSpec, *needles: str) -> str:

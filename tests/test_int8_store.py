@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from kd.cli import app
 from kd.common.errors import KdError, StoreError
+from kd.dataset.query import connect
 from kd.pipeline.precompute import precompute
 from kd.storage import Store
 from kd.storage.int8 import dequantize, quantize
-from kd.storage.query import connect
 from kd.storage.schema import table_vectors
 from kd.storage.validate import validate
 from kd.student.data import DataConfig, build_plan, read_aligned, resolve_columns

@@ -11,7 +11,7 @@ from kd.apps.leakage import check_store
 from kd.cli import app
 from kd.storage.store import Store
 from kd.student import data as D
-from kd.student.trainer import read_ids
+from kd.student.setup import read_ids
 
 
 def test_a_planted_eval_sentence_is_found_and_excluded(tmp_path, tiny_teacher, sentences):

@@ -191,7 +191,7 @@ def _embed(*args: str):
 
 
 def test_embed_refuses_non_finite_vectors_naming_the_row(student_dir, store_path, tmp_path, monkeypatch):
-    from kd.student.export import LoadedStudent
+    from kd.student.saved import LoadedStudent
 
     real = LoadedStudent.encode
 

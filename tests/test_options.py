@@ -122,15 +122,15 @@ def test_the_choice_literals_match_the_library_enums():
     from kd.apps.eval import Measure
     from kd.apps.tasks import ClusterSet
     from kd.common.tasks import Task
+    from kd.dataset.cluster import Method
+    from kd.dataset.index import IndexKind
+    from kd.dataset.query import Format
     from kd.pipeline.backends import Backend, Quantize
     from kd.pipeline.teacher import Precision
-    from kd.storage.cluster import Method
-    from kd.storage.index import IndexKind
-    from kd.storage.query import Format
     from kd.storage.schema import VectorDType
     from kd.student.models import Arch
     from kd.student.pooling import Pooling
-    from kd.student.trainer import EmbeddingInit, Schedule
+    from kd.student.train_config import EmbeddingInit, Schedule
 
     pairs = [(B.Measure, Measure), (B.ClusterSet, ClusterSet), (B.Backend, Backend), (B.Quantize, Quantize),
              (B.Precision, Precision), (B.ClusterMethod, Method), (B.IndexKind, IndexKind), (B.QueryFormat, Format),
@@ -249,7 +249,8 @@ def test_init_refuses_a_shape_option_that_contradicts_it(stage_one, tmp_path, fl
 
 
 def test_init_accepts_shape_options_that_agree(stage_one, tmp_path):
-    from kd.student.trainer import TrainConfig, arch_defaults, setup
+    from kd.student.setup import setup
+    from kd.student.train_config import TrainConfig, arch_defaults
 
     store, student = stage_one
     s = setup(TrainConfig(str(store), str(tmp_path / "two"), init=str(student), embed_dim=8, hidden_dim=8,

@@ -21,8 +21,8 @@ from store_builder import TableSpec, build_store
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.storage.cluster import cluster_store
-from kd.storage.query import connect, view_names
+from kd.dataset.cluster import cluster_store
+from kd.dataset.query import connect, view_names
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"
 N, DIM, LAYERS, MAX_LEN = 120, 8, 3, 32

@@ -52,7 +52,7 @@ def test_repair_then_rerun_gives_the_undamaged_store(clean, tmp_path, tiny_teach
 @pytest.fixture(scope="module")
 def full(clean, tmp_path_factory, tiny_teacher):
     """The clean store plus its per-teacher outputs vocab and init (each added by its own command) and an index."""
-    from kd.storage.index import build_index
+    from kd.dataset.index import build_index
 
     root = tmp_path_factory.mktemp("repair-full")
     store = shutil.copytree(clean, root / "store")
@@ -117,7 +117,7 @@ def _news(full) -> str:
 
 @pytest.mark.parametrize("which", ["file", "ids_file"])
 def test_a_damaged_index_is_dropped_and_rebuilt(full, tmp_path, which):
-    from kd.storage.index import list_indexes
+    from kd.storage.index_files import list_indexes
 
     store = shutil.copytree(full, tmp_path / "store")
     info = list_indexes(Store.open(store))[0]

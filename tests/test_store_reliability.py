@@ -101,7 +101,7 @@ def test_a_manifest_that_is_not_one_is_a_clear_error(clean, tmp_path, content):
 
 
 def test_queries_on_an_incomplete_store_say_so(clean, tmp_path, capsys):
-    from kd.storage.query import connect
+    from kd.dataset.query import connect
 
     store = shutil.copytree(clean, tmp_path / "store")
     for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:

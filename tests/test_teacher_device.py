@@ -1,4 +1,5 @@
-"""pick_device: torchrun ranks on one node each take their own GPU; impossible devices are clear errors.
+"""resolve_device (kd.common.hardware, the one device helper): torchrun ranks on one node each take their own
+GPU; impossible devices are clear errors.
 
 CUDA is simulated (torch.cuda.is_available / device_count monkeypatched): no GPU is needed.
 """
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kd.common.errors import KdError
-from kd.pipeline.teacher import pick_device
+from kd.common.hardware import resolve_device
 
 
 @pytest.fixture
@@ -26,31 +27,52 @@ def test_torchrun_ranks_spread_over_the_node_gpus(gpus):
     for local in range(4):
         gpus.setenv("RANK", str(local))
         gpus.setenv("LOCAL_RANK", str(local))
-        seen.append(str(pick_device("cuda")))  # a plain "cuda" follows LOCAL_RANK too
+        seen.append(str(resolve_device("cuda")))  # a plain "cuda" follows LOCAL_RANK too
     assert seen == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
 
 
 def test_an_explicit_gpu_index_wins_over_local_rank(gpus):
     gpus.setenv("LOCAL_RANK", "1")
-    assert str(pick_device("cuda:0")) == "cuda:0" and str(pick_device("cpu")) == "cpu"
+    assert str(resolve_device("cuda:0")) == "cuda:0" and str(resolve_device("cpu")) == "cpu"
 
 
 def test_without_local_rank_the_first_gpu(gpus):
     gpus.delenv("LOCAL_RANK", raising=False)
-    assert str(pick_device(None)) == "cuda:0"
+    assert str(resolve_device(None)) == "cuda:0"
 
 
 def test_impossible_devices_are_clear_errors(gpus):
     with pytest.raises(KdError, match="not available"):
-        pick_device("cuda:5")
+        resolve_device("cuda:5")
     with pytest.raises(KdError, match="unknown --device"):
-        pick_device("gpu0")
+        resolve_device("gpu0")
 
 
 def test_no_cuda_falls_back_to_cpu_unless_cuda_is_asked_for(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert str(pick_device(None)) == "cpu"
+    assert str(resolve_device(None)) == "cpu"
     with pytest.raises(KdError, match="no CUDA device") as e:
-        pick_device("cuda")
+        resolve_device("cuda")
     assert "--device cpu" in str(e.value)
+
+
+def test_every_stage_turns_a_device_into_torch_through_the_one_helper(gpus):
+    """Training ranks, loaded students and the device spec all agree: auto/cuda follow LOCAL_RANK."""
+    from kd.student.distributed import init_dist
+
+    gpus.setattr(torch.cuda, "set_device", lambda dev: None)
+    gpus.setenv("LOCAL_RANK", "3")
+    assert str(init_dist("auto").device) == "cuda:1" and str(init_dist("cpu").device) == "cpu"
+    assert resolve_device(torch.device("cuda:0")) == torch.device("cuda:0")
+
+
+def test_no_module_but_the_helper_decides_cuda_or_cpu():
+    """`torch.cuda.is_available()` chooses a device in common/hardware.py only (checkpoint.py reads it to
+    save and restore CUDA RNG states, which is no device choice)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = sorted(str(f.relative_to(root)) for pkg in ("common", "storage", "pipeline", "student", "dataset", "apps")
+                   for f in (root / pkg).rglob("*.py") if "cuda.is_available()" in f.read_text(encoding="utf-8"))
+    assert found == ["common/hardware.py", "student/checkpoint.py"]

@@ -25,8 +25,9 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.storage.store import Store
 from kd.student import data as D
+from kd.student import setup as S
 from kd.student import trainer as T
-from kd.student.models import pca_embeddings
+from kd.student.models import build_student, pca_embeddings
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny and fast: 2 shards, ~13 steps per epoch; dropout and a memory-bank objective so RNG state matters.
@@ -257,9 +258,9 @@ def test_cli_defaults_on_a_tiny_store(store_path, tmp_path, monkeypatch):
 def test_pca_initialisation_to_a_narrower_student(store_path, tmp_path):
     cfg = T.TrainConfig(str(store_path), str(tmp_path / "x"), embed_dim=6, hidden_dim=8)
     s = T.setup(cfg)
-    student = T.build_student(s.student_cfg)
-    matrix = T._embeddings_matrix(s.store, TEACHER)
-    T.init_embeddings(student, matrix, 0)
+    student = build_student(s.student_cfg)
+    matrix = S.input_embeddings(s.store, TEACHER)
+    S.init_embeddings(student, matrix, 0)
     expect = pca_embeddings(matrix, 6)
     got = student.embed.weight.detach().numpy()
     np.testing.assert_allclose(got[1:], expect[1:], rtol=1e-5, atol=1e-6)

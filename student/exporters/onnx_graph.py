@@ -37,7 +37,7 @@ OPSET = 18
 
 def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode."""
-    from kd.student.export import load
+    from kd.student.saved import load
 
     target = prepare_output(out, student_dir, overwrite)
     st = load(student_dir)

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from kd.common.errors import KdError
-from kd.student.export import LoadedStudent, load
 from kd.student.exporters.folder import prepare_output, replace_folder
 from kd.student.models import Arch, Student
+from kd.student.saved import LoadedStudent, load
 
 CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists

@@ -29,7 +29,7 @@ from torch import nn
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite, require_finite_weights
-from kd.common.hardware import check_device
+from kd.common.hardware import resolve_device
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
@@ -239,18 +239,24 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
     """Rebuild a student from its folder (weights checked strictly against the config)."""
     p = Path(path)
     info = read_config(p)
-    state = _verified_weights(p, info)
-    try:
-        cfg = StudentConfig.from_dict(info["student"])
-        model = build_to_fit(lambda: build_student(cfg),
-                             {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise InputError(f"the weights do not fit the student described by config.json ({str(e)[:300]})",
-                         str(p), "config.json and model.safetensors come from different runs: copy the whole "
-                         "folder again") from e
-    dev = _device(device)
+    model = fitted_student(p, info)
+    dev = resolve_device(device)
     model.to(dev).eval()
     return LoadedStudent(p, model, _tokenizer(p), info, dev)
+
+
+def fitted_student(path: Path, info: dict[str, Any]) -> Student:
+    """The student a folder's config.json (`info`, from `read_config`) describes, holding the folder's checked
+    weights; an InputError when they do not fit it."""
+    state = _verified_weights(path, info)
+    try:
+        cfg = StudentConfig.from_dict(info["student"])
+        return build_to_fit(lambda: build_student(cfg),
+                            {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"the weights do not fit the student described by config.json ({str(e)[:300]})",
+                         str(path), "config.json and model.safetensors come from different runs: copy the whole "
+                         "folder again") from e
 
 
 def build_to_fit(build: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
@@ -303,9 +309,3 @@ def _tokenizer(p: Path):
         raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
                          "copy the whole student folder (weights, config.json and tokenizer/)")
     return load_tokenizer(p / TOKENIZER, "copy the whole student folder again", InputError)
-
-
-def _device(device: str | torch.device) -> torch.device:
-    if isinstance(device, str):
-        check_device(device)
-    return torch.device(device)

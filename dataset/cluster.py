@@ -36,8 +36,8 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
 from kd.common import bounds as B
-from kd.storage.index import IndexKind, make_index, normalize, read_vectors, vector_column
-from kd.storage.query import resolve_table, view_names
+from kd.dataset.index import IndexKind, make_index, normalize, read_vectors, vector_column
+from kd.dataset.query import resolve_table, view_names
 from kd.storage.store import Store, drop_table, open_writer
 
 

@@ -8,8 +8,9 @@
 - Files: `indexes/<view>-<column>-<kind>.faiss` plus `<...>.ids.npy` (faiss position -> store id),
   both written atomically; the manifest extras key `index:<view>-<column>-<kind>` points at them
   with the shard checksums of the source table, so a search on a rewritten table is refused
-  instead of returning wrong rows. (The id mapping is a side file, not inline JSON, because
-  every reader parses the manifest and a 1M-row list would slow them all.)
+  instead of returning wrong rows (the record and its checks: kd.storage.index_files). (The id mapping
+  is a side file, not inline JSON, because every reader parses the manifest and a 1M-row list would
+  slow them all.)
 """
 
 from __future__ import annotations
@@ -21,47 +22,23 @@ from enum import Enum
 
 import faiss
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from kd.common.errors import InputError, StoreError
+from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
+from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
 from kd.storage.int8 import is_scale_column
-from kd.storage.query import resolve_table, view_names
 from kd.storage.schema import table_vectors, vector_shape
 from kd.storage.store import Store, iter_shards, open_writer
 
 WRITER_ID = "index"
-EXTRA_PREFIX = "index:"
 
 
 class IndexKind(str, Enum):
     flat = "flat"
     ivf = "ivf"
     hnsw = "hnsw"
-
-
-@dataclass
-class IndexInfo:
-    """What the manifest extras record for one index."""
-
-    name: str
-    table: str
-    column: str
-    kind: str
-    file: str
-    ids_file: str
-    rows: int
-    dim: int
-    sha256: str
-    source: str  # hash of the source table's shard checksums (staleness check)
-    metric: str = "cosine"
-    device: str = "cpu"
-    ids_sha256: str = ""  # empty in stores indexed before it was recorded
-
-    @classmethod
-    def from_extra(cls, d: dict) -> IndexInfo:
-        return cls(**d)
 
 
 @dataclass
@@ -112,11 +89,6 @@ def read_vectors(store: Store, table: str, column: str) -> tuple[np.ndarray, np.
         vecs.append(table_vectors(t, column, store.loc.path(table)))
         sizes.append(t.num_rows)
     return np.concatenate(ids), np.concatenate(vecs), sizes
-
-
-def _source_hash(store: Store, table: str) -> str:
-    rec = store.table(table)
-    return fs.sha256("".join(rec.shards[k].sha256 for k in sorted(rec.shards)).encode())
 
 
 def make_index(x: np.ndarray, kind: IndexKind, *, gpu: bool | None = None, seed: int = 0) -> faiss.Index:
@@ -184,7 +156,7 @@ def build_index(store_path: str | os.PathLike, table: str, column: str, kind: In
     info = IndexInfo(
         name=name, table=table, column=column, kind=IndexKind(kind).value, file=f"indexes/{name}.faiss",
         ids_file=f"indexes/{name}.ids.npy", rows=len(ids), dim=dim, sha256=fs.sha256(data),
-        source=_source_hash(store, table), device="gpu" if gpu else "cpu", ids_sha256=fs.sha256(buf.getvalue()),
+        source=source_hash(store, table), device="gpu" if gpu else "cpu", ids_sha256=fs.sha256(buf.getvalue()),
     )
     fs.atomic_write_bytes(store.loc, data, info.file)
     fs.atomic_write_bytes(store.loc, buf.getvalue(), info.ids_file)
@@ -216,10 +188,6 @@ def default_vector(store_path: str | os.PathLike, table: str | None, column: str
     return table, column
 
 
-def list_indexes(store: Store) -> list[IndexInfo]:
-    return [IndexInfo.from_extra(v) for k, v in sorted(store.manifest.extras.items()) if k.startswith(EXTRA_PREFIX)]
-
-
 def find_index(store: Store, table: str | None = None, column: str | None = None, kind: str | None = None,
                dim: int | None = None) -> IndexInfo:
     """The one index matching the filters (table as path or view name; dim of the query vectors)."""
@@ -242,40 +210,6 @@ def find_index(store: Store, table: str | None = None, column: str | None = None
         )
     raise InputError(f"{len(found)} indexes match ({', '.join(i.name for i in found)})", store.root,
                      "choose one with --table, --column and --kind")
-
-
-def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
-    """The faiss index and its position -> id array, refusing stale or modified files."""
-    if info.table not in store.manifest.tables or _source_hash(store, info.table) != info.source:
-        raise StoreError(
-            f"index {info.name} is stale: table {info.table!r} was rewritten after it was built",
-            store.root,
-            f"rebuild it: kd index {store.root} --table {info.table} --column {info.column} --kind {info.kind}",
-        )
-    data, id_bytes = verified_index_files(store, info)
-    index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
-    ids = np.load(io.BytesIO(id_bytes), allow_pickle=False)
-    if len(ids) != info.rows or index.ntotal != info.rows:
-        raise StoreError(f"index {info.name} holds {index.ntotal} vectors and {len(ids)} ids, the manifest says "
-                         f"{info.rows}", store.loc.path(info.ids_file), "rebuild it with kd index")
-    return index, ids
-
-
-def verified_index_files(store: Store, info: IndexInfo) -> tuple[bytes, bytes]:
-    """The index and ids files' bytes, refused when missing or unlike their recorded sha256."""
-    out = []
-    for rel, sha, field in ((info.file, info.sha256, "file"), (info.ids_file, info.ids_sha256, "ids_file")):
-        store.path_of(rel, f"extras.{EXTRA_PREFIX}{info.name}.{field}")  # never a file outside the store
-        try:
-            data = fs.read_bytes(store.loc, rel)
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"index file is missing or unreadable ({e})", store.loc.path(rel),
-                             "rebuild it with kd index") from e
-        if sha and fs.sha256(data) != sha:
-            raise StoreError("index file does not match its manifest checksum (corrupt or modified)",
-                             store.loc.path(rel), "rebuild it with kd index")
-        out.append(data)
-    return out[0], out[1]
 
 
 def text_of(store: Store, ids: np.ndarray, column: str | None = None) -> dict[int, str]:

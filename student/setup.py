@@ -1,0 +1,323 @@
+"""Training set-up: everything `kd train-student` reads before its first step, each file read once.
+
+- `setup(cfg)` opens the store once and picks the teacher the student starts from (`source_teacher`);
+  that teacher's input embeddings (read once, checked against the manifest), its tokenizer (loaded once:
+  the data stream tokenizes with the same object), the transformer-init output folder (checked once) and
+  the --init student's config.json and tokenizer (read once) are kept in the returned `Setup`;
+- from them: the target's batch keys, the student's shape (`StudentConfig`), the objectives and the data
+  stream's config. Every error here comes before any step, and before --out is written;
+- `initial_student(cfg, s)` builds the student with its starting weights from what `Setup` holds: the
+  --init student's, the teacher's kept layers, the vocab output (PCA, SIF-weighted for static
+  students), a PCA of the teacher's input embeddings, or random.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from kd.common.errors import InputError, KdError
+from kd.storage.store import Store
+from kd.student import data as D
+from kd.student.models import Student, StudentConfig, build_student, pca_embeddings
+from kd.student.objectives import build_objectives, required_columns
+from kd.student.objectives.base import Context
+from kd.student.saved import TOKENIZER, fitted_student, read_config
+from kd.student.static import sif_weights, static_init, token_counts
+from kd.student.train_config import EmbeddingInit, TrainConfig
+from kd.student.transformer_init import bert_config, load_init_weights
+
+
+@dataclass
+class Setup:
+    """What training reads from the store (and the --init student) before its first step."""
+
+    store: Store
+    student_cfg: StudentConfig
+    objectives: list[nn.Module]
+    target: list[str]  # batch keys of the embedding target
+    tokenizer: str  # teacher whose tokenizer is used
+    data: D.DataConfig
+    tok: Any = None  # that tokenizer, loaded (set-up and the data stream share it)
+    embeddings: np.ndarray | None = None  # the teacher's input embeddings (None: none, or --init-embeddings random)
+    init_dir: Path | None = None  # transformer-init: the teacher's init output (checked)
+    init_info: dict[str, Any] | None = None  # --init: the source student's config.json
+
+
+def setup(cfg: TrainConfig) -> Setup:
+    """Resolve target, tokenizer, student shape and objectives from the store; errors before any step."""
+    store = Store.open(cfg.store)
+    store.require_complete("texts")
+    ctx = Context.from_manifest(store.manifest, StudentConfig(), cfg.target)
+    keys = _target_keys(ctx)
+    target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
+    teacher = source_teacher(store, target_teacher, cfg)
+    tok_dir = store.tokenizer_dir(teacher)
+    if not os.path.isdir(tok_dir):
+        raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
+                      "re-run kd precompute for this teacher (it saves the tokenizer files)")
+    emb = input_embeddings(store, teacher, wanted=cfg.init_embeddings is not EmbeddingInit.random)
+    tok = store.load_tokenizer(teacher)  # (its files checked first: a damaged one names itself)
+    if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
+        raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
+                      "use --init-embeddings random, or re-run kd precompute with this kd version")
+    init_dir = init_folder(store, teacher, cfg.init_layers) if cfg.arch == "transformer-init" and not cfg.init else None
+    student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
+    init_info = read_config(cfg.init) if cfg.init else None
+    if cfg.init:
+        student_cfg = init_config(cfg, init_info, tok)
+    objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
+    return Setup(store, student_cfg, objectives, keys, teacher, _data_config(cfg, objectives, teacher), tok, emb,
+                 init_dir, init_info)
+
+
+def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, emb: np.ndarray | None,
+                    init_dir: Path | None) -> StudentConfig:
+    """The student's shape from the options: embed_dim at most the teacher's embedding width, out_dim the
+    target's width, vocabulary the tokenizer's (or the embedding matrix's, if larger)."""
+    probe = StudentConfig()
+    extra = dict(cfg.student)
+    if cfg.hidden_dim is not None:
+        extra["hidden_dim"] = cfg.hidden_dim
+    if init_dir is not None:  # transformer-init without --init (with --init the source student fixes the shape)
+        extra["bert"] = bert_config(init_dir)
+    embed_dim = cfg.embed_dim or min(probe.embed_dim, emb.shape[1] if emb is not None else probe.embed_dim)
+    out_dim = cfg.out_dim or (ctx.shape(keys[0])[0] if keys else None)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    student_cfg = StudentConfig(
+        arch=cfg.arch, vocab_size=max(len(tok), emb.shape[0] if emb is not None else 0), pad_id=pad,
+        embed_dim=embed_dim, num_layers=cfg.num_layers, pooling=cfg.pooling, out_dim=out_dim or 1,
+        dropout=cfg.dropout, max_length=cfg.max_length, **extra,
+    )
+    if out_dim is None:  # nothing fixes the width (DSE from a cross-encoder alone): the encoder's own
+        student_cfg = dataclasses.replace(student_cfg, out_dim=student_cfg.width)
+    return student_cfg
+
+
+def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str) -> D.DataConfig:
+    return D.DataConfig(
+        cfg.store, required_columns(objectives), teacher, batch_size=cfg.batch_size, max_length=cfg.max_length,
+        shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
+        seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
+        bucket=cfg.bucket,
+    )
+
+
+def input_embeddings(store: Store, teacher: str, wanted: bool = True) -> np.ndarray | None:
+    """The teacher's input-embedding matrix [vocab, dim], its file read once and checked against the
+    manifest (checked even when not `wanted`: a damaged store stops either way); None when the store has
+    none, or is not on a local disk."""
+    from safetensors.numpy import load
+
+    rel = store.table(f"teachers/{teacher}").meta.get("input_embeddings")
+    matrix = None
+    if wanted and rel and store.loc.is_local:
+        path = store.path_of(rel, f"tables.teachers/{teacher}.meta.input_embeddings")
+        if os.path.exists(path):
+            matrix = load(store.read_recorded(rel))["weight"]
+    store.verify_folder("teachers", teacher, "input_embeddings.safetensors")  # (once: a no-op for a file just read)
+    return matrix
+
+
+def init_teachers(store: Store) -> list[str]:
+    """Teachers of the store with a stored `init` output (embeddings + kept layers)."""
+    files = store.manifest.extras.get("files", {})
+    return sorted({rel.split("/")[1] for rel in files if rel.startswith("teachers/") and "/init-" in rel})
+
+
+def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig) -> str:
+    """The stored teacher a student starts from: tokenizer, input embeddings, `vocab` and `init` outputs.
+
+    The target may be another teacher's output of another width (MiniLM's tokenizer and layers, mpnet's
+    768-d `sentence` as the target): the student reads ids of the source's tokenizer, and the width gap is
+    bridged by `out_dim` (a learned head) or the objective's projection. Rules:
+    - `--init-teacher NAME`: that teacher, which must be in the store;
+    - transformer-init: the one teacher with an `init` output; with several, `--init-teacher` picks;
+    - otherwise the target's teacher (the behaviour of single-teacher stores).
+    """
+    teachers = sorted(t.split("/", 1)[1] for t, r in store.manifest.tables.items() if r.kind == "teacher")
+    if cfg.init_teacher is not None:
+        if cfg.init_teacher not in teachers:
+            raise KdError(f"--init-teacher {cfg.init_teacher!r} is not a teacher of the store", store.root,
+                          f"pick one of: {', '.join(teachers)}")
+        return cfg.init_teacher
+    if cfg.arch != "transformer-init" or cfg.init:
+        return target_teacher
+    have = init_teachers(store)
+    if len(have) == 1:
+        return have[0]
+    if not have:
+        raise KdError("no teacher of the store has an init output (embeddings + layers) for transformer-init",
+                      store.root, "add one (no row is recomputed): kd precompute <same inputs and options> -t "
+                      f"{target_teacher} --outputs init --keep-layers 2,5")
+    raise KdError(f"several teachers of the store have an init output: {', '.join(have)}", store.root,
+                  f"pick the one the student starts from: --init-teacher {have[0]}")
+
+
+def _target_keys(ctx: Context) -> list[str]:
+    """The embedding target's batch keys; [] when no teacher has an embedding column and none was asked for
+    (a store of cross-encoders only: DSE's pair objective needs no target, objectives that do say so)."""
+    try:
+        return ctx.embedding_target()
+    except KdError:
+        if ctx.target_teacher is None and not any(ctx.keys(t, c, True) for t in ctx.shapes
+                                                  for c in ("sentence", "mean", "cls")):
+            return []
+        raise
+
+
+def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) -> StudentConfig:
+    """The --init student's config (its shape wins; dropout is this run's), checked against this run.
+
+    - `info` is the --init folder's config.json (`saved.read_config`);
+    - the arch must be the one asked for (--arch), else the weights would not fit;
+    - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
+      text), else every embedding row would mean another token.
+    """
+    from kd.storage.tokenizer_files import load_tokenizer
+
+    source = StudentConfig.from_dict(info["student"])
+    if source.arch.value != cfg.arch:
+        raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
+                      f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
+    _check_init_shape(cfg, source)
+    mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
+    store = store_tokenizer
+    probe = "The quick brown fox, 1999: naïve café-au-lait!"
+    if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
+        raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
+                      "precompute the store with a teacher that shares the student's tokenizer, or train from "
+                      "scratch (no --init)")
+    return dataclasses.replace(source, dropout=cfg.dropout)
+
+
+def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
+    """Refuse a shape option that the --init student contradicts (its shape wins, so it would be ignored).
+
+    A width counts when it was given (not None); --layers and --pooling when they differ from TrainConfig's
+    defaults, since their defaults cannot be told apart from an explicit value.
+    """
+    defaults = TrainConfig.__dataclass_fields__
+    asked = [("--embed-dim", cfg.embed_dim, source.embed_dim), ("--hidden-dim", cfg.hidden_dim, source.hidden_dim),
+             ("--out-dim", cfg.out_dim, source.out_dim)]
+    asked += [(flag, getattr(cfg, name), value) for flag, name, value in
+              (("--layers", "num_layers", source.num_layers), ("--pooling", "pooling", source.pooling.value))
+              if getattr(cfg, name) != defaults[name].default]
+    for flag, mine, theirs in asked:
+        if mine is not None and mine != theirs:
+            raise KdError(f"{flag} {mine} contradicts the --init student, whose value is {theirs}", cfg.init,
+                          f"drop {flag} (an initialised student keeps its shape), or pass {flag} {theirs}")
+
+
+def read_ids(path: str) -> tuple[int, ...]:
+    """Row ids, one integer a line ('#' starts a comment), as written by `kd leakage --exclude-out`.
+
+    - read as UTF-8, a byte-order mark (an editor's) dropped;
+    - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
+      overflow when compared), so it is refused with its line number, as anything else not an integer is.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read the id file ({e})", path,
+                         "write it with kd leakage STORE --exclude-out FILE") from e
+    ids = [_row_id(line, n, path) for n, line in enumerate(lines, 1)]
+    return tuple(sorted({i for i in ids if i is not None}))
+
+
+def _row_id(line: str, n: int, path: str) -> int | None:
+    """The id on line `n` of an id file; None for a blank or comment line."""
+    text = line.split("#", 1)[0].strip()
+    if not text:
+        return None
+    fix = "one id a line, as kd leakage --exclude-out writes"
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError(f"line {n} is not an integer row id: {text[:40]!r}", f"{path}:{n}", fix) from None
+    if not np.iinfo(np.int64).min <= value <= np.iinfo(np.int64).max:
+        raise InputError(f"line {n}: {text[:40]} is outside the 64-bit range of row ids", f"{path}:{n}", fix)
+    return value
+
+
+def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
+    """The store's `init` output for `teacher` (checksums verified): the one asked for, or the only one."""
+    known = sorted({rel.rsplit("/", 1)[0] for rel in store.manifest.extras.get("files", {})
+                    if rel.startswith(f"teachers/{teacher}/init-")})
+    if layers:
+        known = [k for k in known if k.endswith("init-" + "-".join(x.strip() for x in layers.split(",")))]
+    if len(known) != 1:
+        have = ", ".join(k.rsplit("init-", 1)[1].replace("-", ",") for k in known) or "none"
+        raise KdError(f"the store has {len(known)} matching init outputs for teacher {teacher!r} (kept layers: {have})",
+                      store.root, "add one: kd precompute <same inputs and options> --outputs init --keep-layers 2,5;"
+                      " pick one with --init-layers")
+    store.verify_folder(*known[0].split("/"))
+    return Path(store.local_dir(known[0]))
+
+
+# --------------------------------------------------------------------------------------------------
+# The student's starting weights
+
+
+def initial_student(cfg: TrainConfig, s: Setup) -> Student:
+    """The student of `s.student_cfg` with its starting weights (see the module docstring, last bullet)."""
+    student = build_student(s.student_cfg)
+    if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
+        student.load_state_dict(fitted_student(Path(cfg.init), s.init_info).state_dict())
+        return student
+    if s.student_cfg.arch == "transformer-init":
+        load_init_weights(student, s.init_dir)
+        return student
+    vocab = vocab_matrix(s.store, s.tokenizer) if cfg.init_embeddings in (EmbeddingInit.auto,
+                                                                           EmbeddingInit.vocab) else None
+    if cfg.init_embeddings is EmbeddingInit.vocab and vocab is None:
+        raise KdError(f"the store has no vocab output for teacher {s.tokenizer!r}", s.store.root,
+                      "add it (no row is recomputed): kd precompute <same inputs and options> --outputs vocab")
+    if vocab is not None and (cfg.init_embeddings is EmbeddingInit.vocab or s.student_cfg.arch == "static"):
+        weights = _sif(s, len(vocab)) if cfg.token_weights == "sif" and s.student_cfg.arch == "static" else None
+        student.init_embeddings(_fit_rows(static_init(vocab, s.student_cfg.embed_dim, weights,
+                                                      s.student_cfg.pad_id), s.student_cfg.vocab_size))
+    elif cfg.init_embeddings is not EmbeddingInit.random and s.embeddings is not None:
+        init_embeddings(student, s.embeddings, cfg.seed)
+    return student
+
+
+def init_embeddings(student: Student, matrix: np.ndarray, seed: int) -> None:
+    """PCA of the teacher's input embeddings to embed_dim; wider students get the rest random (small)."""
+    cfg = student.config
+    m = pca_embeddings(matrix, min(cfg.embed_dim, matrix.shape[1], matrix.shape[0]))
+    out = np.random.default_rng(seed).normal(0, float(m.std()) * 0.1, (cfg.vocab_size, cfg.embed_dim))
+    out[: m.shape[0], : m.shape[1]] = m
+    out[cfg.pad_id] = 0.0
+    student.init_embeddings(out.astype(np.float32))
+
+
+def vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
+    """The teacher's `vocab` output ([vocab, dim]), read once and checked against its manifest checksum."""
+    from safetensors.numpy import load
+
+    rel = f"teachers/{teacher}/vocab.safetensors"
+    if rel not in store.manifest.extras.get("files", {}) or not store.loc.is_local:
+        return None
+    return load(store.read_recorded(rel))["vectors"]
+
+
+def _sif(s: Setup, vocab_size: int) -> np.ndarray:
+    """SIF weights from token counts over every text of the store (streamed shard by shard)."""
+    cols = ["text_a", "text_b"] if s.store.manifest.pairs else ["text"]
+    shards = (t for k in sorted(s.store.table("texts").shards)
+              for t in s.store.read_shard("texts", k, cols).to_pydict().values())
+    return sif_weights(token_counts(shards, s.tok, vocab_size))
+
+
+def _fit_rows(m: np.ndarray, rows: int) -> np.ndarray:
+    """A matrix with exactly `rows` rows (tokens beyond the vocab output's: zeros)."""
+    out = np.zeros((rows, m.shape[1]), dtype=np.float32)
+    out[: min(rows, len(m))] = m[:rows]
+    return out
