@@ -53,7 +53,8 @@ def _env() -> dict[str, str]:
     start-ups tolerated (a busy 2-core machine), a lost node noticed within a few seconds."""
     pkg_parent = str(Path(kd.__file__).parent.parent)  # (a symlinked checkout: the link, as this process sees it)
     path = os.pathsep.join(p for p in (pkg_parent, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "RAY_ADDRESS": "", "RAY_agent_register_timeout_ms": "600000",
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, "PYTHONPATH": path, "RAY_agent_register_timeout_ms": "600000",
             "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
             "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -65,11 +66,20 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _with_start(pid: int) -> set[tuple[int, int]]:
+    """{(pid, start time)} as ray_reaper.alive/end take them; empty when the process is gone."""
+    try:
+        st = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return set()
+    return {(pid, int(st[st.rindex(b")") + 2:].split()[19]))}
+
+
 def _raylet(temp_dir: str) -> tuple[int, str]:
     """(pid, node id) of the raylet started with --temp-dir `temp_dir`."""
     for name in os.listdir("/proc"):
         cmd = _cmdline(int(name)) if name.isdigit() else b""
-        if b"/raylet/raylet" in cmd.split(b"\0")[0] and f"--temp_dir={temp_dir}".encode() in cmd:
+        if b"/raylet/raylet" in cmd.split(b"\0")[0] and f"--temp_dir={temp_dir}\0".encode() in cmd:
             return int(name), re.search(rb"--node_id=([0-9a-f]+)", cmd).group(1).decode()
     raise AssertionError(f"no raylet runs with --temp-dir {temp_dir}")
 
@@ -77,12 +87,9 @@ def _raylet(temp_dir: str) -> tuple[int, str]:
 def _ours(dirs: list[str]) -> set[tuple[int, int]]:
     """Every process of this test's cluster: those naming one of its temp dirs, and their descendants."""
     roots = [int(n) for n in os.listdir("/proc") if n.isdigit() and any(d.encode() in _cmdline(int(n)) for d in dirs)]
-    procs = set()
+    procs: set[tuple[int, int]] = set()
     for pid in roots:
-        procs |= descendants(pid)
-        st = Path(f"/proc/{pid}/stat").read_bytes() if Path(f"/proc/{pid}/stat").exists() else b""
-        if st:
-            procs.add((pid, int(st[st.rindex(b")") + 2:].split()[19])))
+        procs |= descendants(pid) | _with_start(pid)
     return procs
 
 
@@ -129,19 +136,20 @@ def _encoding_on(raylet: int) -> bool:
     return any(_cmdline(pid).startswith(b"ray::UnitWorker.encode") for pid, _ in alive(descendants(raylet)))
 
 
-def _kill_node_mid_run(driver: subprocess.Popen, store: Path, raylet: int) -> int:
+def _kill_node_mid_run(driver: subprocess.Popen, store: Path, raylet: int) -> tuple[int, set[tuple[int, int]]]:
     """Wait until node 2 has been seen encoding and the job has committed 3 more units since (so node 2 has
-    finished at least one), then SIGKILL node 2's raylet while its worker encodes; the units committed then."""
+    finished at least one), then SIGKILL node 2's raylet while its worker encodes; returns the units committed
+    then and node 2's processes (the raylet and its workers and agents)."""
     seen_at, deadline = None, time.time() + 900
     while time.time() < deadline and driver.poll() is None:
         n = _committed(store)
         if seen_at is None and _encoding_on(raylet):
             seen_at = n
         if seen_at is not None and n >= seen_at + 3 and _encoding_on(raylet):
-            node = descendants(raylet)
+            node = descendants(raylet) | _with_start(raylet)
             os.kill(raylet, signal.SIGKILL)
             end(node, grace_s=0.5)  # its workers and agents (they would exit on their own within seconds)
-            return n
+            return n, node
         time.sleep(0.01)
     out, err = driver.communicate()
     raise AssertionError(f"node 2 never ran a unit mid-run (seen at {seen_at}): {out}\n{err[-3000:]}")
@@ -158,11 +166,11 @@ def test_a_two_node_cluster_losing_a_node_writes_the_one_process_store(cluster, 
                                "--shard-rows", str(SHARD_ROWS), "-o", str(store), "--engine", "ray",
                                "--ray-address", address, "--no-progress"],
                               cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    at_kill = _kill_node_mid_run(driver, store, node2_pid)
+    at_kill, node2_procs = _kill_node_mid_run(driver, store, node2_pid)
     out, err = driver.communicate(timeout=900)
     assert driver.returncode == 0, f"{out}\n{err[-3000:]}"
     assert at_kill < ROWS // SHARD_ROWS, "the kill must land mid-run"
-    assert not alive(descendants(node2_pid)) and not Path(f"/proc/{node2_pid}/cmdline").exists()
+    assert not alive(node2_procs), "node 2 is gone (a zombie raylet counts as gone)"
     # which node committed how many rows: both ran units; the unit node 2 was encoding was retried on the head
     per_node = dict(re.findall(r"([0-9a-f]{12})=([\d,]+)", out.split("rows per Ray node:")[1]))
     per_node = {k: int(v.replace(",", "")) for k, v in per_node.items()}
