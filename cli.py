@@ -131,6 +131,8 @@ def precompute(
         f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
         f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, {s.rate:,.0f} rows/s, "
         f"{s.bytes_written / 1e6:.1f} MB" + (f"; {s.retried} unit(s) retried (their worker died)" if s.retried else "")
+        + ("; rows per Ray node: " + ", ".join(f"{n[:12]}={r:,}" for n, r in s.rows_per_node.items())
+           if s.rows_per_node else "")
     )
 
 

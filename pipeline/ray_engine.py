@@ -172,9 +172,12 @@ class UnitWorker:
         return self.held[1], self.held[2]
 
     def ready(self, name: str) -> dict:
-        """Load teacher `name`; its meta and where it runs."""
+        """Load teacher `name`; its meta, where it runs, and the id of its Ray node."""
+        import ray
+
         t, meta = self._teacher(name)
-        return {"teacher": name, "meta": meta, "where": f"{socket.gethostname()}:{os.getpid()} {t.device}"}
+        return {"teacher": name, "meta": meta, "where": f"{socket.gethostname()}:{os.getpid()} {t.device}",
+                "node": ray.get_runtime_context().get_node_id()}
 
     def encode(self, name: str, k: int, texts: ShardRecord) -> dict:
         """Encode unit (name, k) into a temp file next to its shard; the driver commits it."""
@@ -443,6 +446,7 @@ class _Driver:
         self.idle: list[Any] = []
         self.committed: set[Unit] = set()
         self.per_worker: Counter[str] = Counter()  # rows committed per worker, shown on the bar
+        self.nodes: dict[int, str] = {}  # id(actor) -> its Ray node id, from its ready() reply
         self.attempts: Counter[Unit] = Counter()
         self.deaths, self.max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
         self.declared: dict[str, dict] = {}  # teacher -> the meta its table was declared with
@@ -486,6 +490,8 @@ class _Driver:
                 raise cause from None
             raise
         settle(self.ctx, self.declared, got["teacher"], got["meta"])
+        if "node" in got:
+            self.nodes[id(a)] = got["node"]
         if u is not None:
             self._commit(a, u, got, bar)
         self.idle.append(a)
@@ -522,6 +528,8 @@ class _Driver:
         s.truncated += got["truncated"]
         s.bytes_written += got["bytes"]
         self.per_worker[self.pool.labels[id(a)]] += got["rows"]
+        node = self.nodes.get(id(a), "?")
+        s.rows_per_node[node] = s.rows_per_node.get(node, 0) + got["rows"]
         bar.advance(got["rows"], workers=" ".join(f"{w}={n:,}" for w, n in self.per_worker.items()))
 
 

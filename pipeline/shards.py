@@ -49,6 +49,7 @@ class PrecomputeSummary:
     vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
     files_written: list[str] = field(default_factory=list)  # tokenizer / input-embedding files (re)written
     retried: int = 0  # --engine ray: units run again because the worker running them died
+    rows_per_node: dict[str, int] = field(default_factory=dict)  # --engine ray: rows committed per Ray node id
 
     @property
     def nothing_to_do(self) -> bool:
