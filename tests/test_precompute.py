@@ -217,5 +217,5 @@ def test_bad_enum_options_fail_cleanly(tmp_path, tiny_teacher, sentences):
     with pytest.raises(InputError, match="unknown --segment"):
         precompute([src], str(tmp_path / "st"), [str(tiny_teacher)], segment="paragraphs", progress=False)
     r = CliRunner().invoke(app, ["precompute", src, "-t", str(tiny_teacher), "-o", str(tmp_path / "x"),
-                                 "--dtype", "int8"])
-    assert r.exit_code == 2 and "int8" in r.output
+                                 "--dtype", "int4"])
+    assert r.exit_code == 2 and "int4" in r.output

@@ -25,7 +25,7 @@ from kd.storage.manifest import Manifest, ShardRecord, TableRecord
     (dict(batch_tokens=10**12), "--batch-tokens"),
     (dict(segment="paragraphs"), "unknown --segment"),
     (dict(teachers=[]), "no teacher given"),
-    (dict(dtype="int8"), "int8"),
+    (dict(dtype="int4"), "int4"),
     (dict(engine="spark"), "unknown --engine"),
     (dict(workers=2), "only applies to --engine ray"),
     (dict(backend="torch", quantize="int8"), "--quantize int8 needs an exporting backend"),

@@ -58,7 +58,8 @@ def reference(tmp_path_factory, tiny_teacher):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        precompute([src], str(root / "one"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False)
+        precompute([src], str(root / "one"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, backend="torch",
+                   progress=False)
     finally:
         torch.set_num_threads(n)
     return src, Store.open(root / "one")
@@ -93,7 +94,7 @@ def test_ray_store_equals_the_one_process_store(ray_runtime, reference, tiny_tea
     src, one = reference
     out = tmp_path / "ray"
     args = ["precompute", src, "-t", f"tiny={tiny_teacher}", "--shard-rows", str(SHARD_ROWS), "-o", str(out),
-            "--engine", "ray", "--workers", "2", "--no-progress"]
+            "--engine", "ray", "--backend", "torch", "--workers", "2", "--no-progress"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "wrote 12 shard(s)" in r.output and f"{ROWS} rows encoded" in r.output
@@ -108,7 +109,7 @@ def test_ray_store_equals_the_one_process_store(ray_runtime, reference, tiny_tea
 def test_the_driver_bar_counts_rows_per_worker(ray_runtime, reference, tiny_teacher, tmp_path):
     src, _ = reference
     r = CliRunner().invoke(app, ["precompute", src, "-t", f"tiny={tiny_teacher}", "--shard-rows", str(SHARD_ROWS),
-                                 "-o", str(tmp_path / "s"), "--engine", "ray", "--workers", "2"])
+                                 "-o", str(tmp_path / "s"), "--engine", "ray", "--backend", "torch", "--workers", "2"])
     assert r.exit_code == 0, r.output
     last = [x for x in r.output.splitlines() if x.startswith("precompute (") and "workers" in x][-1]
     counts = dict(w.split("=") for w in last.split("workers ")[1].split())
@@ -133,7 +134,7 @@ def test_a_dead_worker_unit_is_retried_and_committed_once(ray_runtime, reference
 
     monkeypatch.setattr(StoreWriter, "adopt", record)
     s = precompute([src], str(tmp_path / "ray"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
-                   engine="ray", workers=2)
+                   engine="ray", workers=2, backend="torch")
     assert not hook.exists(), "no worker died"
     assert s.retried == 1 and s.shards_written == 12 and s.rows_computed == ROWS
     assert sorted(adopted) == [("teachers/tiny", k) for k in range(6)]  # every unit committed exactly once
@@ -154,7 +155,7 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
     args = [src, "-t", f"tiny={tiny_teacher}", "--shard-rows", "40", "--no-progress"]
     address = ray_runtime.get_runtime_context().gcs_address
     victim = subprocess.Popen([sys.executable, "-m", "kd", "precompute", *args, "-o", str(tmp_path / "cut"),
-                               "--engine", "ray", "--ray-address", address, "--workers", "2"],
+                               "--engine", "ray", "--backend", "torch", "--ray-address", address, "--workers", "2"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 180
     while _committed(tmp_path / "cut") < 1 and time.time() < deadline and victim.poll() is None:
@@ -163,12 +164,13 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
     _, err = victim.communicate()
     assert 0 < _committed(tmp_path / "cut") < 50, f"the kill must land mid-run: {err.decode()[-2000:]}"
     s = precompute([src], str(tmp_path / "cut"), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False,
-                   engine="ray", workers=2)
+                   engine="ray", workers=2, backend="torch")
     assert 0 < s.shards_written < 50 and s.shards_skipped > 50  # texts and the first units were kept
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        precompute([src], str(tmp_path / "full"), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+        precompute([src], str(tmp_path / "full"), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False,
+                   backend="torch")
     finally:
         torch.set_num_threads(n)
     got, want = Store.open(tmp_path / "cut"), Store.open(tmp_path / "full")
@@ -192,7 +194,7 @@ def test_a_complete_store_still_refuses_other_settings(ray_runtime, reference, t
         r = CliRunner().invoke(app, [*args, *change, "--engine", engine])
         assert r.exit_code == 2 and "written with other settings" in r.output, (engine, r.output)
     assert {p.name: p.read_bytes() for p in (out / "manifests").iterdir()} == before
-    same = CliRunner().invoke(app, [*args, "--engine", "ray"])
+    same = CliRunner().invoke(app, [*args, "--engine", "ray", "--backend", "torch"])
     assert same.exit_code == 0 and "nothing to do" in same.output, same.output
 
 
@@ -210,13 +212,13 @@ def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runti
     t0 = time.monotonic()
     with pytest.raises(StoreError, match="no Ray worker started within 3 s"):
         precompute([src], str(tmp_path / "s"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
-                   engine="ray")
+                   engine="ray", backend="torch")
     assert time.monotonic() - t0 < 60
     assert _committed(tmp_path / "s") == 0 and Store.open(tmp_path / "s").table("texts").shards  # texts kept
     monkeypatch.setattr(ray_engine, "plan_workers", real)
     monkeypatch.delenv("KD_RAY_START_TIMEOUT")  # real workers: the default (starting them can take > 3 s)
     s = precompute([src], str(tmp_path / "s"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
-                   engine="ray", workers=2)
+                   engine="ray", workers=2, backend="torch")
     assert s.shards_written > 0
     _assert_same_store(Store.open(tmp_path / "s"), want)
 
@@ -238,6 +240,7 @@ def test_no_ray_process_outlives_a_stopped_driver(tiny_teacher, tmp_path, sig):
     src = _corpus(tmp_path / "wiki.txt", 2000, "wikipedia")  # 50 units: the signal lands mid-run
     driver = subprocess.Popen([sys.executable, "-m", "kd", "precompute", src, "-t", f"tiny={tiny_teacher}",
                                "--shard-rows", "40", "--no-progress", "-o", str(tmp_path / "s"), "--engine", "ray",
+                               "--backend", "torch",
                                "--workers", "2"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**os.environ, "RAY_ADDRESS": ""})
     _wait_for_a_commit(tmp_path / "s", driver, 240)
@@ -275,7 +278,8 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once(tiny_teacher, tm
     src = tmp_path / "s.txt"
     src.write_text("the market fell\nprices rose\n")
     args = [sys.executable, "-m", "kd", "precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "st"),
-            "--engine", "ray", "--no-progress"] + (["--ray-address", address] if how == "option" else [])
+            "--engine", "ray", "--backend", "torch",
+            "--no-progress"] + (["--ray-address", address] if how == "option" else [])
     env = {**os.environ, "RAY_ADDRESS": address if how == "env" else ""}
     t0 = time.monotonic()
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
@@ -304,10 +308,10 @@ def test_a_bad_start_timeout_is_refused_by_name(monkeypatch, value):
 @pytest.mark.parametrize("extra, match", [
     (["--engine", "spark"], "'--engine'.*'local'.*'ray'"),  # refused at parse time
     (["--workers", "2"], "only applies to --engine ray"),
-    (["--engine", "ray", "--workers", "0"], "'--workers'"),
+    (["--engine", "ray", "--backend", "torch", "--workers", "0"], "'--workers'"),
     (["--engine", "ray", "--num-shards", "2", "--shard-index", "0"], "assigns shards to its workers"),
-    (["--engine", "ray", "--gpus-per-worker", "2"], "'--gpus-per-worker'"),
-    (["--engine", "ray", "--device", "cuda:1"], "Ray gives each worker its own GPU"),
+    (["--engine", "ray", "--backend", "torch", "--gpus-per-worker", "2"], "'--gpus-per-worker'"),
+    (["--engine", "ray", "--backend", "torch", "--device", "cuda:1"], "Ray gives each worker its own GPU"),
 ])
 def test_bad_engine_options_exit_2_and_write_nothing(tmp_path, tiny_teacher, extra, match):
     import re
@@ -324,7 +328,7 @@ def test_engine_ray_without_ray_says_how_to_install(tmp_path, tiny_teacher, monk
     src = tmp_path / "s.txt"
     src.write_text("a cat\n")
     r = CliRunner().invoke(app, ["precompute", str(src), "-t", str(tiny_teacher), "-o", str(tmp_path / "st"),
-                                 "--engine", "ray"])
+                                 "--engine", "ray", "--backend", "torch"])
     assert r.exit_code == 2 and "pip install 'kd[ray]'" in r.output
     with pytest.raises(KdError, match="needs ray"):
         options("ray", None, None, None, None, None, None)
