@@ -21,11 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from kd.common import hardware
 from kd.pipeline.teacher import Teacher
+from kd.storage import fs
 
 FORMAT = 1
 
@@ -59,10 +59,7 @@ def write(folder: Path, want: dict, teacher: Teacher, fidelity: dict) -> None:
     rec = {"key": want, "fidelity": fidelity, "architecture": teacher.architecture,
            "embedding": embedding_source(teacher)}
     with contextlib.suppress(OSError):
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-fidelity-", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(rec, f, indent=1)
-        os.replace(tmp, _path(folder, want))
+        fs.atomic_write_bytes(fs.resolve(folder), json.dumps(rec, indent=1).encode("utf-8"), _path(folder, want).name)
 
 
 def embedding_source(teacher: Teacher) -> dict | None:

@@ -17,6 +17,7 @@ from kd.common.errors import StoreError
 
 SCALE_SUFFIX = "__scale"
 QMAX = 127  # symmetric: -128 is never written, so negating a vector never overflows
+DAMAGED = "the shard is damaged: delete it and re-run the kd precompute command that wrote it"
 
 
 def scale_column(column: str) -> str:
@@ -41,16 +42,16 @@ def dequantize(q: np.ndarray, scale: np.ndarray | None, column: str, where: str 
     """int8 codes times their per-vector scale, float32; refuses a missing, non-finite or negative scale."""
     if scale is None:
         raise StoreError(f"int8 column {column!r} has no scale column {scale_column(column)!r}", where,
-                         "the shard is damaged: delete it and re-run the kd precompute command that wrote it")
+                         DAMAGED)
     scale = np.asarray(scale, dtype=np.float32)
     if scale.shape != q.shape[:-1]:
         raise StoreError(f"scale column {scale_column(column)!r} has shape {scale.shape[1:]}, "
                          f"int8 column {column!r} needs {q.shape[1:-1]}", where,
-                         "the shard is damaged: delete it and re-run the kd precompute command that wrote it")
+                         DAMAGED)
     bad = ~np.isfinite(scale) | (scale < 0)
     if bad.any():
         row = int(np.nonzero(bad.reshape(len(bad), -1).any(axis=1))[0][0])
         raise StoreError(f"scale column {scale_column(column)!r} holds a non-finite or negative scale "
                          f"(first at row {row} of the shard)", where,
-                         "the shard is damaged: delete it and re-run the kd precompute command that wrote it")
+                         DAMAGED)
     return q.astype(np.float32) * scale[..., None]
