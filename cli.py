@@ -210,6 +210,7 @@ def train_student(
     val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash; 0: no validation)", **_in(B.PERCENT))] = 2.0,  # noqa: E501
     init_embeddings: Annotated[B.EmbeddingInit, typer.Option(help="auto | teacher | vocab | random")] = "auto",
     token_weights: Annotated[B.TokenWeights, typer.Option(help="Static students: sif | none")] = "sif",
+    head_init: Annotated[B.HeadInit, typer.Option(help="The head onto a wider target: auto (lstsq for transformer-init) | lstsq (least squares from the start model's vectors) | random")] = "auto",  # noqa: E501
     exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
     init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
     init_teacher: Annotated[str | None, typer.Option(help="Stored teacher whose tokenizer, embeddings and vocab/init outputs the student starts from (default: the target's; transformer-init: the teacher with an init output)")] = None,  # noqa: E501
@@ -233,7 +234,7 @@ def train_student(
             num_layers=layers, pooling=pooling, max_length=max_length, max_steps=max_steps, **tuned, warmup=warmup,
             schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
             log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
-            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights,
+            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights, head_init=head_init,
             exclude_ids=exclude_ids, init_layers=init_layers, init_teacher=init_teacher, bucket=bucket, device=device,
             amp=amp, resume=resume,
             overwrite=overwrite, progress=progress,

@@ -97,6 +97,7 @@ Arch = Literal["bilstm", "bigru", "cnn", "ffn", "transformer", "static", "transf
 Pooling = Literal["mean", "max", "attentive", "cls"]  # student.pooling.Pooling
 Schedule = Literal["cosine", "plateau", "constant"]  # student.train_config.Schedule
 EmbeddingInit = Literal["auto", "teacher", "vocab", "random"]  # student.train_config.EmbeddingInit
+HeadInit = Literal["auto", "lstsq", "random"]  # student.train_config.HeadInit
 TokenWeights = Literal["sif", "none"]
 ExportFormat = Literal["sentence-transformers", "onnx"]
 StsSplit = Literal["train", "dev", "test"]

@@ -301,14 +301,21 @@ class Student(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, layers: bool = True) -> StudentOutput:
         """`layers=False` skips the per-layer summaries (only CoDIR's objective reads them)."""
-        cfg = self.config
-        # cut to max_length so learned positions stay in range (tokenizers should already have)
-        ids = input_ids[:, : cfg.max_length]
-        mask = attention_mask[:, : cfg.max_length].bool()
-        tokens = self.embed(ids)
-        states = self.encoder(self.drop(tokens), mask)
+        tokens, states, mask = self._encode(input_ids, attention_mask)
         embedding = self.head(self.pool(states[-1], mask))
         return StudentOutput(embedding, self._summarise([tokens, *states], mask) if layers else None)
+
+    def pooled(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The pooled vector the head reads (what `student.head_fit` regresses the target on)."""
+        _, states, mask = self._encode(input_ids, attention_mask)
+        return self.pool(states[-1], mask)
+
+    def _encode(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, list[Tensor], Tensor]:
+        # cut to max_length so learned positions stay in range (tokenizers should already have)
+        ids = input_ids[:, : self.config.max_length]
+        mask = attention_mask[:, : self.config.max_length].bool()
+        tokens = self.embed(ids)
+        return tokens, self.encoder(self.drop(tokens), mask), mask
 
     def embed_bags(self, flat_ids: Tensor, offsets: Tensor) -> Tensor:
         """Static students at inference: mean of each text's token vectors with no padding at all

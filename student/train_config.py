@@ -25,6 +25,12 @@ class EmbeddingInit(str, Enum):
     random = "random"
 
 
+class HeadInit(str, Enum):
+    auto = "auto"  # lstsq for transformer-init students whose head is one linear layer, else random
+    lstsq = "lstsq"  # the least-squares map from the start model's pooled vectors to the target (student.head_fit)
+    random = "random"  # PyTorch's default initialisation
+
+
 # Defaults that differ by arch, applied where the user gave no value (`arch_defaults`). A static student
 # has far fewer computations per parameter: large batches and a high rate, no dropout on its only layer.
 ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -82,6 +88,7 @@ class TrainConfig:
     device: str = "auto"
     amp: bool = True  # autocast on CUDA only (bf16 where supported, else fp16 + GradScaler)
     init_embeddings: EmbeddingInit = EmbeddingInit.auto
+    head_init: HeadInit = HeadInit.auto
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
     init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
@@ -100,6 +107,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.schedule = Schedule(self.schedule)
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
+        self.head_init = HeadInit(self.head_init)
         B.check("train-student options", ("--embed-dim", self.embed_dim, B.WIDTH),
                 ("--hidden-dim", self.hidden_dim, B.WIDTH), ("--out-dim", self.out_dim, B.WIDTH),
                 ("--layers", self.num_layers, B.LAYERS), ("--dropout", self.dropout, B.DROPOUT),
@@ -121,4 +129,5 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["schedule"], d["init_embeddings"] = self.schedule.value, self.init_embeddings.value
+        d["head_init"] = self.head_init.value
         return d

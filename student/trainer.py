@@ -53,6 +53,7 @@ from kd.student import checkpoint
 from kd.student import data as D
 from kd.student.checkpoint import CHECKPOINT, Trainables, TrainState
 from kd.student.distributed import Dist, all_sum, barrier, gather, init_dist, shutdown, wrap
+from kd.student.head_fit import HeadFit, fit_head, wants_fit
 from kd.student.metrics import CURVE, METRICS, Metrics, plot_curve
 from kd.student.models import Student, StudentOutput
 from kd.student.saved import save_student, weights_state, write_weights
@@ -314,6 +315,8 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     tr = Trainables(model, opt, sched, plateau, scaler)
     store_id = checkpoint.store_identity(s.store.manifest, plan.columns.tables())
     out, ckpt = _prepare_out(cfg, d, store_id)
+    # a fresh run only: a resumed one restores the fitted (and trained) head from its checkpoint
+    fit = _fit_head(cfg, s, plan, model.student, d) if ckpt is None else None
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks differ per rank
     np.random.seed(cfg.seed + d.rank)
     random.seed(cfg.seed + d.rank)
@@ -323,11 +326,21 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     val = D.validation_batches(s.store, plan, d.rank, d.world, s.tok)
     has_val = plan.num_val > 0 and cfg.max_val_rows > 0  # the same on every rank (a rank may hold no batch)
     metrics = Metrics(out / METRICS, d.main, st.step if ckpt is not None else None)
+    if fit is not None:
+        metrics.log({"step": 0, "head_fit": dataclasses.asdict(fit)})
     return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, store_id), st
 
 
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
     return Distiller(initial_student(cfg, s), s.objectives, s.store.manifest.pairs).to(d.device)
+
+
+def _fit_head(cfg: TrainConfig, s: Setup, plan: D.Plan, student: Student, d: Dist) -> HeadFit | None:
+    """The head's least-squares start (student.head_fit) where --head-init asks for one; DDP broadcasts
+    rank 0's head, so each rank fitting on its own rows is harmless."""
+    if not wants_fit(cfg.head_init, student, bool(cfg.init), bool(s.target)):
+        return None
+    return fit_head(student, D.train_batches(s.store, plan, 0, 0, d.rank, s.tok), s.target[0])
 
 
 def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
