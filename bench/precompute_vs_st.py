@@ -1,7 +1,8 @@
 """kd precompute vs sentence-transformers `encode`, measured fairly: fresh processes, A/B alternated, equal precision.
 
-    python -m bench.precompute_vs_st [--n 10000] [--threads 2] [--pairs 3] [--precisions fp32,bf16,int8]
-                                     [--kd-backends torch,onnx,openvino] [--st-python bench/out/st-onnx/bin/python]
+    python -m bench.precompute_vs_st [--corpus long|short|both] [--n 10000] [--threads 2] [--pairs 3]
+                                     [--precisions fp32,default,int8,bf16] [--kd-backends auto,torch,onnx,openvino]
+                                     [--st-python bench/out/st-onnx/bin/python]
     python -m bench.precompute_vs_st --report     # the last run's table again, from bench/out
 
 Per precision, `--pairs` rounds of one run of each side (every kd teacher backend that supports the
@@ -20,6 +21,11 @@ vectors to ST's at the same precision and to ST fp32, with the count of sentence
 bf16 / int8 vectors to ST fp32 too). The machine line names the CPU and whether it has
 native bf16 and int8 dot products (AVX512-BF16/AMX, AVX512-VNNI/AVX-VNNI), which decide what bf16 and
 int8 can gain; ST's int8 file uses the matching quantization preset (avx512_vnni, else avx2).
+
+Corpora (`--corpus both` runs each in turn): `long` = Leipzig news + Wikipedia 2016 (27.6 tokens on average);
+`short` = the unique sentences of STS-B dev + test (5,385, 11.1 words on average: image captions, headlines,
+forum posts), the short-text case where per-batch costs weigh most. kd's `auto` backend is its default (what
+`kd precompute` runs with no --backend).
 
 Precisions: fp32 (both sides plain fp32); bf16 (kd `--precision bf16`: weights cast to bf16 on CPU, and
 OpenVINO's bf16; ST with the model loaded in bf16, `model_kwargs={"torch_dtype": torch.bfloat16}`); int8
@@ -46,12 +52,22 @@ from bench.fresh import ROOT, alternate, fmt, run_fresh, spread
 
 SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared")) / "data" / "corpus"
 WORK = ROOT / "bench" / "out" / "precompute_vs_st"
-# which kd teacher backends run each precision (torch has no int8 path; ONNX Runtime has no CPU bf16)
-BACKENDS = {"fp32": ("torch", "onnx", "openvino"), "bf16": ("torch", "openvino"), "int8": ("onnx", "openvino")}
+# which kd teacher backends run each precision (torch has no int8 path; ONNX Runtime has no CPU bf16; auto: the
+# default, whichever kd picks)
+# default: `kd precompute` with neither --backend nor --precision nor --quantize (auto / auto: OpenVINO in bf16
+# on CPUs with native bf16), compared with ST fp32
+BACKENDS = {"fp32": ("auto", "torch", "onnx", "openvino"), "bf16": ("auto", "torch", "openvino"),
+            "int8": ("auto", "onnx", "openvino"), "default": ("auto",)}
 
 
-def load_sentences(n: int) -> list[str]:
+def load_sentences(n: int, corpus: str = "long") -> list[str]:
+    """The first `n` sentences of a corpus (see the module docstring)."""
     out: list[str] = []
+    if corpus == "short":
+        for name in ("sts-dev.csv", "sts-test.csv"):
+            for line in (SHARED.parent / "stsb" / name).read_text(encoding="utf-8").splitlines():
+                out += [x.strip() for x in line.split("\t")[5:7] if x.strip()]
+        return list(dict.fromkeys(out))[:n]
     for name in ("eng_news_2016_10K-sentences.txt", "eng_wikipedia_2016_10K-sentences.txt"):
         out += [line.split("\t", 1)[1] for line in (SHARED / name).read_text(encoding="utf-8").splitlines()]
     return out[:n]
@@ -103,7 +119,7 @@ def warm_imports(side: str) -> None:
         import sentence_transformers  # noqa: F401
 
 
-def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
+def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray, str]:
     from kd.pipeline.precompute import precompute
     from kd.storage import Store
     from kd.storage.schema import arrow_to_vectors
@@ -112,13 +128,25 @@ def child_kd(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
         src = Path(tmp) / "in.txt"
         src.write_text("\n".join(sentences) + "\n")
         out = Path(tmp) / "store"
-        extra = {"backend": a.backend, "precision": "fp32" if a.precision == "int8" else a.precision,
-                 "quantize": "int8" if a.precision == "int8" else "none"}
+        extra = kd_options(a.backend, a.precision)
         t0 = time.perf_counter()
         precompute([str(src)], str(out), ["minilm"], outputs=["cls", "mean", "layers"], shard_rows=5000,
                    batch_tokens=a.batch_tokens, device="cpu", progress=False, **extra)
         secs = time.perf_counter() - t0
-        return secs, arrow_to_vectors(Store.open(str(out)).read_table("teachers/minilm", ["mean"])["mean"])
+        store = Store.open(str(out))
+        meta = store.table("teachers/minilm").meta
+        chosen = f"{meta.get('backend', 'torch')} {meta.get('quantize', 'none')} {meta.get('precision', '')}".strip()
+        return secs, arrow_to_vectors(store.read_table("teachers/minilm", ["mean"])["mean"]), chosen
+
+
+def kd_options(backend: str, precision: str) -> dict:
+    """precompute() options of a kd side. auto: what a user types (int8 = defaults + --quantize int8, so the
+    activations run in the CPU's default precision); a named backend: the precision spelled out (int8 with fp32
+    activations, as ST's int8)."""
+    if backend == "auto":
+        return {"default": {}, "int8": {"quantize": "int8"}}.get(precision, {"precision": precision})
+    return {"backend": backend, "precision": "fp32" if precision == "int8" else precision,
+            "quantize": "int8" if precision == "int8" else "none"}
 
 
 def _st_int8_dir() -> Path:
@@ -137,7 +165,7 @@ def _st_int8_dir() -> Path:
     return folder
 
 
-def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray]:
+def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.ndarray, str]:
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -153,7 +181,7 @@ def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
     t0 = time.perf_counter()
     model = SentenceTransformer(path, device="cpu", **kwargs)
     emb = model.encode(sentences, batch_size=32, convert_to_numpy=True, normalize_embeddings=False)
-    return time.perf_counter() - t0, np.asarray(emb, dtype=np.float32)
+    return time.perf_counter() - t0, np.asarray(emb, dtype=np.float32), "sentence-transformers"
 
 
 def child(a: argparse.Namespace) -> None:
@@ -161,14 +189,14 @@ def child(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(a.threads)
     WORK.mkdir(parents=True, exist_ok=True)
-    sentences = load_sentences(a.n)
+    sentences = load_sentences(a.n, a.corpus)
     warm_imports(a.side)
-    secs, vecs = (child_kd if a.side == "kd" else child_st)(a, sentences)
-    np.save(WORK / f"vectors-{side_name(a.side, a.backend)}-{a.precision}.npy", vecs)
+    secs, vecs, chosen = (child_kd if a.side == "kd" else child_st)(a, sentences)
+    np.save(WORK / f"vectors-{a.corpus}-{side_name(a.side, a.backend)}-{a.precision}.npy", vecs)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     process = time.time() - a.started  # interpreter start (the parent's clock just before it) to now
     Path(a.result).write_text(json.dumps({"seconds": secs, "process_seconds": process, "rows": len(sentences),
-                                          "peak_rss_mb": rss_mb}))
+                                          "peak_rss_mb": rss_mb, "ran": chosen}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,10 +217,12 @@ def cell(c: dict) -> str:
     return f"{c['min']:.5f} / {c['mean']:.6f} ({c['below_0.99']} < 0.99)"
 
 
-def kd_label(backend: str, precision: str) -> str:
+def kd_label(backend: str, precision: str, ran: str = "") -> str:
     """The side's name, with the int8 recipe kd picks on this CPU (OpenVINO's follows its int8 dot products)."""
     from kd.pipeline.backends import Backend, Quantize, int8_method
 
+    if backend == "auto":
+        return f"kd precompute, default backend (auto: ran {ran}) (cls + mean + layers, written)"
     recipe = ""
     if precision == "int8":
         recipe = {"onnx": ", dynamic int8 smoothed", "openvino": f", {int8_method(Backend.openvino, Quantize.int8)}"
@@ -201,20 +231,28 @@ def kd_label(backend: str, precision: str) -> str:
 
 
 def export_once(kd_backends: list[str], precision: str) -> None:
-    """Fill kd's export cache before the clock (as ST's int8 file is made once): a user exports once."""
+    """Fill kd's export cache (and, for auto, its fidelity record) before the clock, as ST's int8 file is made
+    once: a user exports once."""
     from kd.pipeline import backends
 
+    if "auto" in kd_backends:  # one untimed small job records auto's choice and its fidelity for this CPU
+        from kd.pipeline.precompute import precompute
+
+        with tempfile.TemporaryDirectory(dir=WORK) as tmp:
+            (Path(tmp) / "in.txt").write_text("A warm-up sentence.\nAnother one.\n")
+            precompute([str(Path(tmp) / "in.txt")], str(Path(tmp) / "s"), ["minilm"], outputs=["cls", "mean", "layers"],
+                       device="cpu", progress=False, **kd_options("auto", precision))
     for b in kd_backends:
-        if b != "torch":
+        if b not in ("torch", "auto"):
             backends.load("minilm", b, "int8" if precision == "int8" else "none",
                           precision="fp32" if precision == "int8" else precision)
 
 
-def measure(a: argparse.Namespace, precision: str) -> dict:
+def measure(a: argparse.Namespace, precision: str, corpus: str) -> dict:
     def side(name: str, backend: str = "torch") -> dict:
         py = a.st_python if (name == "st" and precision == "int8") else None
         return run_fresh("bench.precompute_vs_st", ["--child", "--side", name, "--backend", backend,
-                                                    "--precision", precision, "--n", str(a.n),
+                                                    "--precision", precision, "--n", str(a.n), "--corpus", corpus,
                                                     "--threads", str(a.threads), "--started", repr(time.time()),
                                                     *(["--batch-tokens", str(a.batch_tokens)] if a.batch_tokens
                                                       else [])], a.threads, py)
@@ -222,9 +260,9 @@ def measure(a: argparse.Namespace, precision: str) -> dict:
     wanted = a.kd_backends.split(",")
     sides = {f"kd-{b}": (lambda b=b: side("kd", b)) for b in BACKENDS[precision] if b in wanted}
     export_once([b for b in BACKENDS[precision] if b in wanted], precision)
-    if precision != "int8" or a.st_python:
+    if precision not in ("int8", "default") or a.st_python and precision == "int8":
         sides["st"] = lambda: side("st")
-    print(f"{precision}:", flush=True)
+    print(f"{corpus} {precision}:", flush=True)
     runs = alternate(sides, a.pairs)
     res: dict = {}
     for name, rs in runs.items():
@@ -235,11 +273,17 @@ def measure(a: argparse.Namespace, precision: str) -> dict:
     return res
 
 
-def report(results: dict, a: argparse.Namespace) -> list[str]:
-    st32 = results.get("fp32", {}).get("st")
-    lines = ["| precision | side | job s | sentences/s | process s (imports incl.) | peak RSS MB "
+def report(by_corpus: dict, a: argparse.Namespace) -> list[str]:
+    lines = ["| corpus | precision | side | job s | sentences/s | process s (imports incl.) | peak RSS MB "
              "| kd / ST same precision | kd / ST fp32 | min / mean cosine to ST same precision | to ST fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for corpus, results in by_corpus.items():
+        lines += _rows(corpus, results)
+    return lines
+
+
+def _rows(corpus: str, results: dict) -> list[str]:
+    st32, lines = results.get("fp32", {}).get("st"), []
     for p, res in results.items():
         for s, r in res.items():
             same = res.get("st")
@@ -248,15 +292,16 @@ def report(results: dict, a: argparse.Namespace) -> list[str]:
             r32 = f"{st32['seconds']['median'] / r['seconds']['median']:.2f}x" if kd_side and st32 else ""
             cos_same = cos32 = ""
             if kd_side:
-                kd = np.load(WORK / f"vectors-{s}-{p}.npy")
+                kd = np.load(WORK / f"vectors-{corpus}-{s}-{p}.npy")
                 if same:
-                    c = cosines(kd, np.load(WORK / f"vectors-st-{p}.npy"))
+                    c = cosines(kd, np.load(WORK / f"vectors-{corpus}-st-{p}.npy"))
                     cos_same, r["cosine_to_st"] = cell(c), c
             if st32 and (kd_side or p != "fp32"):  # ST's own bf16 / int8 fidelity too
-                c = cosines(np.load(WORK / f"vectors-{s}-{p}.npy"), np.load(WORK / "vectors-st-fp32.npy"))
+                c = cosines(np.load(WORK / f"vectors-{corpus}-{s}-{p}.npy"),
+                            np.load(WORK / f"vectors-{corpus}-st-fp32.npy"))
                 cos32, r["cosine_to_st_fp32"] = cell(c), c
-            label = kd_label(s[3:], p) if kd_side else "sentence-transformers encode"
-            lines.append(f"| {p} | {label} | {fmt(r['seconds'])} | {fmt(r['sent_per_s'], 0)} | "
+            label = kd_label(s[3:], p, r["runs"][0].get("ran", "")) if kd_side else "sentence-transformers encode"
+            lines.append(f"| {corpus} | {p} | {label} | {fmt(r['seconds'])} | {fmt(r['sent_per_s'], 0)} | "
                          f"{fmt(r['process_seconds'])} | {r['peak_rss_mb']['median']:.0f} | {ratio} | {r32} | "
                          f"{cos_same} | {cos32} |")
     return lines
@@ -264,12 +309,13 @@ def report(results: dict, a: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--corpus", default="long", choices=("long", "short", "both"))
+    ap.add_argument("--n", type=int, default=None, help="sentences (default: 5,000 short, 10,000 long)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--precisions", default="fp32,bf16,int8")
+    ap.add_argument("--precisions", default="fp32,default,int8")
     ap.add_argument("--batch-tokens", type=int, default=None, help="kd's token budget per batch (default: kd's)")
-    ap.add_argument("--kd-backends", default="torch,onnx,openvino", help="kd teacher backends to run")
+    ap.add_argument("--kd-backends", default="auto,torch,onnx,openvino", help="kd teacher backends to run")
     ap.add_argument("--st-python", default=None, help="a Python with sentence-transformers[onnx] for ST int8")
     ap.add_argument("--report", action="store_true", help="print the last run's table again (bench/out), no runs")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -288,13 +334,17 @@ def main() -> None:
         print(last["machine"])
         return
     WORK.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
+    load_before, n_given = os.getloadavg(), a.n
     print(f"load average before: {load_before}; {a.n} sentences, {a.threads} threads, {a.pairs} pairs", flush=True)
-    results = {p: measure(a, p) for p in a.precisions.split(",")}
+    corpora = ("short", "long") if a.corpus == "both" else (a.corpus,)
+    results = {}
+    for c in corpora:
+        a.n = n_given or (5000 if c == "short" else 10000)
+        results[c] = {p: measure(a, p, c) for p in a.precisions.split(",")}
     lines = report(results, a)
     machine = (f"{cpu_summary()}, {platform.machine()}, {os.cpu_count()} CPUs, "
                f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
-    (WORK / "results.json").write_text(json.dumps({"results": results, "machine": machine, "n": a.n,
+    (WORK / "results.json").write_text(json.dumps({"results": results, "machine": machine, "n": a.n, "corpus": a.corpus,
                                                    "threads": a.threads, "pairs": a.pairs}, indent=1))
     print("\n".join(lines))
     print(machine)

@@ -195,7 +195,7 @@ def summarise(store: Store, sampler: Sampler, t: tuple, cpu: tuple, verified: di
         quarter[f"{int(q * 100)}%"] = round(next(s[2] for s in sampler.samples if s[1] >= q * sampler.rows), 1)
     loads = [s[3] for s in sampler.samples]
     return {
-        "store_rows": store.manifest.num_rows, "shards": store.manifest.num_shards,
+        "store_rows": store.manifest.inputs["num_rows"], "shards": store.manifest.num_shards,
         "train_rows": sampler.rows, "plan_s": round(t[1] - t[0], 1), "epoch_s": round(t[2] - t[1], 1),
         "epoch_rows_per_s": round(sampler.rows / (t[2] - t[1])),
         "with_plan_rows_per_s": round(sampler.rows / (t[2] - t[0])),
