@@ -72,7 +72,9 @@ def test_round_trip_error_and_cosine(stores):
     assert versions == [1, 2]  # a float store stays version 1: older kd reads it
     assert validate(int8) == []
     size = [sum(r.bytes for r in s.manifest.tables["teachers/tiny"].shards.values()) for s in stores]
-    assert size[1] < 0.45 * size[0], size
+    # 32-d vectors: int8 codes are 1/4 of float32 and each vector adds a float32 scale (1/8 of it at 32-d); id,
+    # n_tokens and truncated are the same on both sides (0.544 measured; real widths give 0.17-0.19, results.md)
+    assert size[1] < 0.6 * size[0], size
 
 
 def test_duckdb_views_dequantize(stores):
