@@ -57,7 +57,8 @@ def setup(cfg: TrainConfig) -> Setup:
     ctx = Context.from_manifest(store.manifest, StudentConfig(), cfg.target)
     keys = _target_keys(ctx)
     target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
-    teacher = source_teacher(store, target_teacher, cfg)
+    init_info = read_config(cfg.init) if cfg.init else None
+    teacher = source_teacher(store, target_teacher, cfg, init_info)
     tok_dir = store.tokenizer_dir(teacher)
     if not os.path.isdir(tok_dir):
         raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
@@ -69,7 +70,6 @@ def setup(cfg: TrainConfig) -> Setup:
                       "use --init-embeddings random, or re-run kd precompute with this kd version")
     init_dir = init_folder(store, teacher, cfg.init_layers) if cfg.arch == "transformer-init" and not cfg.init else None
     student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
-    init_info = read_config(cfg.init) if cfg.init else None
     if cfg.init:
         student_cfg = init_config(cfg, init_info, tok)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
@@ -131,13 +131,15 @@ def init_teachers(store: Store) -> list[str]:
     return sorted({rel.split("/")[1] for rel in files if rel.startswith("teachers/") and "/init-" in rel})
 
 
-def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig) -> str:
+def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig, init_info: dict[str, Any] | None = None) -> str:
     """The stored teacher a student starts from: tokenizer, input embeddings, `vocab` and `init` outputs.
 
     The target may be another teacher's output of another width (MiniLM's tokenizer and layers, mpnet's
     768-d `sentence` as the target): the student reads ids of the source's tokenizer, and the width gap is
     bridged by `out_dim` (a learned head) or the objective's projection. Rules:
     - `--init-teacher NAME`: that teacher, which must be in the store;
+    - `--init STUDENT`: the teacher whose tokenizer that student was trained with (its config.json), when the
+      store has it: a cross-teacher student's second stage needs no other flag;
     - transformer-init: the one teacher with an `init` output; with several, `--init-teacher` picks;
     - otherwise the target's teacher (the behaviour of single-teacher stores).
     """
@@ -147,6 +149,8 @@ def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig) -> str:
             raise KdError(f"--init-teacher {cfg.init_teacher!r} is not a teacher of the store", store.root,
                           f"pick one of: {', '.join(teachers)}")
         return cfg.init_teacher
+    if init_info is not None and init_info.get("tokenizer") in teachers:
+        return init_info["tokenizer"]
     if cfg.arch != "transformer-init" or cfg.init:
         return target_teacher
     have = init_teachers(store)

@@ -153,3 +153,21 @@ def test_several_init_outputs_need_the_flag(store, teachers, tmp_path):
     assert res.exit_code == 0, res.output
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert cfg["tokenizer"] == "big" and cfg["student"]["bert"]["hidden_size"] == 48
+
+
+def test_second_stage_of_a_cross_teacher_student_needs_no_teacher_flag(store, tmp_path):
+    """--init of a student trained on small's tokenizer with big's target: the tokenizer comes from the student's
+    config.json, not from the target's teacher (which would refuse: big's vocabulary differs)."""
+    first = _train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
+    assert first.exit_code == 0, first.output
+    second = _train(store, tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
+                    "--init", str(tmp_path / "one"), steps=8)
+    assert second.exit_code == 0, second.output
+    info = json.loads((tmp_path / "two" / "config.json").read_text())
+    assert info["tokenizer"] == "small" and info["target"] == ["big.mean"]
+    records = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert "head_fit" not in records[0]  # the trained head is kept, not refitted
+    # an explicit --init-teacher still wins, and the wrong one is refused as before
+    wrong = _train(store, tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean",
+                   "--init", str(tmp_path / "one"), "--init-teacher", "big", steps=8)
+    assert wrong.exit_code == 2 and "tokenizer differs" in wrong.output, wrong.output
