@@ -7,7 +7,8 @@ still equal, bit for bit, to the one a single process writes.
 - `kd precompute --engine ray --ray-address HEAD` runs in a subprocess: 2 one-CPU workers, one per node; its
   summary line reports the rows each Ray node committed.
 - Once node 2's worker has been seen encoding and the head has committed a few units since, node 2's raylet is
-  killed with SIGKILL (its workers die with it): the lost unit is retried on the head and the run finishes.
+  killed with SIGKILL (its workers die with it): the lost unit is retried on the head and the run finishes
+  ("1 unit(s) retried"); the rows each node committed add up to the corpus.
 - The store equals a one-process `--engine local` store (one torch thread, as each worker): same rows, vectors,
   Parquet bytes and checksums.
 The cluster's processes are ended by pid (those naming this test's temp dirs, and their descendants), never
@@ -136,9 +137,9 @@ def _encoding_on(raylet: int) -> bool:
 
 
 def _kill_node_mid_run(driver: subprocess.Popen, store: Path, raylet: int) -> tuple[int, set[tuple[int, int]]]:
-    """Wait until node 2 has been seen encoding and the job has committed 3 more units since (so node 2 has
-    finished at least one), then SIGKILL node 2's raylet while its worker encodes; returns the units committed
-    then and node 2's processes (the raylet and its workers and agents)."""
+    """Wait until node 2 has been seen encoding and the job has committed 3 more units since (on an idle machine
+    node 2 has finished one by then), then SIGKILL node 2's raylet while its worker encodes; returns the units
+    committed then and node 2's processes (the raylet and its workers and agents)."""
     seen_at, deadline = None, time.time() + 900
     while time.time() < deadline and driver.poll() is None:
         n = _committed(store)
@@ -170,11 +171,13 @@ def test_a_two_node_cluster_losing_a_node_writes_the_one_process_store(cluster, 
     assert driver.returncode == 0, f"{out}\n{err[-3000:]}"
     assert at_kill < ROWS // SHARD_ROWS, "the kill must land mid-run"
     assert not alive(node2_procs), "node 2 is gone (a zombie raylet counts as gone)"
-    # which node committed how many rows: both ran units; the unit node 2 was encoding was retried on the head
+    # which node committed how many rows: node 2 was encoding a unit when it died, and that unit was retried on
+    # the head. Node 2 has usually committed units before (it runs as fast as the head), but on a starved
+    # machine the head may commit 3 units while node 2 is still on its first, so its count may be absent.
     per_node = dict(re.findall(r"([0-9a-f]{12})=([\d,]+)", out.split("rows per Ray node:")[1]))
     per_node = {k: int(v.replace(",", "")) for k, v in per_node.items()}
-    assert set(per_node) == {head_id[:12], node2_id[:12]}, out
-    assert per_node[node2_id[:12]] >= SHARD_ROWS and per_node[head_id[:12]] >= SHARD_ROWS, out
+    assert set(per_node) <= {head_id[:12], node2_id[:12]} and per_node[head_id[:12]] >= SHARD_ROWS, out
+    assert per_node.get(node2_id[:12], 0) % SHARD_ROWS == 0, out  # whole units only
     assert sum(per_node.values()) == ROWS and f"{ROWS:,} rows encoded" in out, out
     assert "1 unit(s) retried" in out, out
 
