@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kd.common.errors import InputError, KdError
 from kd.student.models import Student
 from kd.student.train_config import HeadInit
 
@@ -45,8 +46,6 @@ def wants_fit(mode: HeadInit, student: Student, from_student: bool, has_target: 
     if mode is HeadInit.auto:
         return linear and has_target and not from_student and student.config.arch.value == "transformer-init"
     if mode is HeadInit.lstsq and not (linear and has_target):
-        from kd.common.errors import InputError
-
         why = "no embedding target" if not has_target else "its head is not one linear layer onto a wider target"
         raise InputError(f"--head-init lstsq cannot fit this student's head ({why})", "--head-init",
                          "use --head-init random, or a student whose width differs from the target's")
@@ -58,11 +57,6 @@ def fit_head(student: Student, batches: Iterable[dict], target_key: str, rows: i
              ridge: float = 1e-3) -> HeadFit:
     """Fit `student.head` (an nn.Linear) by ridge least squares on up to `rows` rows of `batches`."""
     xs, ys = _collect(student, batches, target_key, rows)
-    if ys[0].shape[1] != student.head.out_features:
-        from kd.common.errors import InputError
-
-        raise InputError(f"the head maps to {student.head.out_features} dims, the target {target_key} has "
-                         f"{ys[0].shape[1]}", "--head-init lstsq", "drop --out-dim, or use --head-init random")
     x, y = np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
     head = student.head
     before = _one_minus_cos(x, y, head.weight.double().cpu().numpy().T, _bias(head))
@@ -80,6 +74,9 @@ def _collect(student: Student, batches: Iterable[dict], key: str, rows: int) -> 
     student.eval()
     xs, ys, n = [], [], 0
     for batch in batches:
+        if not ys and batch[key].shape[1] != student.head.out_features:  # refused before any forward pass
+            raise InputError(f"the head maps to {student.head.out_features} dims, the target {key} has "
+                             f"{batch[key].shape[1]}", "--head-init lstsq", "drop --out-dim, or use --head-init random")
         side = "" if "input_ids" in batch else "a."
         x = student.pooled(batch[side + "input_ids"].to(device), batch[side + "attention_mask"].to(device))
         xs.append(x.float().cpu().numpy())
@@ -89,8 +86,6 @@ def _collect(student: Student, batches: Iterable[dict], key: str, rows: int) -> 
             break
     student.train(was_training)
     if not xs:
-        from kd.common.errors import KdError
-
         raise KdError("no training rows to fit the head on", "--head-init lstsq", "use --head-init random")
     return xs, ys
 
