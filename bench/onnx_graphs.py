@@ -32,17 +32,17 @@ GRAPHS = ("torch", "traced", "dynamo", "traced-int8", "dynamo-int8", "traced-int
 
 def load(graph: str):
     """The teacher on `graph`, exporting it into WORK/<graph> first if needed (KD_CACHE points there)."""
-    from kd.pipeline import backends
+    from kd.pipeline import backends, export
     from kd.pipeline.teacher import load_teacher
 
     if graph == "torch":
         return load_teacher("minilm", "cpu")
     os.environ["KD_CACHE"] = str(WORK / graph)
     if graph.startswith("dynamo"):  # the exporter kd uses past the protobuf limit
-        real = backends._to_onnx
-        backends._to_onnx = lambda g, args, path, inputs, outputs, big: real(g, args, path, inputs, outputs, True)
+        real = export.to_onnx
+        export.to_onnx = lambda g, args, path, inputs, outputs, big: real(g, args, path, inputs, outputs, True)
     if graph.endswith("-plain"):
-        backends._smooth_onnx = lambda *a: {"method": "none"}
+        export.smooth_onnx = lambda *a: {"method": "none"}
     return backends.load("minilm", "onnx", "int8" if "int8" in graph else "none", precision="fp32")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from kd.common.bounds import DEVICE
@@ -56,6 +57,30 @@ def _cpu_has(override: str, flags: tuple[str, ...]) -> bool:
     except OSError:
         return False
     return any(flag in found for flag in flags)
+
+
+# Linux device nodes without which neither CUDA (nvidia), WSL's GPU (dxg) nor ROCm (kfd) can be present
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def device_kind(device: str | None) -> str:
+    """`cpu` or `cuda`: where `resolve_device(device)` runs, without importing torch (~1 s of a small job's start)
+    where the answer cannot be CUDA: --device cpu, or no device given on a Linux machine with no GPU device node."""
+    unset = device in (None, "auto")
+    if device == "cpu" or (unset and sys.platform == "linux" and not any(map(os.path.exists, GPU_DEVICE_NODES))):
+        return "cpu"
+    return resolve_device(device).type
+
+
+def default_threads() -> int:
+    """The intra-op thread count torch uses, without importing it: torch's own when it is loaded, else
+    OMP_NUM_THREADS, else the CPUs this process may run on (what torch picks on Linux: 2, and 1 under taskset -c 1)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:

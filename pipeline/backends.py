@@ -38,15 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from kd.common.errors import InputError, KdError
-from kd.common.hardware import native_bf16, native_int8, resolve_device
-from kd.common.quiet import quiet
+from kd.common.hardware import default_threads, device_kind, native_bf16, native_int8
 from kd.pipeline import backend_choice, fidelity_cache, signal_stack
-from kd.pipeline.calibration import CALIBRATION_ROWS, FIDELITY_ROWS, calibration_sentences, fidelity_sentences
+from kd.pipeline.calibration import FIDELITY_ROWS, fidelity_sentences
 from kd.pipeline.resolve import TeacherRef, cache_dir, resolve_teacher
-from kd.pipeline.teacher import Precision, Teacher, load_teacher, load_without_model, weights_sha256
+from kd.pipeline.teacher import Precision, Teacher, load_teacher, weights_sha256
 from kd.storage import fs
 
 
@@ -63,13 +61,7 @@ class Quantize(str, Enum):
 
 
 FORMAT = 3  # bump when the exported graphs change: cache folders of another format are rebuilt
-OPSET = 18  # dynamo exporter
-LEGACY_OPSET = 17  # torchscript exporter
 SPEC = "kd_backend.json"
-# NNCF's SmoothQuant strength for OpenVINO static int8 (its default is 0.95). MiniLM, 3,000 Leipzig sentences,
-# min cosine to torch fp32: 0.95 -> 0.9786, 0.85 -> 0.9878, 0.8 -> 0.9875, 0.75 -> 0.9904, 0.7 -> 0.9911,
-# 0.5 -> 0.9679, off -> 0.9727 (docs/design.md)
-OPENVINO_SMOOTH_ALPHA = 0.7
 # min cosine to torch fp32 a backend must reach on the fidelity sample (per output column, over its rows):
 # fp32 graphs, bf16 compute, int8 weights. int8 is 0.98: ONNX Runtime's dynamic quantization of MiniLM reaches
 # min 0.9947 / mean 0.9967 smoothed (0.989 / 0.996 without; docs/design.md); a broken export falls far below.
@@ -79,7 +71,6 @@ THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
 # min: a lossy copy may have one outlier row (a 1-logit head's cosine is the sign of a logit near 0), another
 # model is off on every row.
 SAME_MODEL_FLOOR = 0.5
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 CLEAR_CACHE = "delete {folder} (the next run exports the teacher again), or point KD_CACHE at another folder"
 _EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
 
@@ -170,7 +161,8 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
         teacher.backend = runner
         runner.fidelity = _measure(teacher, folder)
         teacher.tokenizer = clean
-        fidelity_cache.write(folder, _cache_key(folder, sha, b, q, compute, max_length), teacher, runner.fidelity)
+        fidelity_cache.write(folder, _cache_key(folder, ref, sha, b, q, compute, max_length), teacher, clean,
+                             runner.fidelity)
     check_fidelity(teacher, allow_low_fidelity)
     return teacher
 
@@ -178,7 +170,7 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
 def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_length: int | None,
                threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
     """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
-    kind = "cuda" if engine == "local" and resolve_device(device).type == "cuda" else "cpu"
+    kind = "cuda" if engine == "local" and device_kind(device) == "cuda" else "cpu"
     choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), engine=engine, stored=stored)
     options = dict(device=device, precision=p, max_length=max_length, threads=threads)
     try:
@@ -192,9 +184,10 @@ def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_len
     return teacher
 
 
-def _cache_key(folder: Path, sha: str, b: Backend, q: Quantize, compute: str, max_length: int | None) -> dict:
+def _cache_key(folder: Path, ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str,
+               max_length: int | None) -> dict:
     spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-    return fidelity_cache.key(sha, spec["files"][spec["file"]], b.value, q.value, compute, max_length)
+    return fidelity_cache.key(ref.path, sha, spec["files"][spec["file"]], b.value, q.value, compute, max_length)
 
 
 def _from_cache(ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str, max_length: int | None,
@@ -204,10 +197,10 @@ def _from_cache(ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str
     folder = cache_folder(sha, b, q)
     if not _sound(folder, _want(sha, b, q)):
         return None
-    rec = fidelity_cache.read(folder, _cache_key(folder, sha, b, q, compute, max_length))
+    rec = fidelity_cache.read(folder, _cache_key(folder, ref, sha, b, q, compute, max_length))
     if rec is None:
         return None
-    teacher = load_without_model(ref, rec["architecture"], max_length, rec.get("embedding"))
+    teacher = fidelity_cache.teacher_from_record(ref, folder, rec)
     teacher._sha = sha
     teacher.backend = _open(folder, b, q, compute, threads, device)
     teacher.backend.fidelity = rec["fidelity"]
@@ -218,7 +211,7 @@ def _open(folder: Path, b: Backend, q: Quantize, compute: str, threads: int | No
     """The runner of a cached graph; a cache damaged past its checksums (or a runtime that cannot read it) is an
     error naming the folder."""
     return _guarded(folder, lambda: (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
-        folder, q, compute, threads or torch.get_num_threads(), device))
+        folder, q, compute, threads or default_threads(), device))
 
 
 def _measure(teacher: Teacher, folder: Path) -> dict:
@@ -272,13 +265,13 @@ class Runner:
     def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[np.ndarray]:
         raise NotImplementedError
 
-    def run(self, enc: dict[str, torch.Tensor], all_states: bool, logits: bool
-            ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Hidden states (all, or only the last) and logits (or None), as CPU tensors."""
-        feeds = {k: np.ascontiguousarray(enc[k].cpu().numpy(), dtype=np.int64) for k in self.spec["inputs"]}
+    def run(self, enc: dict[str, Any], all_states: bool, logits: bool) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Hidden states (all, or only the last) and logits (or None), as numpy arrays; `enc` holds numpy arrays
+        (or CPU tensors)."""
+        feeds = {k: np.ascontiguousarray(enc[k], dtype=np.int64) for k in self.spec["inputs"]}
         n = self.spec["num_layers"]
         names = [f"hidden_{i}" for i in (range(n + 1) if all_states else [n])] + (["logits"] if logits else [])
-        out = [torch.from_numpy(np.asarray(x)) for x in self._run(feeds, names)]
+        out = [np.asarray(x) for x in self._run(feeds, names)]
         return (out[:-1], out[-1]) if logits else (out, None)
 
     def meta(self) -> dict:
@@ -381,6 +374,16 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
     return final
 
 
+def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
+    """Write the graph for (b, q) into `tmp` (pipeline/export.py: imported here, so a warm run never loads torch's
+    exporters); returns its spec entries."""
+    from kd.pipeline import export
+
+    _ort() if b is Backend.onnx else _require(Backend.openvino)
+    int8 = None if q is Quantize.none else ("dynamic" if b is Backend.onnx else int8_method(b, q))
+    return export.write_graph(teacher, b.value, int8, tmp)
+
+
 def _clear(path: Path) -> None:
     """Remove what occupies a cache folder's name: a folder (its symlinks removed, never followed) or a file."""
     if path.is_symlink() or path.is_file():
@@ -410,204 +413,6 @@ def _remove_stale_temps(parent: Path, age_s: float = 3600) -> None:
         with contextlib.suppress(OSError):
             if time.time() - p.stat().st_mtime > age_s:
                 shutil.rmtree(p, ignore_errors=True)
-
-
-class _Encoder(torch.nn.Module):
-    """The HF model as a graph: inputs by name -> every hidden state [+ logits]."""
-
-    def __init__(self, model: torch.nn.Module, head: bool) -> None:
-        super().__init__()
-        self.model, self.head = model, head
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        kw = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kw, output_hidden_states=True,
-                         return_dict=True)
-        return (*out.hidden_states, out.logits) if self.head else tuple(out.hidden_states)
-
-
-def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
-    """Write the graph for (b, q) into `tmp`; returns the spec entries (file, inputs, outputs, versions)."""
-    from importlib.metadata import version
-
-    _ort() if b is Backend.onnx else _require(Backend.openvino)
-    inputs = [n for n in INPUTS if n in teacher.tokenizer.model_input_names]
-    outputs = [f"hidden_{i}" for i in range(teacher.num_layers + 1)] + (["logits"] if teacher.has_head else [])
-    texts = ["the cat sat on the mat", "a dog"]
-    enc = (teacher.tokenizer(texts, texts[::-1], padding=True, return_tensors="pt") if teacher.has_head
-           else teacher.tokenizer(texts, padding=True, return_tensors="pt"))  # two rows, padding: shapes only
-    args = tuple(enc[n].to(torch.int64) for n in inputs)
-    fp32 = tmp / "model.fp32.onnx"
-    graph = _Encoder(teacher.model, teacher.has_head).eval()
-    big = teacher.model.num_parameters() * 4 > 1.5e9  # the 2 GB protobuf limit: weights in an external file
-    exporter = _to_onnx(graph, args, fp32, inputs, outputs, big)
-    versions = {"torch": torch.__version__, "exporter": exporter}
-    spec: dict = {}
-    if b is Backend.onnx:
-        versions["onnxruntime"] = version("onnxruntime")
-        file = "model.onnx"
-        if q is Quantize.int8:
-            spec["smoothing"] = _smooth_onnx(teacher, fp32, inputs)
-            _quantize_onnx(fp32, tmp / file)
-            _remove_onnx(fp32, keep=tmp / file)
-        else:
-            fp32.rename(tmp / file)
-    else:
-        file = "model.xml"
-        with signal_stack.kept():  # NNCF compiles models too (pipeline/signal_stack.py)
-            ov_versions, recipe = _openvino_ir(fp32, tmp / file, int8_method(b, q),
-                                               lambda: _calibration_feeds(teacher, inputs, by_length=True))
-        versions |= ov_versions
-        if recipe:
-            spec["int8_recipe"] = recipe
-        _remove_onnx(fp32)
-    return {**spec, "file": file, "inputs": inputs, "outputs": outputs, "num_layers": teacher.num_layers,
-            "opset": LEGACY_OPSET if exporter == "torchscript" else OPSET, "versions": versions}
-
-
-def _to_onnx(graph: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
-             big: bool) -> str:
-    """Export `graph` with dynamic batch and sequence axes; returns the exporter used.
-
-    - torchscript (torch's legacy tracer) first: on MiniLM, 3,000 sentences, 2 threads, ONNX Runtime runs its
-      graph 1.10x faster in fp32 and 1.14x in int8 than the dynamo graph's (whose GELU and attention
-      transposes ONNX Runtime does not fuse), with the same outputs (docs/design.md). Tracing records one
-      path through Python branches; the encoders' branches depend on shapes only through padding that is
-      always zero here, and the fidelity check after loading compares every column with torch anyway.
-    - dynamo (torch.export) for models past the protobuf limit, and wherever the legacy exporter is gone
-      (it is deprecated since torch 2.9).
-    """
-    if not big:
-        axes = {n: {0: "batch", 1: "sequence"} for n in [*inputs, *outputs]}
-        try:
-            with torch.no_grad(), quiet():
-                torch.onnx.export(graph, args, str(path), input_names=inputs, output_names=outputs,
-                                  opset_version=LEGACY_OPSET, dynamo=False, dynamic_axes=axes)
-            return "torchscript"
-        except (TypeError, ValueError, NotImplementedError, ImportError, AttributeError):
-            path.unlink(missing_ok=True)  # a torch without the legacy exporter: dynamo below
-    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}
-    with torch.no_grad(), quiet():
-        torch.onnx.export(graph, args, str(path), input_names=inputs, output_names=outputs, opset_version=OPSET,
-                          dynamo=True, dynamic_shapes={n: dims for n in inputs}, optimize=True, verbose=False,
-                          external_data=big)
-    return "dynamo"
-
-
-def _remove_onnx(path: Path, keep: Path | None = None) -> None:
-    """The fp32 graph and its external-data file, if any (big models)."""
-    for p in path.parent.iterdir():
-        if p != keep and p.name.startswith(path.name):
-            p.unlink()
-
-
-def _has_external_data(path: Path) -> bool:
-    """Whether the graph's weights sit in a file beside it (models past the 2 GB protobuf limit)."""
-    return any(p.name.startswith(path.name) and p != path for p in path.parent.iterdir())
-
-
-def _smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
-    """SmoothQuant the fp32 graph in place before int8 (pipeline/smooth_quant.py), calibrated on bundled
-    sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
-    import onnx
-
-    from kd.pipeline import smooth_quant
-
-    feeds = _calibration_feeds(teacher, inputs)
-    model = onnx.load(str(path))
-    found = smooth_quant.targets(model.graph)
-    absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
-    smooth_quant.smooth(model, found, absmax)
-    onnx.save(model, str(path), save_as_external_data=_has_external_data(path), location=f"{path.name}.data")
-    return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": CALIBRATION_ROWS,
-            "layer_norms": len(found)}
-
-
-def _calibration_feeds(teacher: Teacher, inputs: list[str], by_length: bool = False
-                       ) -> list[dict[str, np.ndarray]]:
-    """CALIBRATION_ROWS bundled sentences (pairs for cross-encoders) after the fidelity sample's, so the
-    fidelity measured after loading is not flattered; batches of 32, in corpus order (padding included, for
-    SmoothQuant's run-time-scaled activations) or sorted by length as precompute batches them (for static
-    activation ranges, which padded positions' outliers would widen: min cosine 0.9857 vs 0.99 on MiniLM)."""
-    s = calibration_sentences()
-    texts = list(zip(s[::2], s[1::2])) if teacher.has_head else s[:CALIBRATION_ROWS]
-    if by_length:
-        texts = sorted(texts, key=lambda t: len(t[0]) + len(t[1]) if teacher.has_head else len(t))
-    feeds = []
-    for i in range(0, len(texts), 32):
-        batch = texts[i:i + 32]
-        args = tuple(zip(*batch)) if teacher.has_head else (batch,)
-        enc = teacher.tokenizer(*args, padding=True, truncation=True, max_length=teacher.max_length,
-                                return_tensors="np")
-        feeds.append({n: enc[n].astype(np.int64) for n in inputs})
-    return feeds
-
-
-def _quantize_onnx(src: Path, dst: Path) -> None:
-    """ONNX Runtime dynamic quantization: int8 weights per output channel, activations quantized per batch at
-    run time; embeddings, LayerNorm, softmax and attention scores stay fp32. The feed-forward down-projections
-    (the MatMuls that narrow, in > out features) stay fp32 too: their post-GELU inputs hold the outliers that
-    per-tensor activation scales lose. Measured on MiniLM, 500 sentences: mean cosine 0.9960 vs 0.9928 with
-    them quantized, at 1.34x instead of 1.55x the fp32 graph's speed (docs/design.md)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    graph = onnx.load(str(src), load_external_data=False).graph
-    shapes = {i.name: list(i.dims) for i in graph.initializer}
-    narrowing = [n.name for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2
-                 and shapes[n.input[1]][0] > shapes[n.input[1]][1]]
-    external = _has_external_data(src)
-    with quiet("torch.onnx", ""):  # "Please consider to run pre-processing": the dynamo export is optimised
-        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=narrowing,
-                         use_external_data_format=external)
-
-
-def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Callable[[], list[dict[str, np.ndarray]]]
-                 ) -> tuple[dict, dict | None]:
-    """The ONNX graph as OpenVINO IR, fp32 weights kept (save_model would store fp16); returns the versions used
-    and the int8 recipe (None without int8). int8 by `method`:
-    - static: NNCF post-training quantization for transformers (int8 weights per channel, int8 activations
-      with ranges from `calibration()` feeds, SmoothQuant alpha OPENVINO_SMOOTH_ALPHA; softmax, LayerNorm and
-      GELU stay fp32): int8 x int8 matmuls, which VNNI/AMX run ~4x fp32's rate;
-    - weights: NNCF's data-free int8 weight compression (asymmetric, per output channel) of every MatMul."""
-    import openvino as ov
-
-    model = ov.convert_model(str(src))
-    versions = {"openvino": ov.__version__.split("-")[0]}
-    if method is None:
-        ov.save_model(model, str(dst), compress_to_fp16=False)
-        return versions, None
-    try:
-        import nncf
-    except ImportError:
-        raise KdError("--backend openvino --quantize int8 needs nncf, which is not installed",
-                      "--quantize int8", "pip install 'kd[openvino]'") from None
-    with quiet("torch.onnx", "nncf"):  # its statistics table and progress bar
-        if method == "static":
-            feeds = calibration()
-            smooth = nncf.AdvancedSmoothQuantParameters(matmul=OPENVINO_SMOOTH_ALPHA)
-            fp32_matmuls = _activation_matmuls(model)
-            model = nncf.quantize(model, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(feeds), ignored_scope=nncf.IgnoredScope(names=fp32_matmuls),
-                                  advanced_parameters=nncf.AdvancedQuantizationParameters(smooth_quant_alphas=smooth))
-            recipe = {"method": "static", "smooth_quant_alpha": OPENVINO_SMOOTH_ALPHA,
-                      "calibration_rows": CALIBRATION_ROWS, "fp32_matmuls": len(fp32_matmuls)}
-        else:
-            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-            recipe = {"method": "weights"}
-    versions["nncf"] = nncf.__version__
-    ov.save_model(model, str(dst), compress_to_fp16=False)
-    return versions, recipe
-
-
-def _activation_matmuls(model: Any) -> list[str]:
-    """MatMuls of two activations (attention scores Q.K^T and probabilities.V), kept fp32 by static int8: a
-    few % of MiniLM's FLOPs on short sentences, but quantizing softmax outputs to 8 bits cost the most
-    fidelity (min cosine to fp32 over 3,000 sentences 0.9866 -> 0.9921 kept fp32, at the same speed)."""
-    return [op.get_friendly_name() for op in model.get_ops() if op.get_type_name() == "MatMul"
-            and all(op.input_value(i).get_node().get_type_name() != "Constant" for i in range(2))]
 
 
 # --- fidelity ----------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 """Run a teacher over a list of texts: tokenize, length-sorted token-budget batches, restore order.
 
-- Texts are tokenized twice: once untruncated to count tokens (the `n_tokens` / `truncated`
-  columns), once truncated to max_length for the forward pass. Fast tokenizers make this cheap next
-  to the model.
+- Texts are tokenized once untruncated (the `n_tokens` / `truncated` columns); only those longer than
+  max_length again, truncated, for the forward pass (`pipeline/fast_tokenizer.py`: the Rust tokenizer itself).
 - Batches come from `plan.plan_batches`; results are scattered back to input order, so the output
   is independent of batching (up to float rounding).
 - Pairs go through the tokenizer jointly (cross-encoders); bi-encoders on pair inputs encode each
@@ -15,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from kd.pipeline.plan import default_batch_tokens, plan_batches
 
@@ -24,12 +22,19 @@ if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teach
 
 
 def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, list], np.ndarray]:
-    tok = teacher.tokenizer
-    args = ([t[0] for t in texts], [t[1] for t in texts]) if pairs else (texts,)
-    full = tok(*args, truncation=False, return_attention_mask=False, return_token_type_ids=False, verbose=False)
-    n_tokens = np.fromiter((len(x) for x in full["input_ids"]), dtype=np.int32, count=len(texts))
-    enc = tok(*args, truncation=True, max_length=teacher.max_length)
-    return dict(enc), n_tokens
+    """Token ids truncated to max_length, and the untruncated counts. One pass untruncated; only the texts longer
+    than max_length are tokenized again with truncation (on the rest truncation changes nothing)."""
+    tok = teacher.fast
+    a, b = ([t[0] for t in texts], [t[1] for t in texts]) if pairs else (texts, None)
+    enc = tok.encode(a, b)
+    n_tokens = np.fromiter((len(x) for x in enc["input_ids"]), dtype=np.int32, count=len(texts))
+    long = np.nonzero(n_tokens > teacher.max_length)[0].tolist()
+    if long:
+        cut = tok.encode([a[i] for i in long], None if b is None else [b[i] for i in long], teacher.max_length)
+        for key, rows in cut.items():
+            for i, row in zip(long, rows):
+                enc[key][i] = row
+    return enc, n_tokens
 
 
 def _run(teacher: Teacher, texts: list, pairs: bool, outputs: list[Output], batch_tokens: int,
@@ -37,13 +42,9 @@ def _run(teacher: Teacher, texts: list, pairs: bool, outputs: list[Output], batc
     enc, n_tokens = _tokenize(teacher, texts, pairs)
     lengths = np.fromiter((len(x) for x in enc["input_ids"]), dtype=np.int64, count=len(texts))
     result: dict[str, np.ndarray] = {}
-    pin = teacher.device.type == "cuda"
     for idx in plan_batches(lengths, batch_tokens):
-        feats = [{k: enc[k][i] for k in enc} for i in idx]
-        batch = teacher.tokenizer.pad(feats, return_tensors="pt")
-        if pin:
-            batch = {k: v.pin_memory() for k, v in batch.items()}
-        out = teacher.forward(dict(batch), outputs)
+        batch = teacher.fast.pad(enc, idx)
+        out = teacher.forward(batch, outputs)
         for k, v in out.items():
             if k not in result:
                 result[k] = np.empty((len(texts), *v.shape[1:]), dtype=np.float32)
@@ -76,13 +77,22 @@ def _compute_device(teacher: Teacher) -> str:
     return "cuda" if (teacher.backend.device or "cpu").startswith("cuda") else "cpu"
 
 
-@torch.inference_mode()
-def input_embeddings(teacher: Teacher) -> torch.Tensor:
-    """The word-embedding matrix [vocab, dim]: students can start from its PCA. A teacher loaded without its
-    model reads it from the checkpoint's .safetensors tensor recorded as equal to it (pipeline/fidelity_cache)."""
+def input_embeddings(teacher: Teacher) -> np.ndarray:
+    """The word-embedding matrix [vocab, dim] float32: students can start from its PCA. A teacher loaded without its
+    model reads it from the checkpoint's .safetensors tensor recorded as equal to it (pipeline/fidelity_cache), as
+    numpy (torch only for a bf16/fp16 tensor, which numpy cannot hold)."""
     if teacher.model is None and teacher.embedding:
         from safetensors import safe_open
 
-        with safe_open(f"{teacher.ref.path}/{teacher.embedding['file']}", "pt") as f:
-            return f.get_tensor(teacher.embedding["key"]).float().contiguous()
-    return teacher.reference_model().get_input_embeddings().weight.detach().float().cpu().contiguous()
+        path, key = f"{teacher.ref.path}/{teacher.embedding['file']}", teacher.embedding["key"]
+        with safe_open(path, "np") as f:
+            dtype = f.get_slice(key).get_dtype()
+            if dtype in ("F32", "F64"):
+                return np.ascontiguousarray(f.get_tensor(key), dtype=np.float32)
+        with safe_open(path, "pt") as f:
+            return f.get_tensor(key).float().contiguous().numpy()
+    import torch
+
+    with torch.inference_mode():
+        weight = teacher.reference_model().get_input_embeddings().weight
+        return weight.detach().float().cpu().contiguous().numpy()

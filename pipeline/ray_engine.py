@@ -176,7 +176,8 @@ class UnitWorker:
         import ray
 
         t, meta = self._teacher(name)
-        return {"teacher": name, "meta": meta, "where": f"{socket.gethostname()}:{os.getpid()} {t.device}",
+        device = t.device if t.backend is None else t.backend.device or "cpu"
+        return {"teacher": name, "meta": meta, "where": f"{socket.gethostname()}:{os.getpid()} {device}",
                 "node": ray.get_runtime_context().get_node_id()}
 
     def encode(self, name: str, k: int, texts: ShardRecord) -> dict:
@@ -397,8 +398,13 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
         env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
         pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
         _Driver(ray, pool, wp, limit, ctx, todo, summary).run()
-    except Stopped as e:
-        raise StoreError(f"stopped by {signal.Signals(e.signum).name}: the Ray workers were ended (and the Ray "
+    except (Stopped, SystemError) as e:
+        # A signal that lands inside Ray's Cython `CoreWorker.wait` surfaces as "SystemError: ... returned a
+        # result with an exception set", caused by our Stopped (seen under a loaded machine)
+        stop = e if isinstance(e, Stopped) else e.__cause__
+        if not isinstance(stop, Stopped):
+            raise
+        raise StoreError(f"stopped by {signal.Signals(stop.signum).name}: the Ray workers were ended (and the Ray "
                          "runtime kd started); the shards committed so far are kept", "--engine ray",
                          "rerun the same command: it resumes") from None
     finally:

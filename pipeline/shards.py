@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -190,14 +191,17 @@ def save_teacher_files(writer: StoreWriter, t: Teacher) -> list[str]:
 
     Written when absent: on the first run, and on the run after `kd validate --repair` set a damaged
     one aside (a tokenizer as a whole folder). Returns the files written."""
-    from safetensors.torch import save
+    from safetensors.numpy import save
 
     files: dict[str, bytes] = {}
     if not fs.exists(writer.loc, "tokenizers", t.name, "tokenizer_config.json"):
-        with tempfile.TemporaryDirectory() as tmp:
-            t.tokenizer.save_pretrained(tmp)
-            for f in sorted(os.listdir(tmp)):
-                with open(os.path.join(tmp, f), "rb") as fh:
+        with contextlib.ExitStack() as stack:
+            folder = t.tokenizer_folder  # the cache record's copy: the bytes save_pretrained wrote when measured
+            if folder is None:
+                folder = stack.enter_context(tempfile.TemporaryDirectory())
+                t.tokenizer.save_pretrained(folder)
+            for f in sorted(os.listdir(folder)):
+                with open(os.path.join(folder, f), "rb") as fh:
                     files[f"tokenizers/{t.name}/{f}"] = fh.read()
     if not fs.exists(writer.loc, "teachers", t.name, "input_embeddings.safetensors"):
         files[f"teachers/{t.name}/input_embeddings.safetensors"] = save({"weight": input_embeddings(t)})
@@ -225,7 +229,7 @@ def write_vocab(writer: StoreWriter, t: Teacher, progress: bool) -> bool:
     rel = f"teachers/{t.name}/{VOCAB_FILE}"
     if rel in writer.manifest.extras.get("files", {}) and fs.exists(writer.loc, *rel.split("/")):
         return False
-    with Bar(f"vocab {t.name}", len(t.tokenizer), "tokens", progress) as bar:
+    with Bar(f"vocab {t.name}", len(t.hf_tokenizer()), "tokens", progress) as bar:
         data = vocab_bytes(t, on_batch=bar.advance)
     record_files(writer, {rel: data})
     return True

@@ -7,7 +7,8 @@ Outputs, each per text (or per pair for cross-encoders):
 - `sentence` the sentence-transformers pooling of a sentence-transformers directory, with its
              normalisation (what `SentenceTransformer.encode` returns);
 - `logits`   the sequence-classification / cross-encoder head; label names go to the manifest.
-Pooling runs in fp32 whatever the forward precision, so autocast only touches the matmuls.
+Pooling runs in fp32 whatever the forward precision, so autocast only touches the matmuls: in torch after a torch
+forward pass (on its device), in numpy after an exported backend's (`pool_numpy`, the same formulas).
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from kd.common.errors import KdError
 from kd.common.hardware import native_bf16, resolve_device
+from kd.pipeline.fast_tokenizer import FastTokenizer
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
+
+if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
+    import torch
 
 
 class Output(str, Enum):
@@ -88,6 +92,8 @@ def weights_sha256(path: str) -> str:
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
     """Compute dtype, or None for plain fp32. `auto`: fp16 on CUDA; on CPU bf16 where the CPU has native
     bf16 (`native_bf16`), fp32 elsewhere."""
+    import torch
+
     if p is Precision.auto:
         if device.type == "cuda":
             return torch.float16
@@ -99,6 +105,8 @@ def cast_weights(device: torch.device, dtype: torch.dtype | None) -> bool:
     """bf16 on CPU: store the weights in bf16 instead of autocasting. CPU autocast re-casts every fp32
     weight at every call (measured 12 % slower); CUDA keeps fp16 autocast, whose fp32 LayerNorm and
     softmax guard against fp16 overflow."""
+    import torch
+
     return device.type == "cpu" and dtype is torch.bfloat16
 
 
@@ -106,7 +114,7 @@ def cast_weights(device: torch.device, dtype: torch.dtype | None) -> bool:
 class Teacher:
     ref: TeacherRef
     model: torch.nn.Module | None  # None: not loaded (an exported backend with a cached fidelity runs it)
-    tokenizer: object
+    tokenizer: object  # the transformers tokenizer; None until `hf_tokenizer()` when loaded from the cache record
     has_head: bool
     st: STPooling | None
     max_length: int
@@ -121,6 +129,9 @@ class Teacher:
     architecture: str = ""  # the model class the checkpoint loads as (recorded in the manifest)
     embedding: dict | None = None  # {file, key}: the input embeddings in a .safetensors file (model not loaded)
     choice: dict | None = None  # --backend auto: what it chose and why (pipeline/backend_choice.py)
+    model_type: str = ""  # config.model_type (recorded in the manifest)
+    fast: FastTokenizer | None = None  # what precompute tokenizes with (pipeline/fast_tokenizer.py)
+    tokenizer_folder: str | None = None  # the tokenizer's saved files, when loaded from the cache record
     _sha: str | None = field(default=None, repr=False)
 
     @property
@@ -133,6 +144,16 @@ class Teacher:
         if self.model is not None and not self.weights_cast:
             return self.model
         return model_class(self.has_head).from_pretrained(self.ref.path).eval()
+
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer (loaded from `tokenizer_folder` on first use when the teacher came from the
+        cache record: vocab and init outputs need it, rows do not)."""
+        if self.tokenizer is None:
+            from kd.storage.tokenizer_files import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.tokenizer_folder, "delete the export cache folder holding it (the "
+                                            "next run measures the backend again), or point KD_CACHE elsewhere")
+        return self.tokenizer
 
     def available(self) -> list[Output]:
         outs = [Output.cls, Output.mean, Output.layers]
@@ -153,7 +174,7 @@ class Teacher:
             "source": self.ref.source,
             "weights_sha256": self._sha,
             "architecture": self.architecture,
-            "model_type": self.config.model_type,
+            "model_type": self.model_type,
             "num_layers": self.num_layers,
             "dim": self.dim,
             "max_length": self.max_length,
@@ -176,9 +197,17 @@ class Teacher:
             "input_embeddings": f"teachers/{self.name}/input_embeddings.safetensors",
         }
 
-    def forward(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> dict[str, np.ndarray]:
-        """One padded batch -> pooled outputs as float32 numpy arrays."""
-        states, logits, mask = self._hidden(enc, outputs)
+    def forward(self, enc: dict[str, Any], outputs: list[Output]) -> dict[str, np.ndarray]:
+        """One padded batch (numpy arrays or tensors) -> pooled outputs as float32 numpy arrays."""
+        if self.backend is not None:  # ONNX Runtime / OpenVINO run the encoder; pooling stays here, in fp32
+            states, logits = self.backend.run(enc, Output.layers in outputs, Output.logits in outputs)
+            return pool_numpy(states, logits, np.asarray(enc["attention_mask"]), outputs, self.st)
+        return self._forward_torch(enc, outputs)
+
+    def _forward_torch(self, enc: dict[str, Any], outputs: list[Output]) -> dict[str, np.ndarray]:
+        import torch
+
+        states, logits, mask = self._hidden({k: torch.as_tensor(v) for k, v in enc.items()}, outputs)
         last = states[-1].float()
         res: dict[str, torch.Tensor] = {}
         if Output.cls in outputs:
@@ -195,10 +224,10 @@ class Teacher:
 
     def _hidden(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> tuple:
         """(hidden states: all of them when `layers` is asked, else at least the last; logits or None; mask)."""
-        if self.backend is not None:  # ONNX Runtime / OpenVINO run the encoder; pooling stays here, in fp32
-            states, logits = self.backend.run(enc, Output.layers in outputs, Output.logits in outputs)
-            return states, logits, enc["attention_mask"].unsqueeze(-1).float()
-        enc = {k: v.to(self.device, non_blocking=True) for k, v in enc.items()}
+        import torch
+
+        pin = self.device.type == "cuda"
+        enc = {k: (v.pin_memory() if pin else v).to(self.device, non_blocking=True) for k, v in enc.items()}
         need_states = Output.layers in outputs or self.has_head
         use_autocast = self.autocast is not None and not self.weights_cast
         ctx = torch.autocast(self.device.type, dtype=self.autocast) if use_autocast else nullcontext()
@@ -208,6 +237,8 @@ class Teacher:
         return states, getattr(out, "logits", None), enc["attention_mask"].unsqueeze(-1).float()
 
     def _st_pool(self, last: torch.Tensor, mask: torch.Tensor, res: dict) -> torch.Tensor:
+        import torch
+
         if self.st.mode == "cls":
             v = last[:, 0]
         elif self.st.mode == "max":
@@ -223,6 +254,34 @@ class Teacher:
         from kd.pipeline.batches import encode_all
 
         return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
+
+
+def pool_numpy(states: list[np.ndarray], logits: np.ndarray | None, attention_mask: np.ndarray,
+               outputs: list[Output], st: STPooling | None) -> dict[str, np.ndarray]:
+    """`Teacher._forward_torch`'s pooling on an exported backend's numpy outputs, in fp32: cls, masked means (one
+    batched matmul per state instead of a [batch, tokens, dim] product), the sentence-transformers pooling."""
+    mask = attention_mask.astype(np.float32)
+    weights = (mask / np.maximum(mask.sum(1, keepdims=True), 1e-9))[:, None, :]  # [batch, 1, tokens]
+
+    def mean(h: np.ndarray) -> np.ndarray:
+        return np.matmul(weights, h.astype(np.float32, copy=False))[:, 0]
+
+    last = states[-1].astype(np.float32, copy=False)
+    want = {o.value for o in outputs}
+    res: dict[str, np.ndarray] = {}
+    if "cls" in want:
+        res["cls"] = last[:, 0]
+    if "mean" in want or ("sentence" in want and st.mode == "mean"):
+        res["mean"] = mean(last)
+    if "layers" in want:
+        res["layers"] = np.stack([mean(h) for h in states], 1)
+    if "sentence" in want:
+        v = res["mean"] if st.mode == "mean" else last[:, 0] if st.mode == "cls" else \
+            np.where(mask[:, :, None] > 0, last, np.float32(-1e9)).max(1)
+        res["sentence"] = v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12) if st.normalize else v
+    if "logits" in want:
+        res["logits"] = logits.astype(np.float32, copy=False)
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in res.items() if k in want}
 
 
 def model_class(has_head: bool) -> type:
@@ -249,14 +308,6 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
         model.to(dtype)
     architecture = (cfg.architectures or [type(model).__name__])[0]
     return _teacher(ref, cfg, model, architecture, dev, dtype, max_length, weights_cast=cast)
-
-
-def load_without_model(ref: TeacherRef, architecture: str, max_length: int | None,
-                       embedding: dict | None = None) -> Teacher:
-    """The teacher's config, tokenizer and pooling, without its weights: for an exported backend whose graph and
-    fidelity are cached (pipeline/fidelity_cache.py). `reference_model()` loads the weights if asked."""
-    return _teacher(ref, _config(ref), None, architecture, torch.device("cpu"), None, max_length,
-                    embedding=embedding)
 
 
 def _config(ref: TeacherRef) -> Any:
@@ -287,4 +338,5 @@ def _teacher(ref: TeacherRef, cfg: Any, model: torch.nn.Module | None, architect
     has_head = _has_head(cfg)
     labels = [cfg.id2label[i] for i in range(cfg.num_labels)] if has_head else None
     return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev, dtype, labels,
-                   cfg.num_hidden_layers, cfg.hidden_size, config=cfg, architecture=architecture, **extra)
+                   cfg.num_hidden_layers, cfg.hidden_size, config=cfg, architecture=architecture,
+                   model_type=cfg.model_type, fast=FastTokenizer.from_transformers(tok, ref.path), **extra)

@@ -25,7 +25,7 @@ VOCAB_FILE = "vocab.safetensors"
 
 def vocab_inputs(teacher: Teacher) -> torch.Tensor:
     """[vocab, 3] input ids: [CLS] t [SEP] for every token id t (specials included, as model2vec)."""
-    tok = teacher.tokenizer
+    tok = teacher.hf_tokenizer()
     first = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
     last = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
     ids = torch.arange(len(tok), dtype=torch.long)[:, None]
@@ -41,7 +41,7 @@ def vocab_vectors(teacher: Teacher, batch: int = 1024, on_batch: Callable[[int],
     for lo in range(0, len(inputs), batch):
         ids = inputs[lo : lo + batch]
         enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if "token_type_ids" in teacher.tokenizer.model_input_names:
+        if "token_type_ids" in teacher.hf_tokenizer().model_input_names:
             enc["token_type_ids"] = torch.zeros_like(ids)
         out[lo : lo + len(ids)] = teacher.forward(enc, [Output.mean])["mean"]
         if on_batch:

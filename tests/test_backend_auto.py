@@ -26,7 +26,9 @@ from kd.common.errors import KdError
 from kd.pipeline import backend_choice, backends
 from kd.pipeline.backend_choice import choose
 from kd.pipeline.batches import input_embeddings
+from kd.pipeline.calibration import fidelity_sentences
 from kd.pipeline.precompute import precompute
+from kd.pipeline.vocab import vocab_bytes
 from kd.storage.info import backend_details, summary_table
 
 TEXTS = ["the cat sat on the mat", "a dog", "the market rose and the price of water fell this week", "x"]
@@ -90,11 +92,26 @@ def test_auto_without_openvino_runs_torch(tiny_teacher, monkeypatch):
 def test_auto_on_cuda_runs_torch(tiny_teacher, monkeypatch):
     """CUDA mocked: auto asks for torch on the device, whatever is installed."""
     asked = []
-    monkeypatch.setattr(backends, "resolve_device", lambda device=None: torch.device("cuda"))
+    monkeypatch.setattr(hardware, "GPU_DEVICE_NODES", ("/",))  # a GPU device node "exists": torch is asked
+    monkeypatch.setattr(hardware, "resolve_device", lambda device=None: torch.device("cuda"))
     monkeypatch.setattr(backends, "load_teacher", lambda spec, device, p, n: asked.append(device) or
                         types.SimpleNamespace(backend=None, choice=None))
     t = backends.load(str(tiny_teacher), "auto")
     assert asked == [None] and t.choice["backend"] == "torch" and "CUDA" in t.choice["reason"]
+
+
+def test_without_a_gpu_device_node_the_device_is_the_cpu_and_torch_is_not_asked(monkeypatch, tmp_path):
+    def refuse(device=None):
+        raise AssertionError("torch was asked")
+
+    monkeypatch.setattr(hardware, "GPU_DEVICE_NODES", (str(tmp_path / "nvidiactl"),))
+    monkeypatch.setattr(hardware, "resolve_device", refuse)
+    assert hardware.device_kind(None) == "cpu" and hardware.device_kind("cpu") == "cpu"
+    with pytest.raises(AssertionError):  # an explicit cuda is always checked by torch
+        hardware.device_kind("cuda")
+    (tmp_path / "nvidiactl").touch()
+    with pytest.raises(AssertionError):  # a node exists: only torch can tell
+        hardware.device_kind(None)
 
 
 def test_auto_with_openvino_runs_it_and_records_the_choice(tiny_teacher, tmp_path):
@@ -165,7 +182,9 @@ def test_a_cached_fidelity_skips_the_torch_teacher(tiny_teacher, monkeypatch):
     assert again.meta([], "float32") == first.meta([], "float32")
     got = again.encode(TEXTS)
     assert all(np.array_equal(got[k], want[k]) for k in want)
-    assert torch.equal(input_embeddings(again), emb)  # read from the checkpoint's safetensors file
+    assert np.array_equal(input_embeddings(again), emb)  # read from the checkpoint's safetensors file
+    # the vocab output needs transformers' tokenizer: loaded from the record's copy of its files
+    assert again.tokenizer is None and vocab_bytes(again) == vocab_bytes(first)
 
 
 def test_a_cached_fidelity_for_other_weights_or_another_cpu_is_not_used(tiny_teacher, tmp_path, monkeypatch):
@@ -187,3 +206,71 @@ def test_a_cached_fidelity_for_other_weights_or_another_cpu_is_not_used(tiny_tea
     monkeypatch.setattr(backends, "load_teacher", load_teacher)
     backends.load(str(tiny_teacher), "openvino", precision="fp32")  # measured again, recorded beside the first
     assert len(list(a.backend.folder.glob("fidelity-*.json"))) == 2
+
+
+WARM_CHILD = """
+import sys
+from kd.pipeline.precompute import precompute
+from kd.pipeline.vocab import vocab_bytes
+precompute([sys.argv[1]], sys.argv[2], ["tiny=" + sys.argv[3]], progress=False)
+print("heavy", sorted(m for m in ("torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_a_warm_run_imports_neither_torch_nor_transformers_and_writes_the_same_store(tiny_teacher, tmp_path):
+    """The first run exports, measures and records; the second (a fresh process, the cache warm) tokenizes with the
+    recorded tokenizer.json, pools in numpy and never imports torch or transformers: every file of its store,
+    manifest included, is byte for byte the first run's."""
+    import os
+    import subprocess
+    import sys
+
+    _needs_openvino()
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(fidelity_sentences()) + "\n", encoding="utf-8")
+    env = {**os.environ, "KD_CACHE": str(tmp_path / "cache"), "PYTHONPATH": os.getcwd()}
+    stores = [tmp_path / "cold", tmp_path / "warm"]
+    for store, heavy in zip(stores, ("['torch', 'transformers']", "[]")):
+        r = subprocess.run([sys.executable, "-c", WARM_CHILD, str(src), str(store), str(tiny_teacher)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and f"heavy {heavy}" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+    def files(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and p.parent.name != "locks"}
+
+    cold, warm = files(stores[0]), files(stores[1])
+    assert sorted(cold) == sorted(warm) and "tokenizers/tiny/tokenizer.json" in cold
+    assert [k for k in cold if cold[k] != warm[k]] == []
+    meta = json.loads(cold["manifest.json"])["tables"]["teachers/tiny"]["meta"]
+    assert meta["backend"] == "openvino" and meta["backend_choice"]["backend"] == "openvino"
+
+
+def test_an_edited_checkpoint_tokenizer_or_a_damaged_recorded_one_is_measured_again(tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import build_tiny_bert
+
+    _needs_openvino()
+    ckpt = build_tiny_bert(tmp_path / "ckpt", seed=3)
+    first = backends.load(str(ckpt), "openvino", precision="fp32")
+    load_teacher = backends.load_teacher
+    _no_torch_teacher(monkeypatch)
+    assert backends.load(str(ckpt), "openvino", precision="fp32").model is None  # warm: the record serves
+    config = json.loads((ckpt / "tokenizer_config.json").read_text())
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 32}))
+    with pytest.raises(AssertionError, match="torch teacher was loaded"):  # weights unchanged, tokenizer not
+        backends.load(str(ckpt), "openvino", precision="fp32")
+    monkeypatch.setattr(backends, "load_teacher", load_teacher)
+    again = backends.load(str(ckpt), "openvino", precision="fp32")
+    assert again.max_length == 32 != first.max_length
+    _no_torch_teacher(monkeypatch)
+    folder = next(p for p in first.backend.folder.iterdir() if p.name.startswith("tokenizer-")
+                  and json.loads((p / "tokenizer_config.json").read_text()).get("model_max_length") == 32)
+    with open(folder / "tokenizer.json", "a") as f:
+        f.write(" ")  # one byte more: its sha256 no longer matches the record's
+    with pytest.raises(AssertionError, match="torch teacher was loaded"):
+        backends.load(str(ckpt), "openvino", precision="fp32")
+    shutil.rmtree(folder)
+    with pytest.raises(AssertionError, match="torch teacher was loaded"):
+        backends.load(str(ckpt), "openvino", precision="fp32")

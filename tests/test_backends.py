@@ -25,7 +25,9 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline import backends
+from kd.pipeline import export as graph_export
 from kd.pipeline.backends import Backend, Quantize
+from kd.pipeline.calibration import CALIBRATION_ROWS
 from kd.pipeline.teacher import load_teacher
 from kd.storage.info import summary_table
 from kd.storage.manifest import Manifest, merge, same_settings
@@ -127,7 +129,7 @@ def test_openvino_int8_recipe_follows_the_cpu_and_is_a_setting(cache, tiny_teach
     monkeypatch.setenv("KD_CPU_INT8", "1")
     static = backends.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
     recipe = static.meta()["int8_recipe"]
-    assert recipe["method"] == "static" and recipe["calibration_rows"] == backends.CALIBRATION_ROWS
+    assert recipe["method"] == "static" and recipe["calibration_rows"] == CALIBRATION_ROWS
     assert recipe["fp32_matmuls"] == 2 * 2  # Q.K^T and probabilities.V in each of the tiny BERT's 2 layers
     assert static.folder.name.endswith("-openvino-int8-static")
     monkeypatch.setenv("KD_CPU_INT8", "0")
@@ -199,7 +201,7 @@ def test_the_tracing_exporter_is_preferred_and_dynamo_takes_over_where_it_is_gon
                                                                                   monkeypatch, legacy_gone):
     _needs(Backend.onnx)
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
-    real, seen = backends.torch.onnx.export, []
+    real, seen = graph_export.torch.onnx.export, []
 
     def export(*a, dynamo=True, **kw):
         seen.append(dynamo)
@@ -207,14 +209,15 @@ def test_the_tracing_exporter_is_preferred_and_dynamo_takes_over_where_it_is_gon
             raise TypeError("export() got an unexpected keyword argument 'dynamic_axes'")  # a future torch
         return real(*a, dynamo=dynamo, **kw)
 
-    monkeypatch.setattr(backends.torch.onnx, "export", export)
+    monkeypatch.setattr(graph_export.torch.onnx, "export", export)
     t = backends.load(str(tiny_teacher), "onnx")
     spec = json.loads((t.backend.folder / backends.SPEC).read_text())
     assert seen == ([False, True] if legacy_gone else [False])
     assert spec["versions"]["exporter"] == ("dynamo" if legacy_gone else "torchscript")
-    assert spec["opset"] == (backends.OPSET if legacy_gone else backends.LEGACY_OPSET)
+    assert spec["opset"] == (graph_export.OPSET if legacy_gone else graph_export.LEGACY_OPSET)
     names = sorted(os.listdir(t.backend.folder))  # no half file left over; the measured fidelity recorded
-    assert names[1:] == ["kd_backend.json", "model.onnx"] and names[0].startswith("fidelity-"), names
+    assert names[1:3] == ["kd_backend.json", "model.onnx"] and names[0].startswith("fidelity-"), names
+    assert len(names) == 4 and names[3].startswith("tokenizer-"), names  # the record's tokenizer files
     ref, got = load_teacher(str(tiny_teacher), "cpu").encode(TEXTS), t.encode(TEXTS)
     assert all(np.abs(got[c] - ref[c]).max() <= 1e-4 for c in ref)
 

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kd.pipeline import smooth_quant
+from kd.pipeline.calibration import CALIBRATION_ROWS
 from kd.storage.manifest import same_settings
 
 ort = pytest.importorskip("onnxruntime")
@@ -80,7 +81,7 @@ def test_minilm_int8_is_smoothed_and_clears_its_fidelity(tmp_path, monkeypatch):
     t = backends.load("minilm", "onnx", "int8")
     spec = json.loads((t.backend.folder / backends.SPEC).read_text())
     assert spec["smoothing"] == {"method": "smoothquant", "alpha": smooth_quant.ALPHA,
-                                 "calibration_rows": backends.CALIBRATION_ROWS, "layer_norms": 12}
+                                 "calibration_rows": CALIBRATION_ROWS, "layer_norms": 12}
     assert t.backend.fidelity["mean"]["min_cosine"] >= 0.993, t.backend.fidelity
     meta = t.backend.meta()
     assert meta["smoothing"] == spec["smoothing"]

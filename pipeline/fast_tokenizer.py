@@ -1,0 +1,116 @@
+"""The teacher's tokenizer as precompute runs it: the Rust `tokenizers.Tokenizer` inside a transformers fast
+tokenizer, called directly, so a warm run never imports transformers (~0.6 s of a small job's start-up).
+
+- `from_transformers(tok)`: a copy of a loaded fast tokenizer's backend plus the settings its `__call__` and
+  `pad` add on top (input names, pad id and type id, padding and truncation side);
+- `from_file(tokenizer.json, settings)`: the same from a saved tokenizer and those settings, as recorded in the
+  export cache by the run that measured the backend (pipeline/fidelity_cache.py);
+- `encode(texts, pairs, max_length)`: what `tok(texts[, pairs], truncation=..., max_length=...)` gives (special
+  tokens added, longest-first truncation, no padding): ids (and type ids) per text;
+- `pad(rows)`: the rows padded to the longest, int64 arrays plus the attention mask, like
+  `tok.pad(rows, return_tensors="np")`.
+tests/test_fast_tokenizer.py checks ids, type ids and padded batches against transformers on real text and pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kd.common.errors import KdError
+
+TOKEN_TYPES = "token_type_ids"
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """What a transformers tokenizer adds to its Rust backend for kd's calls."""
+
+    input_names: tuple[str, ...]  # model_input_names: token_type_ids only where the model takes them
+    pad_id: int
+    pad_type_id: int
+    padding_side: str  # right | left
+    truncation_side: str  # right | left
+
+    def record(self) -> dict:
+        return asdict(self) | {"input_names": list(self.input_names)}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> TokenizerSettings:
+        return cls(tuple(rec["input_names"]), int(rec["pad_id"]), int(rec["pad_type_id"]), rec["padding_side"],
+                   rec["truncation_side"])
+
+
+class FastTokenizer:
+    """A `tokenizers.Tokenizer` with the settings above (see the module docstring)."""
+
+    def __init__(self, backend: Any, settings: TokenizerSettings) -> None:
+        self.backend, self.settings = backend, settings
+        self.backend.no_padding()  # padding is `pad`'s, per batch
+        self._truncation: int | None = -1  # what the backend is set to (-1: unknown)
+
+    @classmethod
+    def from_transformers(cls, tok: Any, where: str) -> FastTokenizer:
+        from tokenizers import Tokenizer
+
+        if not getattr(tok, "is_fast", False):
+            raise KdError(f"the teacher's tokenizer ({type(tok).__name__}) has no fast (Rust) version", where,
+                          "save the checkpoint with a tokenizer.json (transformers converts most tokenizers: "
+                          "AutoTokenizer.from_pretrained(path).save_pretrained(path))")
+        backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())  # a copy: calls on `tok` leave state in it
+        settings = TokenizerSettings(tuple(tok.model_input_names), int(tok.pad_token_id or 0),
+                                     int(tok.pad_token_type_id), tok.padding_side, tok.truncation_side)
+        return cls(backend, settings)
+
+    @classmethod
+    def from_file(cls, path: str, settings: TokenizerSettings) -> FastTokenizer:
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_file(path), settings)
+
+    @property
+    def wants_types(self) -> bool:
+        return TOKEN_TYPES in self.settings.input_names
+
+    def _truncate_at(self, max_length: int | None) -> None:
+        if max_length == self._truncation:
+            return
+        if max_length is None:
+            self.backend.no_truncation()
+        else:
+            self.backend.enable_truncation(max_length, strategy="longest_first",
+                                           direction=self.settings.truncation_side)
+        self._truncation = max_length
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int | None = None
+               ) -> dict[str, list[list[int]]]:
+        """{input_ids[, token_type_ids]} per text (or pair), special tokens added; `max_length` None: untruncated."""
+        self._truncate_at(max_length)
+        batch = list(zip(texts, pairs)) if pairs is not None else list(texts)
+        encs = self.backend.encode_batch(batch, add_special_tokens=True)
+        out = {"input_ids": [e.ids for e in encs]}
+        if self.wants_types:
+            out[TOKEN_TYPES] = [e.type_ids for e in encs]
+        return out
+
+    def pad(self, rows: dict[str, list[list[int]]], idx: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+        """Rows `idx` (all: None) padded to the longest: int64 input_ids[, token_type_ids] and attention_mask."""
+        ids = rows["input_ids"] if idx is None else [rows["input_ids"][i] for i in idx]
+        width = max((len(x) for x in ids), default=0)
+        s = self.settings
+        out = {"input_ids": np.full((len(ids), width), s.pad_id, dtype=np.int64),
+               "attention_mask": np.zeros((len(ids), width), dtype=np.int64)}
+        types = None
+        if self.wants_types:
+            types = rows[TOKEN_TYPES] if idx is None else [rows[TOKEN_TYPES][i] for i in idx]
+            out[TOKEN_TYPES] = np.full((len(ids), width), s.pad_type_id, dtype=np.int64)
+        for r, x in enumerate(ids):
+            cols = slice(0, len(x)) if s.padding_side == "right" else slice(width - len(x), width)
+            out["input_ids"][r, cols] = x
+            out["attention_mask"][r, cols] = 1
+            if types is not None:
+                out[TOKEN_TYPES][r, cols] = types[r]
+        return out
