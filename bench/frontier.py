@@ -6,7 +6,7 @@ One run, the same test sets, the same thread count, each model in a fresh proces
 - model2vec distilled from the same teacher (`--model2vec DIR`), Tokenlearn trained on the same store
   texts and teacher vectors (`--tokenlearn DIR`; both made by bench/static_baselines.py);
 - every kd student given with `--student NAME=DIR`, and with `--onnx` the same student through
-  `kd export --format onnx` (onnxruntime alone);
+  `kd export --format onnx` (onnxruntime alone), with `--openvino` that export on OpenVINO (bf16 where native);
 - the teacher on kd's own runtimes (`--teacher-backend openvino:int8`, `onnx:int8`, `openvino:none`) and
   other teachers in fp32 (`--extra-teacher mpnet`), so every model is timed on its best runtime.
 
@@ -92,6 +92,14 @@ def load(spec: Spec):
         t = load_backend(ref, backend, quantize or "none", device="cpu", threads=torch.get_num_threads())
         out = [o for o in t.available() if o.value == "sentence"] or [o for o in t.available() if o.value == "mean"]
         return (lambda texts: t.encode(texts, out)[out[0].value]), [t.backend.folder]
+    if spec.kind == "kd-openvino":  # the same export run by OpenVINO, bf16 where the CPU has it (as kd's teachers)
+        import torch
+
+        from kd.student.exporters.onnx_graph import OnnxEncoder
+
+        enc = OnnxEncoder(spec.path, threads=torch.get_num_threads())
+        enc.session = OpenVinoSession(Path(spec.path) / "model.onnx", torch.get_num_threads())
+        return (lambda texts: enc.encode(texts, batch_size=max(1, len(texts)))), [Path(spec.path)]
     if spec.kind == "kd-onnx":  # a `kd export --format onnx` folder, onnxruntime alone
         import torch
 
@@ -112,6 +120,25 @@ def load(spec: Spec):
         files = [Path(spec.path) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]
         return (lambda texts: s.encode(texts, batch_size=max(1, len(texts)))), files
     raise SystemExit(f"unknown model kind {spec.kind!r}")
+
+
+class OpenVinoSession:
+    """`onnxruntime.InferenceSession.run(names, feeds)` on OpenVINO: the compile settings kd's teacher backend
+    uses (pipeline/backends.py: bf16 inference where native, one stream, latency hint, the same threads)."""
+
+    def __init__(self, graph: Path, threads: int) -> None:
+        import openvino as ov
+
+        from kd.common.hardware import native_bf16
+
+        config = {"INFERENCE_PRECISION_HINT": "bf16" if native_bf16() else "f32", "INFERENCE_NUM_THREADS": threads,
+                  "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        self.compiled = ov.Core().compile_model(str(graph), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def run(self, names: list[str], feeds: dict) -> list:
+        res = self.request.infer(feeds)
+        return [res[self.compiled.output(n)] for n in names]
 
 
 def _int8_mb(spec: Spec) -> float | None:
@@ -217,6 +244,8 @@ def specs(a: argparse.Namespace) -> list[Spec]:
         out.append(Spec(f"kd {name}", "kd", path))
         if a.onnx:
             out.append(Spec(f"kd {name} onnx", "kd-onnx", str(onnx_export(path, Path(a.out) / f"onnx-{name}"))))
+        if a.openvino:
+            out.append(Spec(f"kd {name} openvino", "kd-openvino", str(onnx_export(path, Path(a.out) / f"onnx-{name}"))))
     return out
 
 
@@ -300,7 +329,7 @@ def plot(rows: dict[str, dict], path: Path, speed: str = "sent_per_s_b256") -> N
     front = pareto(rows, speed)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for n, r in rows.items():
-        kd = r["kind"] in ("kd", "kd-onnx")
+        kd = r["kind"].startswith("kd")
         ax.scatter(r[speed], r["stsb"], s=60, marker="o" if kd else "s",
                    color="tab:blue" if kd else "tab:gray", zorder=3)
         ax.annotate(n, (r[speed], r["stsb"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
@@ -328,6 +357,8 @@ def main() -> None:
     ap.add_argument("--extra-teacher", action="append", default=[], metavar="NAME[=SPEC]",
                     help="another teacher row in fp32, e.g. mpnet (repeatable)")
     ap.add_argument("--onnx", action="store_true", help="also time each kd student through kd export --format onnx")
+    ap.add_argument("--openvino", action="store_true",
+                    help="also run each student's ONNX export on OpenVINO (bf16 where native), as kd runs teachers")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-b1", type=int, default=128)
@@ -372,7 +403,7 @@ def main() -> None:
     teacher = next(r for r in rows.values() if r["kind"] == "teacher")
     int8 = next((r for r in rows.values() if r["kind"] == "teacher-int8"), None)
     for n, r in rows.items():
-        if r["kind"] in ("kd", "kd-onnx", "static"):
+        if r["kind"].startswith("kd") or r["kind"] == "static":
             vs = f", {r['sent_per_s_b256'] / int8['sent_per_s_b256']:.2f}x teacher-int8" if int8 else ""
             print(f"{n}: STS-B {r['stsb'] - teacher['stsb']:+.2f} vs teacher, "
                   f"{r['sent_per_s_b256'] / teacher['sent_per_s_b256']:.2f}x teacher fp32 sentences/s{vs}")

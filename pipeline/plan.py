@@ -5,11 +5,8 @@ batches. No I/O here.
   so ranks of torchrun (or --shard-index) write disjoint shards of one store.
 - What is left (`plan_units`): every owned `texts` shard and every owned (teacher, shard) unit that the
   store's merged manifest does not record as committed; a resume redoes exactly these.
-- Inside a shard, rows are sorted by token length (longest first, so an out-of-memory shows up on
-  the first batch) and grouped greedily while batch_size * longest_length <= batch_tokens:
-  padding waste stays small and every batch costs about the same.
-- The budget, when not given, depends on where the forward pass runs: small on a CPU, large on a GPU
-  (`default_batch_tokens`).
+- Inside a shard, rows are cut into token-budget batches (`common/token_batches.py`, shared with the
+  students' encode).
 """
 
 from __future__ import annotations
@@ -18,22 +15,11 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
+from kd.common.token_batches import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens, plan_batches
 from kd.storage.manifest import Manifest
 
-# Token budgets when --batch-tokens is not given. CPU: every elementwise op of the forward pass (GELU,
-# LayerNorm, residual adds, softmax) streams the whole batch's activations, which stay in L2/L3 at a few
-# thousand tokens and spill to DRAM at 16k (`python -m bench.batch_tokens`, docs/results.md: 4096 runs
-# MiniLM ~1.2x faster than 16384 on 2 cores). GPU: large batches keep the device busy.
-CPU_BATCH_TOKENS = 4096
-GPU_BATCH_TOKENS = 16384
-
-
-def default_batch_tokens(device_type: str) -> int:
-    """The token budget per batch for a forward pass on `device_type` ("cpu", "cuda", ...)."""
-    return CPU_BATCH_TOKENS if device_type == "cpu" else GPU_BATCH_TOKENS
-
+__all__ = ["CPU_BATCH_TOKENS", "GPU_BATCH_TOKENS", "ShardPlan", "UnitPlan", "default_batch_tokens", "plan_batches",
+           "plan_units", "writer_rank"]
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -109,16 +95,3 @@ def plan_units(existing: Manifest | None, plan: ShardPlan, teachers: list[str],
     units = [Unit(t, k) for t in teachers for k in left(f"teachers/{t}")]
     rows = sum(plan.size(u.shard) for u in units)
     return UnitPlan(texts, units, rows, len(shards) * (1 + len(teachers)) - len(texts) - len(units))
-
-
-def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) -> list[np.ndarray]:
-    """Index arrays of batches: longest rows first, padded cost per batch <= batch_tokens."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    batches: list[np.ndarray] = []
-    start = 0
-    while start < len(order):
-        longest = int(lengths[order[start]])
-        size = max(1, min(max_batch, batch_tokens // max(longest, 1)))
-        batches.append(order[start : start + size])
-        start += size
-    return batches

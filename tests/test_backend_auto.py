@@ -211,7 +211,6 @@ def test_a_cached_fidelity_for_other_weights_or_another_cpu_is_not_used(tiny_tea
 WARM_CHILD = """
 import sys
 from kd.pipeline.precompute import precompute
-from kd.pipeline.vocab import vocab_bytes
 precompute([sys.argv[1]], sys.argv[2], ["tiny=" + sys.argv[3]], progress=False)
 print("heavy", sorted(m for m in ("torch", "transformers") if m in sys.modules))
 """

@@ -52,6 +52,26 @@ def test_student_folder_and_load_encode(trained):
     assert json.loads((out / "training_args.json").read_text())["max_steps"] == 30
 
 
+def test_encode_cuts_token_budget_batches_and_keeps_the_vectors(trained, monkeypatch):
+    """Rows go in batches of similar lengths whose padded size stays within the device's token budget (and at
+    most batch_size rows); the vectors equal one-text-at-a-time encoding, in input order."""
+    from kd.student import saved
+
+    _, out = trained
+    loaded = student.load(out)
+    texts = [" ".join(["word"] * n) for n in (3, 40, 5, 38, 2, 41, 4, 39, 1, 37)]  # short and long interleaved
+    shapes = []
+    forward = loaded.model.forward
+    monkeypatch.setattr(loaded.model, "forward", lambda ids, mask, **kw: shapes.append(tuple(ids.shape)) or
+                        forward(ids, mask, **kw))
+    monkeypatch.setattr(saved, "default_batch_tokens", lambda device: 130)
+    got = loaded.encode(texts, batch_size=4)
+    assert all(rows <= 4 and (rows == 1 or rows * width <= 130) for rows, width in shapes), shapes
+    assert len(shapes) > len(texts) / 4  # the budget, not only batch_size, cut the long rows' batches
+    assert shapes[0][1] == max(w for _, w in shapes) > min(w for _, w in shapes)  # longest first, short ones apart
+    np.testing.assert_allclose(got, np.concatenate([loaded.encode([t]) for t in texts]), atol=1e-5)
+
+
 def test_student_beats_an_untrained_one_on_cosine_to_the_teacher(trained, tmp_path):
     store, out = trained
     table = Store.open(store).read_table("texts", ["id", "text"])

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from kd.common.quiet import quiet
+from kd.common.token_batches import CPU_BATCH_TOKENS, plan_batches
 from kd.student.exporters.folder import prepare_output, replace_folder
 from kd.student.models import RecurrentEncoder, Student
 
@@ -68,8 +69,9 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
 class OnnxEncoder:
     """An exported folder loaded once (tokenizer + onnxruntime session, no torch): `encode(texts)`.
 
-    - Tokenize all texts (special tokens, truncation as kd_onnx.json says), sort by length so each
-      batch holds similar lengths (less padding), pad each batch to its longest row, run, restore order.
+    - Tokenize all texts (special tokens, truncation as kd_onnx.json says), cut them into token-budget batches
+      of similar lengths (less padding, activations that stay in cache), pad each to its longest row, run,
+      restore order.
     - `threads`: onnxruntime's intra-op pool (default: its own choice, one per core).
     """
 
@@ -93,10 +95,9 @@ class OnnxEncoder:
         spec = self.spec
         ids = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        order = np.argsort(lengths, kind="stable")
         out = np.zeros((0, int(spec["dim"])), dtype=np.float32)  # sized by the graph's first output below
-        for s in range(0, len(order), batch_size):
-            idx = order[s : s + batch_size]
+        # CPU's token budget: this session runs on the CPU execution provider
+        for s, idx in enumerate(plan_batches(lengths, CPU_BATCH_TOKENS, max_batch=batch_size)):
             block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
             for row, i in enumerate(idx):
                 block[row, : lengths[i]] = ids[i]
