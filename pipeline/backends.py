@@ -161,8 +161,7 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
         teacher.backend = runner
         runner.fidelity = _measure(teacher, folder)
         teacher.tokenizer = clean
-        fidelity_cache.write(folder, _cache_key(folder, ref, sha, b, q, compute, max_length), teacher, clean,
-                             runner.fidelity)
+        fidelity_cache.write(folder, _cache_key(folder, ref, sha, b, q, compute, max_length), teacher, runner.fidelity)
     check_fidelity(teacher, allow_low_fidelity)
     return teacher
 

@@ -2,7 +2,7 @@
 
 - Texts are tokenized once untruncated (the `n_tokens` / `truncated` columns); only those longer than
   max_length again, truncated, for the forward pass (`pipeline/fast_tokenizer.py`: the Rust tokenizer itself).
-- Batches come from `plan.plan_batches`; results are scattered back to input order, so the output
+- Batches come from `common.token_batches.plan_batches`; results are scattered back to input order, so the output
   is independent of batching (up to float rounding).
 - Pairs go through the tokenizer jointly (cross-encoders); bi-encoders on pair inputs encode each
   side separately and get `_a` / `_b` column suffixes.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kd.pipeline.plan import default_batch_tokens, plan_batches
+from kd.common.token_batches import default_batch_tokens, plan_batches
 
 if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teacher.encode), not back
     from kd.pipeline.teacher import Output, Teacher

@@ -91,11 +91,11 @@ def _tokenizer_intact(folder: Path, files: dict) -> bool:
     return bool(files) and names == sorted(files) and all(fs.file_sha256(folder / n) == h for n, h in files.items())
 
 
-def write(folder: Path, want: dict, teacher: Teacher, tokenizer: Any, fidelity: dict) -> None:
-    """Record `fidelity` with what a model-free load needs (best effort); `tokenizer`: the transformers tokenizer
-    as no call has touched it (its files are what a store gets)."""
+def write(folder: Path, want: dict, teacher: Teacher, fidelity: dict) -> None:
+    """Record `fidelity` with what a model-free load needs (best effort); `teacher.tokenizer` must be the
+    transformers tokenizer as no call has touched it (its files are what a store gets)."""
     with contextlib.suppress(OSError):
-        files = _save_tokenizer(tokenizer, _tokenizer_folder(folder, want))
+        files = _save_tokenizer(teacher.tokenizer, _tokenizer_folder(folder, want))
         rec = {"key": want, "fidelity": fidelity, "architecture": teacher.architecture,
                "embedding": embedding_source(teacher), "teacher": describe(teacher),
                "tokenizer": {"files": files, "settings": teacher.fast.settings.record()}}

@@ -15,11 +15,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from kd.common.token_batches import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens, plan_batches
 from kd.storage.manifest import Manifest
 
-__all__ = ["CPU_BATCH_TOKENS", "GPU_BATCH_TOKENS", "ShardPlan", "UnitPlan", "default_batch_tokens", "plan_batches",
-           "plan_units", "writer_rank"]
 
 @dataclass(frozen=True)
 class ShardPlan:

@@ -10,8 +10,9 @@ import pytest
 from conftest import DATA
 
 from kd.common.errors import InputError
+from kd.common.token_batches import plan_batches
 from kd.pipeline.inputs import ColumnSpec, expand_inputs, read_inputs
-from kd.pipeline.plan import ShardPlan, plan_batches
+from kd.pipeline.plan import ShardPlan
 from kd.pipeline.rows import build_texts, text_id
 from kd.pipeline.segment import segment
 
@@ -110,8 +111,8 @@ def test_default_budget_is_cache_sized_on_cpu_and_large_on_gpu(tiny_teacher, sen
     the GPU budget); an exported backend counts as CPU unless it runs ONNX on CUDA."""
     from types import SimpleNamespace
 
+    from kd.common.token_batches import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
     from kd.pipeline.batches import _compute_device, encode_all
-    from kd.pipeline.plan import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
     from kd.pipeline.teacher import Output, load_teacher
 
     assert default_batch_tokens("cpu") == CPU_BATCH_TOKENS < GPU_BATCH_TOKENS == default_batch_tokens("cuda")
