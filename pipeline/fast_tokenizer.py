@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kd.common.errors import KdError
+from kd.common.padding import pad_rows
 
 TOKEN_TYPES = "token_type_ids"
 
@@ -98,19 +99,12 @@ class FastTokenizer:
 
     def pad(self, rows: dict[str, list[list[int]]], idx: Sequence[int] | None = None) -> dict[str, np.ndarray]:
         """Rows `idx` (all: None) padded to the longest: int64 input_ids[, token_type_ids] and attention_mask."""
-        ids = rows["input_ids"] if idx is None else [rows["input_ids"][i] for i in idx]
-        width = max((len(x) for x in ids), default=0)
+        def pick(name: str) -> list[list[int]]:
+            return rows[name] if idx is None else [rows[name][i] for i in idx]
+
         s = self.settings
-        out = {"input_ids": np.full((len(ids), width), s.pad_id, dtype=np.int64),
-               "attention_mask": np.zeros((len(ids), width), dtype=np.int64)}
-        types = None
+        ids, mask = pad_rows(pick("input_ids"), s.pad_id, s.padding_side)
+        out = {"input_ids": ids, "attention_mask": mask}
         if self.wants_types:
-            types = rows[TOKEN_TYPES] if idx is None else [rows[TOKEN_TYPES][i] for i in idx]
-            out[TOKEN_TYPES] = np.full((len(ids), width), s.pad_type_id, dtype=np.int64)
-        for r, x in enumerate(ids):
-            cols = slice(0, len(x)) if s.padding_side == "right" else slice(width - len(x), width)
-            out["input_ids"][r, cols] = x
-            out["attention_mask"][r, cols] = 1
-            if types is not None:
-                out[TOKEN_TYPES][r, cols] = types[r]
+            out[TOKEN_TYPES] = pad_rows(pick(TOKEN_TYPES), s.pad_type_id, s.padding_side)[0]
         return out

@@ -30,6 +30,7 @@ from torch import nn
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
+from kd.common.padding import pad_rows, unpadded_truncating
 from kd.common.token_batches import default_batch_tokens, plan_batches
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
@@ -153,12 +154,8 @@ class LoadedStudent:
         if backend is None:
             return self.tokenizer(texts, truncation=True, max_length=self.config.max_length,
                                   return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
-        if self._backend is None:
-            import copy
-
-            self._backend = copy.deepcopy(backend)  # our truncation settings, not the shared tokenizer's
-            self._backend.no_padding()
-            self._backend.enable_truncation(self.config.max_length)
+        if self._backend is None:  # our truncation settings, not the shared tokenizer's
+            self._backend = unpadded_truncating(backend, self.config.max_length)
         return [e.ids for e in self._backend.encode_batch(texts)]
 
     def _static_arrays(self) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -197,13 +194,9 @@ class LoadedStudent:
         # than one batch of 256 padded to its longest (docs/results.md, the frontier run of issue 26)
         budget = default_batch_tokens(self.device.type)
         for idx in plan_batches(lengths, budget, max_batch=batch_size):
-            # Padding by hand into one numpy block: tokenizer.pad on a list of dicts is slow.
-            width = int(lengths[idx].max())
-            block = np.full((len(idx), width), self.config.pad_id, dtype=np.int64)
-            for row, i in enumerate(idx):
-                block[row, : lengths[i]] = ids[i]
-            mask = (torch.arange(width)[None, :] < torch.from_numpy(lengths[idx])[:, None]).long()
-            emb = self.model(torch.from_numpy(block).to(self.device), mask.to(self.device), layers=False).embedding
+            block, mask = pad_rows([ids[i] for i in idx], self.config.pad_id)
+            emb = self.model(torch.from_numpy(block).to(self.device), torch.from_numpy(mask).to(self.device),
+                             layers=False).embedding
             out[idx] = emb.float().cpu().numpy()
 
     @torch.inference_mode()

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kd.common.padding import pad_rows, unpadded_truncating
 from kd.common.quiet import quiet
 from kd.common.token_batches import CPU_BATCH_TOKENS, plan_batches
 from kd.student.exporters.folder import prepare_output, replace_folder
@@ -81,9 +82,8 @@ class OnnxEncoder:
 
         folder = Path(folder)
         self.spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(self.spec["max_length"])
+        self.tokenizer = unpadded_truncating(Tokenizer.from_file(str(folder / "tokenizer.json")),
+                                             self.spec["max_length"])
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -98,10 +98,7 @@ class OnnxEncoder:
         out = np.zeros((0, int(spec["dim"])), dtype=np.float32)  # sized by the graph's first output below
         # CPU's token budget: this session runs on the CPU execution provider
         for s, idx in enumerate(plan_batches(lengths, CPU_BATCH_TOKENS, max_batch=batch_size)):
-            block = np.full((len(idx), max(1, int(lengths[idx].max()))), spec["pad_id"], dtype=np.int64)
-            for row, i in enumerate(idx):
-                block[row, : lengths[i]] = ids[i]
-            mask = (np.arange(block.shape[1]) < lengths[idx, None]).astype(np.int64)
+            block, mask = pad_rows([ids[i] for i in idx], spec["pad_id"], min_width=1)
             feeds = {"input_ids": block, "attention_mask": mask}
             # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
             emb = self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
