@@ -6,7 +6,8 @@ One run, the same test sets, the same thread count, each model in a fresh proces
 - model2vec distilled from the same teacher (`--model2vec DIR`), Tokenlearn trained on the same store
   texts and teacher vectors (`--tokenlearn DIR`; both made by bench/static_baselines.py);
 - every kd student given with `--student NAME=DIR`, and with `--onnx` the same student through
-  `kd export --format onnx` (onnxruntime alone), with `--openvino` that export on OpenVINO (bf16 where native);
+  `kd export --format onnx` (onnxruntime alone), with `--openvino` that export on OpenVINO (bf16 where native),
+  with `--onnx-int8` its `--quantize int8` export on onnxruntime;
 - the teacher on kd's own runtimes (`--teacher-backend openvino:int8`, `onnx:int8`, `openvino:none`) and
   other teachers in fp32 (`--extra-teacher mpnet`), so every model is timed on its best runtime.
 
@@ -246,15 +247,18 @@ def specs(a: argparse.Namespace) -> list[Spec]:
             out.append(Spec(f"kd {name} onnx", "kd-onnx", str(onnx_export(path, Path(a.out) / f"onnx-{name}"))))
         if a.openvino:
             out.append(Spec(f"kd {name} openvino", "kd-openvino", str(onnx_export(path, Path(a.out) / f"onnx-{name}"))))
+        if a.onnx_int8:
+            int8 = onnx_export(path, Path(a.out) / f"onnx-int8-{name}", "int8")
+            out.append(Spec(f"kd {name} onnx int8", "kd-onnx", str(int8)))
     return out
 
 
-def onnx_export(student_dir: str, folder: Path) -> Path:
-    """The student through `kd export --format onnx`, once (an existing export is reused)."""
+def onnx_export(student_dir: str, folder: Path, quantize: str = "none") -> Path:
+    """The student through `kd export --format onnx [--quantize int8]`, once (an existing export is reused)."""
     if not (folder / "model.onnx").exists():
         from kd.student.exporters.onnx_graph import export_onnx
 
-        export_onnx(student_dir, folder, overwrite=True)
+        export_onnx(student_dir, folder, overwrite=True, quantize=quantize)
     return folder
 
 
@@ -359,6 +363,8 @@ def main() -> None:
     ap.add_argument("--onnx", action="store_true", help="also time each kd student through kd export --format onnx")
     ap.add_argument("--openvino", action="store_true",
                     help="also run each student's ONNX export on OpenVINO (bf16 where native), as kd runs teachers")
+    ap.add_argument("--onnx-int8", action="store_true",
+                    help="also time each student's `kd export --format onnx --quantize int8` on onnxruntime")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-b1", type=int, default=128)

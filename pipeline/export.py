@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from kd.common.errors import KdError
+from kd.common.onnx_int8 import has_external_data, quantize_int8
 from kd.common.quiet import quiet
 from kd.pipeline import signal_stack
 from kd.pipeline.calibration import CALIBRATION_ROWS, calibration_sentences
@@ -70,7 +71,7 @@ def write_graph(teacher: Teacher, runtime: str, int8: str | None, tmp: Path) -> 
         file = "model.onnx"
         if int8:
             spec["smoothing"] = smooth_onnx(teacher, fp32, inputs)
-            _quantize_onnx(fp32, tmp / file)
+            quantize_int8(fp32, tmp / file)
             _remove_onnx(fp32, keep=tmp / file)
         else:
             fp32.rename(tmp / file)
@@ -123,11 +124,6 @@ def _remove_onnx(path: Path, keep: Path | None = None) -> None:
             p.unlink()
 
 
-def _has_external_data(path: Path) -> bool:
-    """Whether the graph's weights sit in a file beside it (models past the 2 GB protobuf limit)."""
-    return any(p.name.startswith(path.name) and p != path for p in path.parent.iterdir())
-
-
 def smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     """SmoothQuant the fp32 graph in place before int8 (pipeline/smooth_quant.py), calibrated on bundled
     sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
@@ -140,7 +136,7 @@ def smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     found = smooth_quant.targets(model.graph)
     absmax = smooth_quant.channel_absmax(path, [t.tensor for t in found], feeds, torch.get_num_threads())
     smooth_quant.smooth(model, found, absmax)
-    onnx.save(model, str(path), save_as_external_data=_has_external_data(path), location=f"{path.name}.data")
+    onnx.save(model, str(path), save_as_external_data=has_external_data(path), location=f"{path.name}.data")
     return {"method": "smoothquant", "alpha": smooth_quant.ALPHA, "calibration_rows": CALIBRATION_ROWS,
             "layer_norms": len(found)}
 
@@ -163,26 +159,6 @@ def _calibration_feeds(teacher: Teacher, inputs: list[str], by_length: bool = Fa
                                 return_tensors="np")
         feeds.append({n: enc[n].astype(np.int64) for n in inputs})
     return feeds
-
-
-def _quantize_onnx(src: Path, dst: Path) -> None:
-    """ONNX Runtime dynamic quantization: int8 weights per output channel, activations quantized per batch at
-    run time; embeddings, LayerNorm, softmax and attention scores stay fp32. The feed-forward down-projections
-    (the MatMuls that narrow, in > out features) stay fp32 too: their post-GELU inputs hold the outliers that
-    per-tensor activation scales lose. Measured on MiniLM, 500 sentences: mean cosine 0.9960 vs 0.9928 with
-    them quantized, at 1.34x instead of 1.55x the fp32 graph's speed (docs/design.md)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    graph = onnx.load(str(src), load_external_data=False).graph
-    shapes = {i.name: list(i.dims) for i in graph.initializer}
-    narrowing = [n.name for n in graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2
-                 and shapes[n.input[1]][0] > shapes[n.input[1]][1]]
-    external = _has_external_data(src)
-    with quiet("torch.onnx", ""):  # "Please consider to run pre-processing": the dynamo export is optimised
-        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=narrowing,
-                         use_external_data_format=external)
 
 
 def _openvino_ir(src: Path, dst: Path, method: str | None, calibration: Callable[[], list[dict[str, np.ndarray]]]

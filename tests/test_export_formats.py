@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,56 @@ def test_onnx_model_reproduces_the_student(arch, students, sentences, tmp_path):
         got = onnx_encode(out, texts, batch_size=batch)
         assert _cosines(got, want).min() >= 0.9999, batch
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["transformer-init", "bilstm"])
+def test_int8_onnx_export_is_smaller_and_close_to_the_student(arch, students, sentences, tmp_path):
+    import onnx
+
+    from kd import student
+    from kd.student.exporters.onnx_graph import onnx_encode
+
+    res = CliRunner().invoke(app, ["export", str(students[arch]), "--format", "onnx", "--quantize", "int8",
+                                   "--out", str(tmp_path / "int8")])
+    assert res.exit_code == 0, res.output
+    fp32 = CliRunner().invoke(app, ["export", str(students[arch]), "--format", "onnx", "--out", str(tmp_path / "fp32")])
+    assert fp32.exit_code == 0, fp32.output
+    spec = json.loads((tmp_path / "int8" / "kd_onnx.json").read_text())
+    assert spec["quantize"] == "int8" and "int8" in spec["quantization"]
+    assert json.loads((tmp_path / "fp32" / "kd_onnx.json").read_text())["quantize"] == "none"
+    names = [sorted(p.name for p in (tmp_path / kind).iterdir()) for kind in ("int8", "fp32")]
+    assert names[0] == names[1]  # no fp32 graph left beside the int8 one
+    graph = onnx.load(str(tmp_path / "int8" / "model.onnx")).graph
+    int8 = [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert int8 and any(n.op_type in ("MatMulInteger", "DynamicQuantizeLinear") for n in graph.node)
+    texts = _texts(sentences)
+    want = student.load(students[arch]).encode(texts)
+    got, exact = onnx_encode(tmp_path / "int8", texts), onnx_encode(tmp_path / "fp32", texts)
+    assert not np.allclose(got, exact, atol=1e-6)  # the int8 graph computes something else ...
+    assert _cosines(got, want).mean() >= 0.99  # ... that stays close to the student
+
+
+def test_a_second_recurrent_export_in_one_process_keeps_its_sequence_axis(students, tmp_path, monkeypatch):
+    # torch 2.13 keeps LSTM's dispatch from the first export: without kd's reset the second graph came out
+    # with the example's length baked in; kd clears it, and refuses any graph whose axes came out fixed
+    from kd.common.errors import KdError
+    from kd.student.exporters import onnx_graph
+
+    for i in range(2):
+        onnx_graph.export_onnx(students["bilstm"], tmp_path / f"ok{i}")
+    monkeypatch.setattr(onnx_graph, "_forget_rnn_dispatch", lambda: None)
+    with pytest.raises(KdError, match="fixed input input_ids"):
+        for i in range(2):
+            onnx_graph.export_onnx(students["bilstm"], tmp_path / f"stale{i}")
+    assert not (tmp_path / "stale1").exists()
+
+
+def test_quantize_is_refused_for_sentence_transformers(students, tmp_path):
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--quantize", "int8", "--out", str(tmp_path / "st")])
+    assert res.exit_code == 2 and "--format onnx" in res.output and not (tmp_path / "st").exists()
+    res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--quantize", "int4",
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "int8" in res.output and not (tmp_path / "o").exists()
 
 
 def test_export_refuses_a_non_empty_output_and_writes_nothing_half(students, tmp_path):

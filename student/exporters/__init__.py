@@ -2,7 +2,8 @@
 
 - `sentence-transformers` (st_directory.py): built-in modules wherever they reproduce the student, kd's
   `KdTokenEncoder` otherwise (load those with `kd.student.load_exported`, never `trust_remote_code`);
-- `onnx` (onnx_graph.py): the whole student as one graph; `OnnxEncoder` runs it with onnxruntime alone;
+- `onnx` (onnx_graph.py): the whole student as one graph (`--quantize int8`: int8 weights, common/onnx_int8.py);
+  `OnnxEncoder` runs it with onnxruntime alone;
 - folder.py: the output folder's gate and the atomic swap both formats use.
 """
 
@@ -12,16 +13,23 @@ import importlib.util
 import os
 from pathlib import Path
 
-from kd.common.bounds import ExportFormat, choices
+from kd.common.bounds import ExportFormat, Quantize, choices
 from kd.common.errors import InputError
 
 FORMATS = choices(ExportFormat)
+QUANTIZE = choices(Quantize)
 
 
-def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False) -> Path:
+def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, overwrite: bool = False,
+                   quantize: str = "none") -> Path:
     """`kd export`: the student in another format (checked before anything is read or written)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown export format {fmt!r}", fmt, f"--format is one of {', '.join(FORMATS)}")
+    if quantize not in QUANTIZE:
+        raise InputError(f"unknown quantization {quantize!r}", quantize, f"--quantize is one of {', '.join(QUANTIZE)}")
+    if quantize != "none" and fmt != "onnx":
+        raise InputError(f"--quantize {quantize} is for --format onnx", fmt,
+                         "add --format onnx (a sentence-transformers folder keeps the student's fp32 weights)")
     needs = ("onnx", "onnxruntime", "onnxscript") if fmt == "onnx" else ("sentence_transformers",)
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
     if missing:
@@ -30,7 +38,7 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
     if fmt == "onnx":
         from kd.student.exporters.onnx_graph import export_onnx
 
-        return export_onnx(student_dir, out, overwrite)
+        return export_onnx(student_dir, out, overwrite, quantize)
     from kd.student.exporters.st_directory import export_sentence_transformers
 
     return export_sentence_transformers(student_dir, out, overwrite)

@@ -27,6 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kd.common.errors import KdError
+from kd.common.onnx_int8 import METHOD as INT8_METHOD
+from kd.common.onnx_int8 import quantize_int8
 from kd.common.padding import pad_rows, unpadded_truncating
 from kd.common.quiet import quiet
 from kd.common.token_batches import CPU_BATCH_TOKENS, plan_batches
@@ -37,8 +40,10 @@ ONNX, SPEC = "model.onnx", "kd_onnx.json"
 OPSET = 18
 
 
-def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode."""
+def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
+                quantize: str = "none") -> Path:
+    """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode;
+    `quantize="int8"`: the graph with int8 weights (common/onnx_int8.py), about a quarter of the bytes."""
     from kd.student.saved import load
 
     target = prepare_output(out, student_dir, overwrite)
@@ -53,18 +58,47 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
         # torch.export (dynamo) keeps batch and sequence symbolic; the TorchScript exporter bakes the example's
         # length into attention reshapes
         axes = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")},) * 2
+        fp32 = work / (ONNX if quantize == "none" else "model.fp32.onnx")
+        _forget_rnn_dispatch()
         with torch.no_grad(), quiet():
-            torch.onnx.export(graph, (ids, mask), str(work / ONNX), input_names=["input_ids", "attention_mask"],
+            torch.onnx.export(graph, (ids, mask), str(fp32), input_names=["input_ids", "attention_mask"],
                               output_names=["sentence_embedding"], opset_version=OPSET, dynamo=True,
                               dynamic_shapes=axes, optimize=True, verbose=False,
                               external_data=False)  # one file: students are far below ONNX's 2 GB limit
+        _require_dynamic_axes(fp32)
+        if quantize == "int8":
+            quantize_int8(fp32, work / ONNX)
+            fp32.unlink()
         st.tokenizer.save_pretrained(work)
         spec = {"format": "kd-onnx", "arch": st.config.arch.value, "dim": st.dim, "max_length": st.config.max_length,
                 "pad_id": st.config.pad_id, "add_special_tokens": True, "pooling": "in the graph",
-                "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding"}
+                "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding",
+                "quantize": quantize} | ({"quantization": INT8_METHOD} if quantize == "int8" else {})
         (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         replace_folder(work, target)
     return target
+
+
+def _forget_rnn_dispatch() -> None:
+    """Let LSTM/GRU resolve their kernels afresh before an export.
+
+    torch.onnx registers a while-loop decomposition of LSTM/GRU for each dynamic-shape export (so the sequence
+    axis stays symbolic) and removes it afterwards, but the op's dispatch cache keeps what the first export
+    resolved: a second export in the same process (fp32 then int8, two students) traced the recurrence without
+    it and baked the example's length (5) into the graph (torch 2.13, tests/test_export_formats.py)."""
+    for op in (torch.ops.aten.lstm.input, torch.ops.aten.gru.input):
+        getattr(op, "_dispatch_cache", {}).clear()
+
+
+def _require_dynamic_axes(path: Path) -> None:
+    """Refuse a graph whose batch or sequence axis came out fixed: it would fail on every other shape."""
+    import onnx
+
+    for tensor in onnx.load(str(path), load_external_data=False).graph.input:
+        fixed = [d.dim_value for d in tensor.type.tensor_type.shape.dim if not d.dim_param]
+        if fixed:
+            raise KdError(f"the exported graph fixed input {tensor.name}'s shape ({fixed})", str(path),
+                          "export in a fresh process (kd export does), and report it with your torch version")
 
 
 class OnnxEncoder:
