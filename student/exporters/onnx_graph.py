@@ -43,7 +43,7 @@ OPSET = 18
 def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False,
                 quantize: str = "none") -> Path:
     """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode;
-    `quantize="int8"`: the graph with int8 weights (common/onnx_int8.py), about a quarter of the bytes."""
+    `quantize="int8"`: the matrix products with int8 weights (common/onnx_int8.py; the token table stays fp32)."""
     from kd.student.saved import load
 
     target = prepare_output(out, student_dir, overwrite)
