@@ -305,7 +305,7 @@ def export_cmd(
     quantize: Annotated[B.Quantize, typer.Option(help="none | int8: int8 weights for the ONNX graph's matrix products (--format onnx; the token table stays fp32): smaller, faster on ONNX Runtime, quality within 0.3 STS-B in docs/results.md")] = "none",  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:
-    """Write a student as a sentence-transformers directory or an ONNX model (same vectors)."""
+    """Write a student as a sentence-transformers directory or an ONNX model (same vectors; --quantize int8: close)."""
     from kd.student.exporters import export_student
 
     try:
