@@ -54,7 +54,7 @@ def _device(auto: bool) -> dict[str, Any]:
 
 def _fail(e: KdError) -> None:
     console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
-    raise typer.Exit(2)
+    raise typer.Exit(e.exit_code)
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m kd`
@@ -62,7 +62,7 @@ def main() -> None:  # pragma: no cover - console entry for `python -m kd`
         app()
     except KdError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
-        sys.exit(2)
+        sys.exit(e.exit_code)
 
 
 # --- stage one: precompute, info, validate --------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 class KdError(Exception):
-    """An error caused by user input or store state; the CLI prints it and exits with code 2."""
+    """An error caused by user input or store state; the CLI prints it and exits with `exit_code` (2)."""
+
+    exit_code = 2
 
     def __init__(self, what: str, where: str | None = None, fix: str | None = None) -> None:
         self.what, self.where, self.fix = what, where, fix

@@ -14,6 +14,8 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
 - numbers: NaN/Inf in a target column the objectives read stops the run before the first step (the
   row id named, student.data.build_plan); a non-finite loss stops it before its backward pass, and
   weights are checked before every save (checkpoint, best, student): the last good files stay;
+- SIGINT/SIGTERM (common.stop): the step in flight ends, a checkpoint is saved, the run exits 130/143;
+  rerunning the command resumes there (a second signal stops at once, losing the steps since the last save);
 - DDP under torchrun (gloo on CPU, nccl on CUDA): ranks read disjoint shards, equal step counts
   (student.distributed);
 - metrics.jsonl (one record per log/eval), loss.png, a rich progress bar (rows, rows/s, ETA).
@@ -33,6 +35,7 @@ import functools
 import math
 import random
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
 from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output
 from kd.common.progress import Bar
+from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
 from kd.student import checkpoint
 from kd.student import data as D
@@ -234,11 +238,13 @@ class _Run:
 
 @dataclass
 class _Report:
-    """Between two log records: the progress bar, the per-step objective losses, the throughput origin."""
+    """Between two log records: the progress bar, the per-step objective losses, the throughput origin; and
+    the run's stop request (checked after every step)."""
 
     bar: Bar
     t0: float
     rows0: int
+    stop: StopRequest
     window: list[Tensor] = field(default_factory=list)
     tokens: list[int] = field(default_factory=lambda: [0, 0])  # real, padded token slots since the last record
 
@@ -284,8 +290,8 @@ def _train(cfg: TrainConfig, d: Dist) -> Path:
     run, st = _start(cfg, d)
     run.tr.model.train()
     t0, rows0 = time.perf_counter(), st.rows_seen
-    with Bar("train", run.total, "steps", cfg.progress and d.main, completed=st.step) as bar:
-        rep = _Report(bar, t0, rows0)
+    with Bar("train", run.total, "steps", cfg.progress and d.main, completed=st.step) as bar, StopRequest() as stop:
+        rep = _Report(bar, t0, rows0, stop)
         while not (st.step >= run.total or st.early.stop or (cfg.max_steps is None and st.epoch >= cfg.epochs)):
             _run_epoch(run, st, rep)
             st.epoch, st.batch_no = st.epoch + 1, 0  # only a resumed run starts an epoch mid-way
@@ -358,10 +364,23 @@ def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
         epoch_end = st.batch_no >= n_batches
         _maybe_log(run, st, rep, epoch_end)
         _maybe_validate(run, st, epoch_end)
-        if st.step % run.cfg.checkpoint_every == 0 or epoch_end or st.step >= run.total or st.early.stop:
+        last = st.step >= run.total or st.early.stop
+        stopping = not last and _stop_agreed(run, rep.stop)
+        if st.step % run.cfg.checkpoint_every == 0 or epoch_end or last or stopping:
             _save_checkpoint(run, st)
-        if st.step >= run.total or st.early.stop:
+        if stopping:
+            raise Stopped(rep.stop.signum or signal.SIGTERM,
+                          f"stopped by {rep.stop.name or 'a signal to another rank'} after step {st.step:,} of "
+                          f"{run.total:,}: checkpoint saved, no student written yet", str(run.out),
+                          "rerun the same command to resume from this step (--max-steps may change)")
+        if last:
             return
+
+
+def _stop_agreed(run: _Run, stop: StopRequest) -> bool:
+    """Whether any rank was asked to stop: all ranks must take the same step (the checkpoint is a collective)."""
+    asked = stop.signum is not None
+    return asked if run.d.world == 1 else all_sum([float(asked)], run.d)[0] > 0
 
 
 def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -135,6 +136,42 @@ def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_
     res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
     assert res.exit_code == 0, res.output
     _assert_same_weights(reference, out)
+
+
+def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
+    # --checkpoint-every 1000: no periodic save in the run, so the checkpoint is the stop's own
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
+            "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
+            "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
+            "--no-bucket", "--log-every", "1", "--checkpoint-every", "1000", "--no-progress"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 40
+    try:
+        while time.time() < deadline and proc.poll() is None and _logged_steps(out) < 3:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+    step = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    said = re.search(rf"stopped by SIGTERM after step {step} of (\d+): checkpoint saved", " ".join(output.split()))
+    assert said and 3 <= step < int(said[1]), output[-2000:]
+    assert _logged_steps(out) == step and not (out / "config.json").exists()  # nothing ran past the save
+    res = CliRunner().invoke(app, args[3:-1])
+    assert res.exit_code == 0, res.output
+    _assert_same_weights(reference, out)
+
+
+def _logged_steps(out: Path) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [json.loads(x)["step"] for x in lines if x.endswith("}") and '"loss"' in x]
+    return max(steps, default=0)
 
 
 def _free_port() -> int:

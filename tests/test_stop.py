@@ -1,0 +1,25 @@
+"""common.stop: the first signal is a request, the second one acts as if kd had never set a handler."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from kd.common.stop import Stopped, StopRequest
+
+
+def test_first_signal_is_recorded_second_interrupts_and_handlers_come_back():
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), StopRequest() as stop:
+        signal.raise_signal(signal.SIGTERM)
+        assert (stop.signum, stop.name) == (signal.SIGTERM, "SIGTERM")  # nothing was interrupted
+        signal.raise_signal(signal.SIGINT)  # the second: Python's own Ctrl-C
+        for _ in range(1000):  # the KeyboardInterrupt is raised between two bytecodes
+            pass
+    assert signal.getsignal(signal.SIGINT) is before and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_stopped_exits_like_a_shell_reports_the_signal():
+    e = Stopped(signal.SIGINT, "stopped", "out", "rerun")
+    assert e.exit_code == 130 and "fix:   rerun" in str(e)
