@@ -35,3 +35,5 @@ def test_unpadded_truncating_is_a_copy_with_its_own_settings(tiny_teacher):
     assert len({len(x) for x in got}) > 1  # unpadded: short texts stay short
     whole = [e.ids for e in unpadded_truncating(cut, None).encode_batch(TEXTS)]
     assert max(map(len, whole)) > 30 and whole == hf(TEXTS)["input_ids"]
+    own = unpadded_truncating(shared, 30, own=True)  # set up in place, for a tokenizer the caller just loaded
+    assert own is shared and shared.padding is None and shared.truncation["max_length"] == 30

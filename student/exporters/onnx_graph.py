@@ -117,7 +117,7 @@ class OnnxEncoder:
         folder = Path(folder)
         self.spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
         self.tokenizer = unpadded_truncating(Tokenizer.from_file(str(folder / "tokenizer.json")),
-                                             self.spec["max_length"])
+                                             self.spec["max_length"], own=True)
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
