@@ -41,16 +41,27 @@ from model2vec.distill import distill
 distill(model_name=sys.argv[1], pca_dims=256).save_pretrained(sys.argv[2])
 """
 
+# FIXED_PADDING: all-mpnet-base-v2's tokenizer.json pads every encoding to 128 ids (sentence-transformers
+# saved it so), and model2vec encodes each corpus token beyond the teacher's own vocabulary through that
+# tokenizer: 256 x 128 positions per batch instead of 256 x ~4, 6-13 instead of ~200 tokens/s on one core
+# (py-spy: the batch's seq_len 128). The pads also count as tokens in model2vec's mean (its attention mask
+# comes from the list lengths), so those tokens' vectors were means over mostly padding. MiniLM's
+# tokenizer.json pads to 128 too (its run finished: ~1/8 of mpnet's cost per position), so Tokenlearn
+# rows made before this fix started from the same damaged vectors. `distill` below is model2vec's own
+# function with the tokenizer's padding off.
 # Tokenlearn's train.py main(), split in two so that the time budget covers training only: the
 # vocabulary build + distill (the teacher over ~64k tokens) is featurisation, not training.
 TOKENLEARN_DISTILL = """
 import json, sys
-from model2vec.distill import distill
+from model2vec.distill.distillation import distill_from_model
 from tokenlearn.utils import create_vocab
+from transformers import AutoModel, AutoTokenizer
 teacher, data, out = sys.argv[1:4]
 texts = json.load(open(f"{data}/texts.json"))
 vocab = create_vocab(texts=texts, vocab_size=56000)
-distill(model_name=teacher, quantize_to="float32", vocabulary=vocab, pca_dims=256).save_pretrained(out)
+model, tokenizer = AutoModel.from_pretrained(teacher), AutoTokenizer.from_pretrained(teacher, use_fast=True)
+tokenizer.backend_tokenizer.no_padding()  # see FIXED_PADDING
+distill_from_model(model, tokenizer, vocabulary=vocab, quantize_to="float32", pca_dims=256).save_pretrained(out)
 """
 
 TOKENLEARN_TRAIN = """
