@@ -125,7 +125,9 @@ def export_training_data(store_path: str, teacher: str, out: Path) -> int:
 
 def run_with_budget(cmd: list[str], budget: float) -> None:
     """Run `cmd`; after `budget` seconds send SIGINT (Tokenlearn then keeps its best weights and saves)."""
-    p = subprocess.Popen(cmd, cwd=ROOT)
+    # SIGINT back to its default in the child: a job started in the background (`cmd &`, nohup) inherits
+    # SIGINT ignored, Python then installs no KeyboardInterrupt, and the budget's SIGINT would be lost
+    p = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         p.wait(timeout=budget)
     except subprocess.TimeoutExpired:
