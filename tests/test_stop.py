@@ -10,7 +10,16 @@ from kd.common.stop import Stopped, StopRequest
 
 
 def test_first_signal_is_recorded_second_interrupts_and_handlers_come_back():
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # e.g. ray.init sets SIGTERM's
+    # Python's own Ctrl-C handler before, whatever earlier tests left (ray.init sets handlers of its own)
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _second_signal_interrupts()
+    finally:
+        signal.signal(signal.SIGINT, found)
+
+
+def _second_signal_interrupts() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(KeyboardInterrupt), StopRequest() as stop:
         signal.raise_signal(signal.SIGTERM)
         assert (stop.signum, stop.name) == (signal.SIGTERM, "SIGTERM")  # nothing was interrupted
