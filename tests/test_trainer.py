@@ -109,12 +109,17 @@ def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_pa
     assert _train_losses(out) == _train_losses(reference)  # metrics after the checkpoint were replaced
 
 
-def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
-    out = tmp_path / "out"
-    args = [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
+def _small_cli(store_path: Path, out: Path, *extra: str) -> list[str]:
+    """SMALL (the reference run) as a `kd train-student` process; `extra` flags last."""
+    return [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
             "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
             "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
-            "--no-bucket", "--checkpoint-every", "1", "--no-progress"]
+            "--no-bucket", *extra]
+
+
+def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--checkpoint-every", "1", "--no-progress")
     proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     ckpt, deadline = out / "checkpoint.pt", time.time() + 40
     try:
@@ -141,10 +146,7 @@ def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_
 def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
     # --checkpoint-every 1000: no periodic save in the run, so the checkpoint is the stop's own
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
-            "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
-            "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
-            "--no-bucket", "--log-every", "1", "--checkpoint-every", "1000", "--no-progress"]
+    args = _small_cli(store_path, out, "--log-every", "1", "--checkpoint-every", "1000", "--no-progress")
     proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 40
     try:
