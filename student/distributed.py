@@ -3,7 +3,8 @@ few collectives the loop needs.
 
 - torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; without them this is one process (world 1) and every
   collective below is a no-op, so the single-process path never touches torch.distributed;
-- gloo on CPU, nccl on CUDA (one GPU per local rank);
+- gloo on CPU, nccl on CUDA (one GPU per local rank: NCCL refuses two ranks on one GPU, so more local
+  ranks than GPUs, or one --device cuda:N for every rank, is refused before the process group exists);
 - the values exchanged are tiny (RNG states, two floats), so object collectives and CPU tensors are fine.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kd.common.errors import InputError
 from kd.common.hardware import resolve_device
 
 
@@ -34,6 +36,8 @@ def init_dist(device: str) -> Dist:
     """torchrun sets WORLD_SIZE/RANK/LOCAL_RANK; gloo on CPU, nccl on CUDA."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dev = resolve_device(device)
+    if world > 1 and dev.type == "cuda":
+        _check_one_gpu_per_rank(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1:
@@ -43,6 +47,22 @@ def init_dist(device: str) -> Dist:
             dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
         return Dist(dist.get_rank(), dist.get_world_size(), dev)
     return Dist(0, 1, dev)
+
+
+def _check_one_gpu_per_rank(device: str) -> None:
+    """NCCL fails two ranks on one GPU only inside the first collective ("Duplicate GPU detected", seen on an
+    H200 with 2 ranks); the rule and its fix are known before that. torchrun sets LOCAL_WORLD_SIZE; LOCAL_RANK
+    bounds it from below where a launcher sets only that."""
+    here = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0")) + 1)
+    gpus = torch.cuda.device_count()
+    if device not in (None, "auto", "cuda") and here > 1:
+        raise InputError(f"--device {device} puts all {here} training ranks of this machine on one GPU, and NCCL "
+                         "needs a GPU per rank", "--device",
+                         "leave --device unset (rank N takes cuda:N), or --device cpu to train on the CPUs (gloo)")
+    if here > gpus:
+        raise InputError(f"{here} training ranks on this machine, which has {gpus} GPU(s): NCCL needs a GPU per "
+                         "rank", "torchrun --nproc-per-node",
+                         f"--nproc-per-node {gpus}, or --device cpu to train on the CPUs (gloo)")
 
 
 def shutdown(d: Dist) -> None:

@@ -30,7 +30,8 @@ def test_auto_follows_native_bf16_on_cpu(monkeypatch, flag, dtype):
 def _store(tmp_path, teacher, sentences, name: str, precision: str) -> Store:
     src = tmp_path / "s.txt"
     src.write_text("\n".join(sentences[:80]) + "\n")
-    precompute([str(src)], str(tmp_path / name), [str(teacher)], precision=precision, backend="torch", progress=False)
+    precompute([str(src)], str(tmp_path / name), [str(teacher)], precision=precision, backend="torch",
+               device="cpu", progress=False)  # the CPU's precision rule is tested (CUDA autocasts fp16)
     return Store.open(tmp_path / name)
 
 
@@ -48,7 +49,7 @@ def test_bf16_default_store_is_close_to_fp32_and_keeps_fp32_weight_copies(tmp_pa
     assert cos.min() > 0.999 and not np.array_equal(a, b)  # bf16 really ran, and stayed faithful
     # the input-embedding matrix students start from is the checkpoint's fp32 one, not bf16-rounded
     emb = load_file(str(tmp_path / "auto/teachers/tiny-bert/input_embeddings.safetensors"))["weight"]
-    ref = load_teacher(str(tiny_teacher)).model.get_input_embeddings().weight.detach().numpy()
+    ref = load_teacher(str(tiny_teacher), device="cpu").model.get_input_embeddings().weight.detach().numpy()
     assert np.array_equal(emb, ref)
     assert validate(auto) == []
 

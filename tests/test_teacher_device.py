@@ -67,6 +67,29 @@ def test_every_stage_turns_a_device_into_torch_through_the_one_helper(gpus):
     assert resolve_device(torch.device("cuda:0")) == torch.device("cuda:0")
 
 
+def test_training_ranks_sharing_a_gpu_are_refused_before_nccl(gpus):
+    """NCCL cannot put two ranks on one GPU (an H200 with 2 ranks failed inside the first barrier): init_dist
+    says so, with the fix, before any process group exists."""
+    from kd.student.distributed import init_dist
+
+    gpus.setattr(torch.cuda, "set_device", lambda dev: None)
+    gpus.setenv("WORLD_SIZE", "3")
+    gpus.setenv("LOCAL_WORLD_SIZE", "3")
+    gpus.setenv("LOCAL_RANK", "0")
+    with pytest.raises(KdError, match="3 training ranks on this machine, which has 2 GPU") as e:
+        init_dist("auto")
+    assert e.value.exit_code == 2 and "--nproc-per-node 2" in e.value.fix
+    gpus.setenv("WORLD_SIZE", "2")
+    gpus.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(KdError, match="--device cuda:1 puts all 2 training ranks") as e:
+        init_dist("cuda:1")
+    assert "leave --device unset" in e.value.fix
+    gpus.delenv("LOCAL_WORLD_SIZE")
+    gpus.setenv("LOCAL_RANK", "2")  # a launcher that sets LOCAL_RANK only: rank 2 needs a third GPU
+    with pytest.raises(KdError, match="3 training ranks"):
+        init_dist("cuda")
+
+
 def test_no_module_but_the_helper_decides_cuda_or_cpu():
     """`torch.cuda.is_available()` chooses a device in common/hardware.py only (checkpoint.py reads it to
     save and restore CUDA RNG states, which is no device choice)."""

@@ -199,7 +199,7 @@ class Forbid(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Forbid())
 from kd.student.trainer import TrainConfig, train
 train(TrainConfig(sys.argv[1], sys.argv[2], embed_dim=8, hidden_dim=8, epochs=2, batch_size=8, val_percent=10,
-                  shuffle_buffer=16, log_every=1, progress=False))
+                  shuffle_buffer=16, log_every=1, progress=False, device="cpu"))
 if os.environ.get("RANK", "0") == "0":
     from kd import student
     assert student.load(sys.argv[2]).encode(["the cat runs"]).shape == (1, 32)

@@ -54,10 +54,10 @@ def test_init_output_is_validated_and_holds_only_the_kept_layers(store, tmp_path
     assert any("init-1" in str(p) for p in check(str(broken))[1])
 
 
-def _train(store: Path, out: Path, layers: str, steps: int) -> CliRunner:
+def _train(store: Path, out: Path, layers: str, steps: int, device: str = "auto") -> CliRunner:
     return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--arch",
                                     "transformer-init", "--init-layers", layers, "--target", "tiny.mean",
-                                    "--max-steps", str(steps), "--val-percent", "0",
+                                    "--max-steps", str(steps), "--val-percent", "0", "--device", device,
                                     "--log-every", "1", "--batch-size", "16", "--no-progress"])
 
 
@@ -106,7 +106,7 @@ def test_bf16_autocast_trains_and_keeps_fp32_weights(store, tmp_path, monkeypatc
     after = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("KD_CPU_BF16", flag)
-        res = _train(store, tmp_path / f"bf{flag}", "1", 30)
+        res = _train(store, tmp_path / f"bf{flag}", "1", 30, "cpu")  # CPU bf16 is what is tested
         assert res.exit_code == 0, res.output
         recs = [json.loads(x) for x in (tmp_path / f"bf{flag}" / "metrics.jsonl").read_text().splitlines()]
         assert {r["autocast"] for r in recs if "loss" in r} == {"bfloat16" if flag == "1" else "off"}
