@@ -373,7 +373,8 @@ def main() -> None:
     ap.add_argument("--speed-only", action="store_true", help="keep results.json's quality, re-time the speeds")
     ap.add_argument("--render", action="store_true", help="only re-draw results.md and frontier.png from results.json")
     ap.add_argument("--score", nargs="+", default=None, metavar="DIR",
-                    help="only score these kd student folders (quality columns, this process), then exit")
+                    help="only score these kd student folders, or static:DIR model2vec / Tokenlearn folders (quality "
+                         "columns, this process), then exit")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="quality", help=argparse.SUPPRESS)
     ap.add_argument("--texts", default=None, help=argparse.SUPPRESS)
@@ -385,8 +386,9 @@ def main() -> None:
     if a.score:
         _set_threads(a.threads)
         ev = eval_texts()
-        for folder in a.score:
-            encode, _ = load(Spec(folder, "kd", folder))
+        for folder in a.score:  # DIR: a kd student; static:DIR a model2vec / Tokenlearn folder
+            kind, _, path = folder.partition(":") if folder.startswith("static:") else ("kd", "", folder)
+            encode, _ = load(Spec(folder, kind, path))
             print(f"{folder}: " + ", ".join(f"{k} {v:.2f}" for k, v in score(encode(ev.texts), ev).items()))
         return
     out = Path(a.out)
