@@ -34,7 +34,8 @@ What the driver (the `kd precompute` process) does, and what the workers do:
   the actors) stops with a clear error; what was committed stays, and the same command resumes.
 - External processes, bounded: a --ray-address (or RAY_ADDRESS) where nothing accepts a TCP connection within
   PROBE_TIMEOUT_S is refused before anything is read (ray.init would retry it for many minutes); SIGINT/SIGTERM
-  stop the driver within seconds, killing the actors and shutting down the Ray runtime it started; and a local
+  stop the driver within seconds (a `StopRequest` checked after every reply and every 5 s wait; exit 130 / 143),
+  killing the actors and shutting down the Ray runtime it started; and a local
   runtime kd started is watched by `ray_reaper.py`, which ends its processes (Ray's agents otherwise outlive a
   killed driver by a minute or more) as soon as the driver is gone, even killed by SIGKILL.
 """
@@ -43,12 +44,9 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import socket
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +55,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.progress import Bar
+from kd.common.stop import Stopped, StopRequest
 from kd.pipeline import backends
 from kd.pipeline.job import START_FIX, RayOptions, require_ray
 from kd.pipeline.plan import Unit, UnitPlan, plan_units
@@ -257,37 +256,6 @@ def _stop_reaper(reaper: Any, wait_s: float = 10.0) -> None:
     reaper.stdout.close()
 
 
-class Stopped(BaseException):
-    """SIGINT or SIGTERM reached the driver. A BaseException so that Ray's `except Exception` retry loops do
-    not swallow it on its way to the cleanup."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _trap_signals() -> Callable[[], None]:
-    """SIGINT and SIGTERM raise Stopped in the main thread from now on; returns what restores the handlers.
-
-    The driver's loop returns to Python at least every 5 s (`ray.wait`'s timeout), so a signal stops it
-    within that, and its `finally` kills the actors and shuts down the Ray runtime kd started. (Ray's own
-    SIGTERM handler exits too, but says nothing of the store; SIGINT would be a KeyboardInterrupt.)
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stop(signum, frame):
-        raise Stopped(signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-    return restore
-
-
 class _Pool:
     """Actors of one job: started, replaced when they die, killed at the end."""
 
@@ -384,31 +352,23 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
 
     - join the cluster (or start a local runtime), size the pool from its resources (`plan_workers`);
     - start the actors (each loads the first queued teacher) and commit the texts meanwhile;
-    - `_Driver.run`; SIGINT/SIGTERM stop it (`Stopped`, a clear StoreError);
+    - `_Driver.run`; SIGINT/SIGTERM are recorded (`StopRequest`, installed after ray.init, which sets a SIGTERM
+      handler of its own) and end the loop at its next check with `Stopped`; a second signal goes to the
+      handler that was there before;
     - finally kill the actors, stop the runtime (and its reaper) if this call started it.
     """
     ray = require_ray()
     limit = start_timeout()
     started, reaper = _connect(ray, opts.address)
-    restore = _trap_signals()  # (after ray.init, which installs a SIGTERM handler of its own)
     pool = None
     try:
-        res = ray.cluster_resources()
-        wp = plan_workers(res.get("CPU", 0.0), res.get("GPU", 0.0), opts, ctx.job.backend)
-        env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
-        pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
-        _Driver(ray, pool, wp, limit, ctx, todo, summary).run()
-    except (Stopped, SystemError) as e:
-        # A signal that lands inside Ray's Cython `CoreWorker.wait` surfaces as "SystemError: ... returned a
-        # result with an exception set", caused by our Stopped (seen under a loaded machine)
-        stop = e if isinstance(e, Stopped) else e.__cause__
-        if not isinstance(stop, Stopped):
-            raise
-        raise StoreError(f"stopped by {signal.Signals(stop.signum).name}: the Ray workers were ended (and the Ray "
-                         "runtime kd started); the shards committed so far are kept", "--engine ray",
-                         "rerun the same command: it resumes") from None
+        with StopRequest() as stop:
+            res = ray.cluster_resources()
+            wp = plan_workers(res.get("CPU", 0.0), res.get("GPU", 0.0), opts, ctx.job.backend)
+            env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
+            pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
+            _Driver(ray, pool, wp, limit, ctx, todo, summary, stop).run()
     finally:
-        restore()
         if pool is not None:
             pool.close()
         if started:
@@ -444,9 +404,9 @@ class _Driver:
     """The driver's loop over one job's units: which actor holds which unit, what is committed, who died."""
 
     def __init__(self, ray: Any, pool: _Pool, wp: WorkerPlan, limit: float, ctx: Prepared, todo: UnitPlan,
-                 summary: PrecomputeSummary) -> None:
+                 summary: PrecomputeSummary, stop: StopRequest) -> None:
         self.ray, self.pool, self.wp, self.limit = ray, pool, wp, limit
-        self.ctx, self.todo, self.summary = ctx, todo, summary
+        self.ctx, self.todo, self.summary, self.stop = ctx, todo, summary, stop
         self.queue = deque(todo.units)
         self.inflight: dict[Any, tuple[Any, Unit | None]] = {}  # ref -> (actor, unit; None for a ready() call)
         self.idle: list[Any] = []
@@ -459,13 +419,15 @@ class _Driver:
 
     def run(self) -> None:
         """Start the actors, commit the texts, then until no unit is queued or encoding: give each idle actor
-        the next unit, wait for one reply (stop when none comes for `limit` s and no worker encodes), take it."""
+        the next unit, wait for one reply (stop when none comes for `limit` s and no worker encodes), take it.
+        A stop request is honoured between two replies: every committed unit stays, nothing is half-written."""
         for _ in range(self.wp.count):
             self._start()
         texts = _commit_texts(self.ctx, self.todo, self.summary)
         since = time.monotonic()
         with Bar(f"precompute ({self.wp.describe()})", self.todo.rows, "rows", self.ctx.job.progress) as bar:
             while self.queue or any(u is not None for _, u in self.inflight.values()):
+                self._check_stop()
                 while self.idle and self.queue:
                     a, u = self.idle.pop(), self.queue.popleft()
                     self.inflight[a.encode.remote(u.teacher, u.shard, texts[u.shard])] = (a, u)
@@ -475,6 +437,13 @@ class _Driver:
                     continue
                 (ref,), since = done, time.monotonic()
                 self._take(ref, bar)
+
+    def _check_stop(self) -> None:
+        if self.stop.signum is not None:
+            done = len(self.committed)
+            raise Stopped(self.stop.signum, f"stopped by {self.stop.name} after {done:,} of {len(self.todo.units):,} "
+                          "units: the Ray workers were ended (and the Ray runtime kd started); the shards committed "
+                          "so far are kept", "--engine ray", "rerun the same command: it resumes")
 
     def _start(self) -> None:
         """A new actor, loading the teacher of the next queued unit."""
