@@ -52,7 +52,11 @@ def init_dist(device: str) -> Dist:
 def _check_one_gpu_per_rank(device: str) -> None:
     """NCCL fails two ranks on one GPU only inside the first collective ("Duplicate GPU detected", seen on an
     H200 with 2 ranks); the rule and its fix are known before that. torchrun sets LOCAL_WORLD_SIZE; LOCAL_RANK
-    bounds it from below where a launcher sets only that."""
+    bounds it from below where a launcher sets only that. Only where every rank sees the same GPUs (no
+    CUDA_VISIBLE_DEVICES, torchrun's default): a launcher that sets it may give each rank a GPU of its own
+    (Slurm's --gpus-per-task), which one rank cannot tell from a shared one, so NCCL's own check stays there."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return
     here = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0")) + 1)
     gpus = torch.cuda.device_count()
     if device not in (None, "auto", "cuda") and here > 1:

@@ -70,9 +70,10 @@ def test_every_stage_turns_a_device_into_torch_through_the_one_helper(gpus):
 def test_training_ranks_sharing_a_gpu_are_refused_before_nccl(gpus):
     """NCCL cannot put two ranks on one GPU (an H200 with 2 ranks failed inside the first barrier): init_dist
     says so, with the fix, before any process group exists."""
-    from kd.student.distributed import init_dist
+    from kd.student.distributed import _check_one_gpu_per_rank, init_dist
 
     gpus.setattr(torch.cuda, "set_device", lambda dev: None)
+    gpus.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpus.setenv("WORLD_SIZE", "3")
     gpus.setenv("LOCAL_WORLD_SIZE", "3")
     gpus.setenv("LOCAL_RANK", "0")
@@ -88,6 +89,9 @@ def test_training_ranks_sharing_a_gpu_are_refused_before_nccl(gpus):
     gpus.setenv("LOCAL_RANK", "2")  # a launcher that sets LOCAL_RANK only: rank 2 needs a third GPU
     with pytest.raises(KdError, match="3 training ranks"):
         init_dist("cuda")
+    # a launcher that binds GPUs per rank sets CUDA_VISIBLE_DEVICES: each rank may see a GPU of its own there
+    gpus.setenv("CUDA_VISIBLE_DEVICES", "2")
+    _check_one_gpu_per_rank("cuda")
 
 
 def test_no_module_but_the_helper_decides_cuda_or_cpu():
