@@ -104,9 +104,17 @@ def read_bytes(loc: Location, *parts: str) -> bytes:
 
 
 def list_files(loc: Location, *parts: str) -> list[str]:
-    """Names (not paths) of the files directly inside a folder; [] when it does not exist."""
+    """Names (not paths) of the files directly inside a folder; [] when it does not exist.
+
+    pyarrow's `allow_not_found` checks whether the folder exists only after its listing failed: a folder that
+    another process creates in between (two writers starting one store, `manifests/`) fails the listing with
+    FileNotFoundError although it now exists (seen in CI). Listing it again is then right: it exists."""
     sel = pafs.FileSelector(loc.path(*parts), allow_not_found=True)
-    return sorted(i.base_name for i in loc.fs.get_file_info(sel) if i.type == pafs.FileType.File)
+    try:
+        infos = loc.fs.get_file_info(sel)
+    except FileNotFoundError:
+        infos = loc.fs.get_file_info(sel)
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
 
 
 def atomic_write_bytes(loc: Location, data: bytes, *parts: str) -> None:

@@ -113,3 +113,31 @@ def test_queries_on_an_incomplete_store_say_so(clean, tmp_path, capsys):
     status = dict(con.sql("SELECT tbl, complete FROM kd_status").fetchall())
     assert status == {"texts": True, "teachers/tiny": False}
     assert con.sql("SELECT count(*) FROM tiny").fetchall()[0][0] == 60  # the committed part only, and it says so
+
+
+def test_listing_a_folder_another_writer_creates_meanwhile(tmp_path):
+    """pyarrow lists first and checks existence after a failure, so a folder created in between (the second
+    writer of one store making `manifests/`) failed the listing with FileNotFoundError (a CI failure of
+    test_two_processes_write_disjoint_shards_of_one_store). The race is replayed here: the first listing
+    fails exactly as pyarrow's does, after the other writer has made the folder and its fragment."""
+    import pyarrow.fs as pafs
+
+    from kd.storage import fs
+
+    local = pafs.LocalFileSystem()
+
+    class OtherWriterRaces:
+        calls = 0
+
+        def get_file_info(self, sel):
+            OtherWriterRaces.calls += 1
+            if OtherWriterRaces.calls == 1:
+                (tmp_path / "manifests").mkdir()
+                (tmp_path / "manifests" / "writer-00001-of-00002.json").write_text("{}")
+                return local.get_file_info(pafs.FileSelector(str(tmp_path / "absent" / "manifests")))
+            return local.get_file_info(sel)
+
+    loc = fs.Location(OtherWriterRaces(), str(tmp_path))
+    assert fs.list_files(loc, "manifests") == ["writer-00001-of-00002.json"]
+    assert OtherWriterRaces.calls == 2
+    assert fs.list_files(fs.Location(local, str(tmp_path)), "nothing-here") == []
