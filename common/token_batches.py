@@ -15,7 +15,8 @@ import numpy as np
 # Token budgets when --batch-tokens is not given. CPU: every elementwise op of the forward pass (GELU,
 # LayerNorm, residual adds, softmax) streams the whole batch's activations, which stay in L2/L3 at a few
 # thousand tokens and spill to DRAM at 16k (`python -m bench.batch_tokens`, docs/results.md: 4096 runs
-# MiniLM ~1.2x faster than 16384 on 2 cores). GPU: large batches keep the device busy.
+# MiniLM ~1.2x faster than 16384 on 2 cores). GPU: large batches keep the device busy; on an H200 (mpnet shape)
+# 65,536 and 262,144 were no faster than 16,384 at up to 9x its memory (bench/gpu_batch_tokens.sh).
 CPU_BATCH_TOKENS = 4096
 GPU_BATCH_TOKENS = 16384
 
