@@ -2,6 +2,7 @@
 # kd's CUDA paths end to end on one GPU, with their throughput: the stronger-teacher recipe's shape
 # (issue 26) at full size, on the frontier corpus's 267,355 sentences.
 #
+#   bash bench/gpu_check.sh bundle                               # here: make .gpu (then carry it)
 #   BUNDLE=.gpu OUT=/tmp/gpu-out bash bench/gpu_check.sh        # on the GPU machine (device tool)
 #   DEVICE=cpu BACKEND=torch ROWS=2000 STEPS=20 PYTEST_ARGS= KD_PTH=0 bash bench/gpu_check.sh   # a CPU dry run
 #
@@ -10,14 +11,25 @@
 # config.json and tokenizer (same architecture, same tokens, same FLOPs per row): every speed figure
 # holds for the real weights; no quality figure comes from this script.
 # BUNDLE holds: texts.parquet (column text), mpnet-shape/ and minilm-shape/ (each checkpoint's folder
-# without its weights), shared/data/corpus/eng_news_2016_10K-sentences.txt (the tests' real sentences):
-#   python -c "import pyarrow.dataset as ds, pyarrow.parquet as pq; pq.write_table(ds.dataset(
-#     'bench/out/stronger-full/store/texts').to_table(columns=['text']), '.gpu/texts.parquet', compression='zstd')"
-#   (cd TEACHER_DIR && tar cf - --exclude='*.safetensors' --exclude='*.bin' .) | (cd .gpu/mpnet-shape && tar xf -)
+# without its weights), shared/data/corpus/eng_news_2016_10K-sentences.txt (the tests' real sentences); ~13 MB,
+# made by `bundle` from STORE's texts (default: the stronger-teacher store) and the resolved teachers.
 # Each step is timed, bounded, logged, and a failed step does not stop the rest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${BUNDLE:-.gpu}
+if [ "${1:-}" = bundle ]; then
+  PY=${PYTHON:-.venv/bin/python}
+  rm -rf "$B" && mkdir -p "$B/shared/data/corpus"
+  grep -qx "/$B/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/$B/" >>.git/info/exclude; }
+  "$PY" -c "import pyarrow.dataset as ds, pyarrow.parquet as pq, sys; pq.write_table(ds.dataset(sys.argv[1]).to_table(
+columns=['text']), sys.argv[2], compression='zstd')" "${STORE:-bench/out/stronger-full/store}/texts" "$B/texts.parquet"
+  for t in mpnet minilm; do
+    dir=$("$PY" -c "import sys; from kd.pipeline.resolve import resolve_teacher; print(resolve_teacher(sys.argv[1]).path)" $t)
+    mkdir -p "$B/$t-shape" && (cd "$dir" && tar cf - --exclude='*.safetensors' --exclude='*.bin' .) | (cd "$B/$t-shape" && tar xf -)
+  done
+  cp ../shared/data/corpus/eng_news_2016_10K-sentences.txt "$B/shared/data/corpus/"
+  du -sh "$B"; exit 0
+fi
 O=${OUT:-/tmp/kd-gpu-out}
 W=${WORK:-/tmp/kd-gpu}
 DEVICE=${DEVICE:-cuda}
