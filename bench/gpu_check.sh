@@ -64,16 +64,7 @@ if [ -n "${ROWS:-}" ]; then
     "$TEXTS" "$ROWS" "$W/texts.parquet" && TEXTS=$W/texts.parquet
 fi
 
-step teachers 60 python3 - "$B" "$W/t" <<'EOF'
-# Each teacher from its real config and tokenizer files, weights drawn at random (see the header).
-import shutil, sys, torch
-from transformers import AutoConfig, AutoModel
-bundle, out = sys.argv[1], sys.argv[2]
-for name in ("mpnet", "minilm"):
-    shutil.copytree(f"{bundle}/{name}-shape", f"{out}/{name}")
-    torch.manual_seed(0)
-    AutoModel.from_config(AutoConfig.from_pretrained(f"{out}/{name}")).save_pretrained(f"{out}/{name}")
-EOF
+step teachers 60 python3 bench/random_teachers.py "$B" "$W/t" mpnet minilm
 
 ROWS_FLAGS=(--text-column text --shard-rows 2000 --device "$DEVICE" --backend "${BACKEND:-auto}")
 step precompute-mpnet 200 "${KD[@]}" precompute "$TEXTS" "${ROWS_FLAGS[@]}" -t mpnet="$W/t/mpnet" \
