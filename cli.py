@@ -212,7 +212,7 @@ def train_student(
     token_weights: Annotated[B.TokenWeights, typer.Option(help="Static students: sif | none")] = "sif",
     head_init: Annotated[B.HeadInit, typer.Option(help="The head onto a wider target: auto (lstsq for transformer-init) | lstsq (least squares from the start model's vectors) | random")] = "auto",  # noqa: E501
     exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
-    init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5")] = None,  # noqa: E501
+    init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5; with --init, which of that student's layers to keep (a smaller copy)")] = None,  # noqa: E501
     init_teacher: Annotated[str | None, typer.Option(help="Stored teacher whose tokenizer, embeddings and vocab/init outputs the student starts from (default: the target's; transformer-init: the teacher with an init output)")] = None,  # noqa: E501
     bucket: Annotated[bool, typer.Option(help="Batches of similar length inside the shuffle buffer (less padding)")] = True,  # noqa: E501
     device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N", **_device(True))] = "auto",

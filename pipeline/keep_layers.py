@@ -14,30 +14,10 @@ copy of the teacher (DistilBERT-style layer selection) and then learn from the s
 from __future__ import annotations
 
 import json
-import re
 
 from kd.common.errors import InputError
+from kd.common.layers import keep_layers
 from kd.pipeline.teacher import Teacher
-
-
-def default_layers(num_layers: int, k: int | None = None) -> list[int]:
-    """k evenly spaced layer indices ending with the last: 6 layers, k=3 -> [1, 3, 5]; k=2 -> [2, 5]."""
-    k = k or (num_layers + 1) // 2
-    return sorted(num_layers - 1 - round(i * num_layers / k) for i in range(k))
-
-
-def parse_layers(text: str | None, num_layers: int) -> list[int]:
-    if not text:
-        return default_layers(num_layers)
-    try:
-        layers = sorted({int(x) for x in text.split(",")})
-    except ValueError:
-        raise InputError(f"--keep-layers must be comma-separated layer numbers, got {text!r}", "--keep-layers",
-                         f"e.g. --keep-layers 1,3,{num_layers - 1}") from None
-    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
-        raise InputError(f"--keep-layers {text!r}: layers are numbered 0..{num_layers - 1}", "--keep-layers",
-                         f"e.g. --keep-layers 1,3,{num_layers - 1}")
-    return layers
 
 
 def folder_name(layers: list[int]) -> str:
@@ -52,14 +32,9 @@ def init_files(teacher: Teacher, layers: list[int]) -> dict[str, bytes]:
     if getattr(base.config, "model_type", "") not in ("bert", "roberta", "xlm-roberta", "mpnet"):
         raise InputError(f"teacher {teacher.name!r} is a {base.config.model_type} model; the init output "
                          "supports BERT-style encoders", "--outputs init", "drop init from --outputs")
-    renumber = {f"encoder.layer.{old}.": f"encoder.layer.{new}." for new, old in enumerate(layers)}
-    state = {}
-    for key, value in base.state_dict().items():
-        if key.startswith("embeddings."):
-            state[key] = value
-        m = re.match(r"encoder\.layer\.(\d+)\.", key)
-        if m and int(m.group(1)) in layers:
-            state[renumber[m.group(0)] + key[m.end():]] = value
+    # the embeddings and the kept layers, nothing else of the teacher (no pooler, no task head)
+    state = {k: v for k, v in keep_layers(base.state_dict(), layers).items()
+             if k.startswith(("embeddings.", "encoder.layer."))}
     # the teacher's sentence pooling (sentence-transformers modules), for students and exports that mimic it
     pooling = None if teacher.st is None else {"mode": teacher.st.mode, "normalize": teacher.st.normalize}
     config = base.config.to_dict() | {"num_hidden_layers": len(layers), "kept_layers": layers,

@@ -211,9 +211,10 @@ def save_teacher_files(writer: StoreWriter, t: Teacher) -> list[str]:
 
 def write_init(writer: StoreWriter, t: Teacher, keep_layers: str | None) -> bool:
     """Write teachers/<name>/init-<layers>/ (embeddings + kept layers, config) once, checksummed."""
-    from kd.pipeline.keep_layers import folder_name, init_files, parse_layers
+    from kd.common.layers import parse_layers
+    from kd.pipeline.keep_layers import folder_name, init_files
 
-    layers = parse_layers(keep_layers, t.num_layers)
+    layers = parse_layers(keep_layers, t.num_layers, "--keep-layers")
     base = f"teachers/{t.name}/{folder_name(layers)}"
     known = writer.manifest.extras.get("files", {})
     if all(f"{base}/{f}" in known and fs.exists(writer.loc, base, f) for f in ("model.safetensors", "config.json")):

@@ -40,8 +40,9 @@ class HeadFit:
 
 
 def wants_fit(mode: HeadInit, student: Student, from_student: bool, has_target: bool) -> bool:
-    """Whether to fit the head: `auto` for a fresh transformer-init student with one linear head onto an
-    embedding target; `lstsq` wherever that head exists (refused where it does not)."""
+    """Whether to fit the head: `auto` for a fresh transformer-init student (`from_student` False: not
+    --init, or --init shrunk by --init-layers) with one linear head onto an embedding target; `lstsq`
+    wherever that head exists (refused where it does not)."""
     linear = isinstance(student.head, nn.Linear)
     if mode is HeadInit.auto:
         return linear and has_target and not from_student and student.config.arch.value == "transformer-init"

@@ -4,6 +4,9 @@
   that teacher's input embeddings (read once, checked against the manifest), its tokenizer (loaded once:
   the data stream tokenizes with the same object), the transformer-init output folder (checked once) and
   the --init student's config.json and tokenizer (read once) are kept in the returned `Setup`;
+- `--init DIR --init-layers 1,3,5` (transformer-init): a smaller copy of a trained student, k of its layers
+  renumbered 0..k-1 with its embeddings and head, the way the teacher's `init` output copies the teacher's:
+  a student already fitted to the target starts the small one (measured in docs/results.md);
 - from them: the target's batch keys, the student's shape (`StudentConfig`), the objectives and the data
   stream's config. Every error here comes before any step, and before --out is written;
 - `initial_student(cfg, s)` builds the student with its starting weights from what `Setup` holds: the
@@ -23,6 +26,7 @@ import numpy as np
 from torch import nn
 
 from kd.common.errors import InputError, KdError
+from kd.common.layers import keep_layers, parse_layers
 from kd.storage.store import Store
 from kd.student import data as D
 from kd.student.models import Student, StudentConfig, build_student, pca_embeddings
@@ -48,10 +52,14 @@ class Setup:
     embeddings: np.ndarray | None = None  # the teacher's input embeddings (None: none, or --init-embeddings random)
     init_dir: Path | None = None  # transformer-init: the teacher's init output (checked)
     init_info: dict[str, Any] | None = None  # --init: the source student's config.json
+    kept_layers: list[int] | None = None  # --init with --init-layers: the source student's layers kept
 
 
 def setup(cfg: TrainConfig) -> Setup:
     """Resolve target, tokenizer, student shape and objectives from the store; errors before any step."""
+    if cfg.init_layers and cfg.arch != "transformer-init":
+        raise KdError(f"--init-layers picks a Transformer's layers; this run asks for --arch {cfg.arch}",
+                      "--init-layers", "drop --init-layers, or pass --arch transformer-init")
     store = Store.open(cfg.store)
     store.require_complete("texts")
     ctx = Context.from_manifest(store.manifest, StudentConfig(), cfg.target)
@@ -70,11 +78,12 @@ def setup(cfg: TrainConfig) -> Setup:
                       "use --init-embeddings random, or re-run kd precompute with this kd version")
     init_dir = init_folder(store, teacher, cfg.init_layers) if cfg.arch == "transformer-init" and not cfg.init else None
     student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
+    kept = None
     if cfg.init:
-        student_cfg = init_config(cfg, init_info, tok)
+        student_cfg, kept = init_config(cfg, init_info, tok)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     return Setup(store, student_cfg, objectives, keys, teacher, _data_config(cfg, objectives, teacher), tok, emb,
-                 init_dir, init_info)
+                 init_dir, init_info, kept)
 
 
 def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, emb: np.ndarray | None,
@@ -176,13 +185,15 @@ def _target_keys(ctx: Context) -> list[str]:
         raise
 
 
-def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) -> StudentConfig:
-    """The --init student's config (its shape wins; dropout is this run's), checked against this run.
+def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) -> tuple[StudentConfig, list[int] | None]:
+    """The --init student's config (its shape wins; dropout is this run's), checked against this run, and
+    the layers it keeps of the source (--init-layers; None: all of them).
 
     - `info` is the --init folder's config.json (`saved.read_config`);
     - the arch must be the one asked for (--arch), else the weights would not fit;
     - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
-      text), else every embedding row would mean another token.
+      text), else every embedding row would mean another token;
+    - --init-layers keeps k of a transformer-init source's layers: the config's layer count becomes k.
     """
     from kd.storage.tokenizer_files import load_tokenizer
 
@@ -190,6 +201,10 @@ def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) ->
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")
+    kept = None
+    if cfg.init_layers:
+        kept = parse_layers(cfg.init_layers, source.num_layers, "--init-layers")
+        source = dataclasses.replace(source, bert={**(source.bert or {}), "num_hidden_layers": len(kept)})
     _check_init_shape(cfg, source)
     mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
     store = store_tokenizer
@@ -198,7 +213,7 @@ def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) ->
         raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
                       "precompute the store with a teacher that shares the student's tokenizer, or train from "
                       "scratch (no --init)")
-    return dataclasses.replace(source, dropout=cfg.dropout)
+    return dataclasses.replace(source, dropout=cfg.dropout), kept
 
 
 def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
@@ -273,7 +288,8 @@ def initial_student(cfg: TrainConfig, s: Setup) -> Student:
     """The student of `s.student_cfg` with its starting weights (see the module docstring, last bullet)."""
     student = build_student(s.student_cfg)
     if cfg.init:  # a student that starts from a student: its weights, not the teacher's embeddings
-        student.load_state_dict(fitted_student(Path(cfg.init), s.init_info).state_dict())
+        state = fitted_student(Path(cfg.init), s.init_info).state_dict()
+        student.load_state_dict(keep_layers(state, s.kept_layers) if s.kept_layers else state)
         return student
     if s.student_cfg.arch == "transformer-init":
         load_init_weights(student, s.init_dir)

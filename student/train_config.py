@@ -91,7 +91,8 @@ class TrainConfig:
     head_init: HeadInit = HeadInit.auto
     token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
     exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
-    init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one
+    init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one.
+    # With --init: which of that student's layers the new one keeps (a smaller copy); default: all
     # stored teacher whose tokenizer, embeddings, vocab/init outputs the student starts from (`source_teacher`);
     # None: the target's teacher, or for transformer-init the one teacher with an init output
     init_teacher: str | None = None

@@ -344,7 +344,8 @@ def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
 def _fit_head(cfg: TrainConfig, s: Setup, plan: D.Plan, student: Student, d: Dist) -> HeadFit | None:
     """The head's least-squares start (student.head_fit) where --head-init asks for one; DDP broadcasts
     rank 0's head, so each rank fitting on its own rows is harmless."""
-    if not wants_fit(cfg.head_init, student, bool(cfg.init), bool(s.target)):
+    # a shrunk --init student (--init-layers) counts as fresh: its head was fitted to the layers it lost
+    if not wants_fit(cfg.head_init, student, bool(cfg.init) and not s.kept_layers, bool(s.target)):
         return None
     return fit_head(student, D.train_batches(s.store, plan, 0, 0, d.rank, s.tok), s.target[0])
 

@@ -113,6 +113,11 @@ def test_cross_teacher_run_starts_from_the_fit_and_a_resume_keeps_it(store, tmp_
     rand_losses = [r["loss"] for r in _records(tmp_path / "rand") if "loss" in r]
     assert fit_losses[0] < min(rand_losses), (fit_losses, rand_losses)  # its start is below ten random-head steps
     assert json.loads((tmp_path / "fit" / "training_args.json").read_text())["head_init"] == "auto"
+    # a smaller copy of it (--init-layers) counts as fresh: its head, fitted to the layer it lost, is fitted again
+    shrunk = _train(store, tmp_path / "shrunk", *common, "--init", str(tmp_path / "fit"), "--init-layers", "0", steps=1)
+    assert shrunk.exit_code == 0, shrunk.output
+    refit = _records(tmp_path / "shrunk")[0]["head_fit"]
+    assert refit["after"] < refit["before"], refit
 
     real, calls = D.train_batches, []
 

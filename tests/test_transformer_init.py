@@ -14,7 +14,7 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.pipeline.keep_layers import default_layers
+from kd.common.layers import default_layers
 from kd.pipeline.precompute import precompute
 from kd.storage.validate import check
 
@@ -137,3 +137,41 @@ def _fixed_batch_losses(store: Path, folder: Path, layers: str) -> tuple[float, 
 def _cosine_loss(got: np.ndarray, want: np.ndarray) -> float:
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     return float(np.mean(1 - cos))
+
+
+def _shrink(store: Path, source: Path, out: Path, layers: str, *extra: str) -> CliRunner:
+    return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--arch",
+                                    "transformer-init", "--init", str(source), "--init-layers", layers,
+                                    "--target", "tiny.mean", "--val-percent", "0", "--device", "cpu",
+                                    "--batch-size", "16", "--no-progress", *extra])
+
+
+def test_a_student_shrunk_from_a_trained_one_keeps_the_layers_asked_for(store, tmp_path):
+    """--init DIR --init-layers 1: a one-layer copy of a trained two-layer student (its layer 1 renumbered 0,
+    its embeddings and head), then trained; at a learning rate of 1e-12 the one step leaves the copy as is."""
+    from safetensors.torch import load_file
+
+    assert _train(store, tmp_path / "big", "0,1", 20, "cpu").exit_code == 0
+    res = _shrink(store, tmp_path / "big", tmp_path / "small", "1", "--max-steps", "1", "--lr", "1e-12",
+                  "--head-init", "random")
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "small" / "config.json").read_text())["student"]
+    assert cfg["num_layers"] == 1 and cfg["bert"]["num_hidden_layers"] == 1
+    big, small = load_file(tmp_path / "big" / "model.safetensors"), load_file(tmp_path / "small" / "model.safetensors")
+    layer = "student.encoder.bert.encoder.layer."
+    assert not any(k.startswith(layer + "1.") for k in small)
+    pairs = [(k, k.replace(layer + "0.", layer + "1.")) for k in small if k.startswith("student.")]
+    assert len(pairs) == len([k for k in big if k.startswith("student.") and not k.startswith(layer + "0.")])
+    for mine, theirs in pairs:
+        torch.testing.assert_close(small[mine], big[theirs], atol=1e-6, rtol=0, msg=mine)
+    assert not torch.allclose(big[layer + "0.output.dense.weight"], big[layer + "1.output.dense.weight"])
+
+
+def test_shrinking_refuses_layers_the_student_lacks_and_other_archs(store, tmp_path):
+    assert _train(store, tmp_path / "big", "0,1", 2, "cpu").exit_code == 0
+    res = _shrink(store, tmp_path / "big", tmp_path / "s1", "1,2", "--max-steps", "1")
+    assert res.exit_code == 2 and "--init-layers '1,2': layers are numbered 0..1" in res.output, res.output
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "s2"),
+                                   "--arch", "static", "--init-layers", "1", "--target", "tiny.mean"])
+    assert res.exit_code == 2 and "--init-layers picks a Transformer's layers" in res.output, res.output
+    assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
