@@ -99,6 +99,7 @@ def precompute(
     ray_address: Annotated[str | None, typer.Option(help="--engine ray: auto | HOST:PORT of a running cluster (default: RAY_ADDRESS, else a local Ray runtime)")] = None,  # noqa: E501
     workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)", **_in(B.RAY_WORKERS))] = None,  # noqa: E501
     gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)", **_in(B.GPU_SHARE))] = None,  # noqa: E501
+    reuse: Annotated[str | None, typer.Option(help="Store whose rows of the same teachers (same settings) are copied instead of encoded again: a grown corpus costs only its new rows")] = None,  # noqa: E501
 ) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store."""
     from kd.pipeline.job import PrecomputeJob
@@ -113,7 +114,7 @@ def precompute(
             num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
             overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
             allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,
-            gpus_per_worker=gpus_per_worker)
+            gpus_per_worker=gpus_per_worker, reuse=reuse)
         s = run(job)
     except KdError as e:
         _fail(e)
@@ -128,7 +129,8 @@ def precompute(
         term.print(f"restored {', '.join(s.files_written)}")
     term.print(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
-        f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
+        + (f"and {s.rows_reused:,} copied from --reuse " if s.rows_reused else "")
+        + f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
         f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, {s.rate:,.0f} rows/s, "
         f"{s.bytes_written / 1e6:.1f} MB" + (f"; {s.retried} unit(s) retried (their worker died)" if s.retried else "")
         + ("; rows per Ray node: " + ", ".join(f"{n[:12]}={r:,}" for n, r in s.rows_per_node.items())

@@ -71,6 +71,7 @@ class PrecomputeJob:
     ray_address: str | None = None
     workers: int | None = None
     gpus_per_worker: float | None = None
+    reuse: str | None = None  # a store whose rows (same teacher, same settings) are copied, not encoded (reuse.py)
     # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
     ray: RayOptions | None = field(init=False, default=None, repr=False)
 
@@ -101,9 +102,20 @@ class PrecomputeJob:
         if not self.teachers:
             raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
         VectorDType(self.dtype)
+        self._check_reuse()
         backends.check_options(self.backend, self.quantize, self.precision, self.device)
         return ray_options(self.engine, self.ray_address, self.workers, self.gpus_per_worker, self.num_shards,
                            self.shard_index, self.device)
+
+    def _check_reuse(self) -> None:
+        if self.reuse is None:
+            return
+        if self.engine != "local":
+            raise InputError("--reuse runs with the local engine only", "--reuse",
+                             "drop --engine ray, or --reuse (the Ray workers encode every row)")
+        if os.path.abspath(self.reuse) == os.path.abspath(self.out):
+            raise InputError("--reuse names the output store itself", "--reuse",
+                             "drop --reuse: a rerun into the same store already skips every committed shard")
 
     @property
     def vdtype(self) -> VectorDType:

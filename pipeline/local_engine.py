@@ -4,7 +4,8 @@
   tokenizer files and input embeddings;
 - `plan_units` over the shards this writer owns: what the store has not committed yet;
 - shard by shard, commit the texts shard, then encode it with each teacher (length-sorted token-budget batches,
-  order restored) and hand the table to the writer thread; at most one encoded shard waits for that thread
+  order restored; with --reuse only the rows the other store lacks, `reuse.encode_reusing`) and hand the table
+  to the writer thread; at most one encoded shard waits for that thread
   while the next is computed, so memory stays bounded;
 - publish the merged manifest.
 """
@@ -14,17 +15,22 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import pyarrow as pa
+
 from kd.common.progress import Bar
 from kd.pipeline.plan import UnitPlan, plan_units
+from kd.pipeline.reuse import encode_reusing
 from kd.pipeline.shards import (
     PrecomputeSummary,
     Prepared,
+    columns,
     commit_texts,
     declare_teacher,
     declare_texts,
     encode_shard,
     save_teacher_files,
 )
+from kd.pipeline.teacher import Teacher
 
 
 def write(ctx: Prepared) -> PrecomputeSummary:
@@ -53,13 +59,28 @@ def _encode_and_commit(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary
             if name is None:
                 pending.append(pool.submit(commit_texts, ctx, k))
                 continue
-            table, truncated = encode_shard(by_name[name], ctx.outputs[name], k, ctx.texts_shard(k), ctx.pairs,
-                                            ctx.job.vdtype, ctx.job.batch_tokens, bar.advance)
+            table, truncated, reused = _encode(ctx, by_name[name], k, bar)
             summary.truncated += truncated
-            summary.rows_computed += table.num_rows
+            summary.rows_computed += table.num_rows - reused
+            summary.rows_reused += reused
             # Bound memory: at most one shard waits for the writer thread while the next is computed.
             while len(pending) > 1:
                 summary.bytes_written += pending.pop(0).result().bytes
             pending.append(pool.submit(ctx.writer.commit, f"teachers/{name}", k, table))
         for f in pending:
             summary.bytes_written += f.result().bytes
+
+
+def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar) -> tuple[pa.Table, int, int]:
+    """Teacher `t`'s table of shard k: (table, rows truncated, rows taken from the --reuse store)."""
+    def encode(rows: pa.Table) -> tuple[pa.Table, int]:
+        return encode_shard(t, ctx.outputs[t.name], k, rows, ctx.pairs, ctx.job.vdtype, ctx.job.batch_tokens,
+                            bar.advance)
+
+    shard = ctx.texts_shard(k)
+    if t.name not in ctx.reuse:
+        return (*encode(shard), 0)
+    cols = list(columns(t, ctx.outputs[t.name], ctx.pairs, ctx.job.vdtype))
+    table, truncated, reused = encode_reusing(ctx.reuse[t.name], shard, cols, encode)
+    bar.advance(reused)
+    return table, truncated, reused

@@ -34,6 +34,7 @@ from kd.pipeline import inputs as inp
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan, writer_rank
 from kd.pipeline.resolve import resolve_teacher
+from kd.pipeline.reuse import open_sources
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
@@ -66,6 +67,7 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
+    reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers})
     same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
     rows, plan, counts = _rows(job, files, spec, loc, same, index, count)
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,
@@ -75,7 +77,7 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
         writer = open_writer(loc, header, f"writer-{index:05d}-of-{count:05d}", job.overwrite, existing)
         try:
             ctx = Prepared(job, writer, teachers, outputs, rows, plan, plan.owned(index, count), index, counts,
-                           spec.pair is not None, t0)
+                           spec.pair is not None, t0, reuse)
             remove_own_temps(writer, ctx.names, ctx.owned)
             summary = ray_engine.write(ctx, job.ray) if job.ray else local_engine.write(ctx)
             return _write_per_teacher(ctx, summary) if index == 0 else summary

@@ -26,6 +26,7 @@ from kd.common.progress import Bar
 from kd.pipeline.batches import encode_all, input_embeddings
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan
+from kd.pipeline.reuse import ReuseSource
 from kd.pipeline.rows import RowCounts
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
@@ -38,7 +39,8 @@ from kd.storage.store import FRAGMENTS, StoreWriter, shard_file
 class PrecomputeSummary:
     store: str
     rows_total: int
-    rows_computed: int = 0
+    rows_computed: int = 0  # rows the teachers encoded
+    rows_reused: int = 0  # rows copied from the --reuse store instead
     shards_written: int = 0
     shards_skipped: int = 0
     empty_dropped: int = 0
@@ -76,6 +78,7 @@ class Prepared:
     counts: RowCounts
     pairs: bool
     t0: float  # when the run started (perf_counter)
+    reuse: dict[str, ReuseSource] = field(default_factory=dict)  # teacher name -> its rows in the --reuse store
 
     @property
     def existing(self) -> Manifest | None:

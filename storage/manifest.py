@@ -194,12 +194,14 @@ MEASURED_META = ("fidelity", "backend_choice")
 META_DEFAULTS = {"backend": "torch", "quantize": "none"}
 
 
-def same_settings(a: dict, b: dict) -> bool:
-    """Whether two table metas describe the same settings (measured keys aside, defaults filled in)."""
-    def norm(m: dict) -> dict:
-        return {**META_DEFAULTS, **{k: v for k, v in m.items() if k not in MEASURED_META}}
+def settings(meta: dict) -> dict:
+    """A table meta's settings: measured keys aside, defaults filled in."""
+    return {**META_DEFAULTS, **{k: v for k, v in meta.items() if k not in MEASURED_META}}
 
-    return norm(a) == norm(b)
+
+def same_settings(a: dict, b: dict) -> bool:
+    """Whether two table metas describe the same settings."""
+    return settings(a) == settings(b)
 
 
 def _lowest_fidelity(a: dict | None, b: dict | None) -> dict | None:

@@ -1,0 +1,79 @@
+"""`kd precompute --reuse OLD`: a grown corpus encodes only the rows OLD lacks, and the store it writes holds
+OLD's vectors for the others, in the new corpus's order; a reuse that would mix settings is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.common.errors import InputError
+from kd.pipeline.precompute import precompute
+from kd.pipeline.teacher import Teacher
+from kd.storage.store import Store
+from kd.storage.validate import check
+
+
+def _write(path: Path, lines: list[str]) -> str:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _vectors(store: Path) -> tuple[np.ndarray, np.ndarray]:
+    t = Store.open(store).read_table("teachers/tiny", ["id", "mean"])
+    return t["id"].to_numpy(), np.stack(t["mean"].to_numpy(zero_copy_only=False))
+
+
+@pytest.fixture(scope="module")
+def old_store(tmp_path_factory, tiny_teacher, sentences) -> Path:
+    root = tmp_path_factory.mktemp("reuse")
+    precompute([_write(root / "old.txt", sentences[:120])], str(root / "old"), [f"tiny={tiny_teacher}"],
+               outputs=["mean", "cls"], shard_rows=50, dedup=True, progress=False)
+    return root / "old"
+
+
+def test_a_grown_corpus_encodes_only_its_new_rows(old_store, tmp_path, tiny_teacher, sentences, monkeypatch):
+    grown = _write(tmp_path / "grown.txt", sentences[200:260] + sentences[60:120] + sentences[120:180])
+    encoded, forward = [], Teacher.forward
+    monkeypatch.setattr(Teacher, "forward", lambda self, enc, outs: encoded.append(len(enc["input_ids"]))
+                        or forward(self, enc, outs))
+    s = precompute([grown], str(tmp_path / "new"), [f"tiny={tiny_teacher}"], outputs=["mean"], shard_rows=50,
+                   dedup=True, progress=False, reuse=str(old_store))
+    monkeypatch.undo()
+    old_ids, old_vecs = _vectors(old_store)
+    ids, vecs = _vectors(tmp_path / "new")
+    shared = np.isin(ids, old_ids)
+    assert 50 <= shared.sum() <= 60 and s.rows_reused == shared.sum()  # (dedup: sentences repeat in the news)
+    assert s.rows_computed == sum(encoded) == len(ids) - shared.sum() and s.rows_total == len(ids)
+    assert not shared[:50].any() and 0 < shared[50:100].sum() < 50  # shard 1 mixes reused and encoded rows
+    by_id = dict(zip(old_ids.tolist(), old_vecs))
+    assert all(np.array_equal(v, by_id[i]) for i, v in zip(ids[shared].tolist(), vecs[shared]))
+    assert check(str(tmp_path / "new"))[1] == []  # checksums and schema as any store's
+
+    precompute([grown], str(tmp_path / "fresh"), [f"tiny={tiny_teacher}"], outputs=["mean"], shard_rows=50,
+               dedup=True, progress=False)
+    fresh_ids, fresh = _vectors(tmp_path / "fresh")
+    assert np.array_equal(ids, fresh_ids)  # the same rows in the same order as without --reuse
+    np.testing.assert_allclose(vecs, fresh, atol=1e-5)  # the same vectors (batch padding aside)
+
+
+def test_reuse_refuses_other_settings_the_output_itself_and_ray(old_store, tmp_path, tiny_teacher, sentences):
+    src = _write(tmp_path / "in.txt", sentences[:80])
+    base = ["precompute", src, "-t", f"tiny={tiny_teacher}", "--outputs", "mean", "--no-progress", "--reuse",
+            str(old_store)]
+    res = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "a"), "--dtype", "float16"])
+    assert res.exit_code == 2 and "dtype: 'float32' there, 'float16' here" in res.output, res.output
+    res = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "b"), "--outputs", "mean,layers"])
+    assert res.exit_code == 2 and "lacks output(s) layers" in res.output, res.output
+    res = CliRunner().invoke(app, [*base[:-1], str(tmp_path / "c"), "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "--reuse names the output store itself" in res.output, res.output
+    res = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "d"), "--engine", "ray"])
+    assert res.exit_code == 2 and "--reuse runs with the local engine only" in res.output, res.output
+    with pytest.raises(InputError, match="max_length: 64 there, 16 here"):
+        precompute([src], str(tmp_path / "e"), [f"tiny={tiny_teacher}"], outputs=["mean"], max_length=16,
+                   reuse=str(old_store), progress=False)
+    assert not any((tmp_path / d).exists() for d in "abcde")  # refused before anything was written
