@@ -127,6 +127,7 @@ class DataConfig:
     store: str
     columns: list[str]  # "<teacher>.<column>" or "label", from the objectives
     tokenizer: str  # teacher whose stored tokenizer the student uses
+    tokenizer_dir: str | None = None  # that tokenizer outside the store (the --init student's own); None: the store's
     batch_size: int = 64
     max_length: int = 128
     shuffle_buffer: int = 10_000
@@ -137,6 +138,9 @@ class DataConfig:
     chunk_rows: int = 4_096
     exclude: tuple[int, ...] = ()  # ids never trained or validated on (`kd leakage --exclude-out`)
     bucket: bool = False  # batches of similar length within the shuffle buffer (less padding); trainer: on
+
+    def tokenizer_path(self, store: Store) -> str:
+        return self.tokenizer_dir or store.tokenizer_dir(self.tokenizer)
 
 
 @dataclass
@@ -201,7 +205,8 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     tokenizer file (checked against its manifest sha256: it would otherwise mis-tokenize silently), and
     so does a NaN/Inf in any teacher column the objectives read (`_check_finite`), before any step.
     """
-    store.verify_folder("tokenizers", cfg.tokenizer)
+    if cfg.tokenizer_dir is None:  # (a student's own tokenizer was loaded and checked by the set-up)
+        store.verify_folder("tokenizers", cfg.tokenizer)
     cols = resolve_columns(store, cfg.columns)
     for t in cols.tables():
         store.require_complete(t)
@@ -466,7 +471,7 @@ class TrainStream(IterableDataset):
     def __init__(self, store: Store, plan: Plan, epoch: int, rank: int, skip: list[int],
                  tokenizer: Any = None) -> None:
         self.store, self.plan, self.epoch, self.rank, self.skip = store, plan, epoch, rank, skip
-        self.tokenize = Tokenize(store.tokenizer_dir(plan.cfg.tokenizer), plan.cfg.max_length, tokenizer)
+        self.tokenize = Tokenize(plan.cfg.tokenizer_path(store), plan.cfg.max_length, tokenizer)
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -515,7 +520,7 @@ def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1,
                        tokenizer: Any = None) -> list[dict]:
     """The held-out rows (first `max_val_rows` in shard order), tokenized once; rank r keeps batches r::world."""
     cfg = plan.cfg
-    tok = Tokenize(store.tokenizer_dir(cfg.tokenizer), cfg.max_length, tokenizer)
+    tok = Tokenize(cfg.tokenizer_path(store), cfg.max_length, tokenizer)
     rows: dict[str, np.ndarray] | None = None
     for k in range(store.manifest.num_shards):
         if _rows(rows) >= cfg.max_val_rows or plan.num_val == 0:

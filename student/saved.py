@@ -73,6 +73,7 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
     out.mkdir(parents=True, exist_ok=True)
     weights_sha256 = write_weights(out / WEIGHTS, weights_state(model, objectives))
     shutil.copytree(tokenizer_dir, out / TOKENIZER, dirs_exist_ok=True)
+    tokenizer_sha256 = {f.name: fs.file_sha256(f) for f in sorted((out / TOKENIZER).iterdir()) if f.is_file()}
     _atomic_json(out / ARGS, train_args)
     config = {
         "format": FORMAT,
@@ -81,6 +82,7 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
         "num_parameters": model.num_parameters(),
         "store_fingerprint": store_fingerprint,
         "weights_sha256": weights_sha256,
+        "tokenizer_sha256": tokenizer_sha256,
         **(info or {}),
     }
     _atomic_json(out / CONFIG, config)
@@ -237,7 +239,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedS
     model = fitted_student(p, info)
     dev = resolve_device(device)
     model.to(dev).eval()
-    return LoadedStudent(p, model, _tokenizer(p), info, dev)
+    return LoadedStudent(p, model, student_tokenizer(p, info), info, dev)
 
 
 def fitted_student(path: Path, info: dict[str, Any]) -> Student:
@@ -297,10 +299,18 @@ def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
-def _tokenizer(p: Path):
+def student_tokenizer(p: Path, info: dict[str, Any]):
+    """The student folder's tokenizer, its files checked against the sha256 config.json records (students
+    written before kd recorded them load unchecked): a tokenizer/ swapped or damaged would map every text to
+    other embedding rows without any error."""
     from kd.storage.tokenizer_files import load_tokenizer  # a tokenizer only: students never load model classes
 
-    if not (p / TOKENIZER).is_dir():
-        raise InputError("the student folder has no tokenizer/ folder", str(p / TOKENIZER),
+    folder = p / TOKENIZER
+    if not folder.is_dir():
+        raise InputError("the student folder has no tokenizer/ folder", str(folder),
                          "copy the whole student folder (weights, config.json and tokenizer/)")
-    return load_tokenizer(p / TOKENIZER, "copy the whole student folder again", InputError)
+    for name, sha in (info.get("tokenizer_sha256") or {}).items():
+        if not (folder / name).is_file() or fs.file_sha256(folder / name) != sha:
+            raise InputError(f"tokenizer/{name} does not match the checksum in config.json (missing, damaged or "
+                             "replaced)", str(folder / name), "copy the whole student folder again, or retrain it")
+    return load_tokenizer(folder, "copy the whole student folder again", InputError)

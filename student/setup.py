@@ -32,7 +32,7 @@ from kd.student import data as D
 from kd.student.models import Student, StudentConfig, build_student, pca_embeddings
 from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
-from kd.student.saved import TOKENIZER, fitted_student, read_config
+from kd.student.saved import TOKENIZER, fitted_student, read_config, student_tokenizer
 from kd.student.static import sif_weights, static_init, token_counts
 from kd.student.train_config import EmbeddingInit, TrainConfig
 from kd.student.transformer_init import bert_config, load_init_weights
@@ -66,13 +66,18 @@ def setup(cfg: TrainConfig) -> Setup:
     keys = _target_keys(ctx)
     target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
     init_info = read_config(cfg.init) if cfg.init else None
-    teacher = source_teacher(store, target_teacher, cfg, init_info)
-    tok_dir = store.tokenizer_dir(teacher)
-    if not os.path.isdir(tok_dir):
-        raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
-                      "re-run kd precompute for this teacher (it saves the tokenizer files)")
-    emb = input_embeddings(store, teacher, wanted=cfg.init_embeddings is not EmbeddingInit.random)
-    tok = store.load_tokenizer(teacher)  # (its files checked first: a damaged one names itself)
+    own_tok = own_tokenizer(store, cfg, init_info)
+    if own_tok is not None:  # the --init student's tokenizer, whose teacher this store lacks
+        teacher, emb = init_info["tokenizer"], None
+        tok = student_tokenizer(Path(cfg.init), init_info)
+    else:
+        teacher = source_teacher(store, target_teacher, cfg, init_info)
+        tok_dir = store.tokenizer_dir(teacher)
+        if not os.path.isdir(tok_dir):
+            raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
+                          "re-run kd precompute for this teacher (it saves the tokenizer files)")
+        emb = input_embeddings(store, teacher, wanted=cfg.init_embeddings is not EmbeddingInit.random)
+        tok = store.load_tokenizer(teacher)  # (its files checked first: a damaged one names itself)
     if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
         raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
                       "use --init-embeddings random, or re-run kd precompute with this kd version")
@@ -82,8 +87,21 @@ def setup(cfg: TrainConfig) -> Setup:
     if cfg.init:
         student_cfg, kept = init_config(cfg, init_info, tok)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
-    return Setup(store, student_cfg, objectives, keys, teacher, _data_config(cfg, objectives, teacher), tok, emb,
-                 init_dir, init_info, kept)
+    data = _data_config(cfg, objectives, teacher, own_tok)
+    return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
+
+
+def own_tokenizer(store: Store, cfg: TrainConfig, init_info: dict[str, Any] | None) -> str | None:
+    """The --init student's own tokenizer folder when the store lacks the teacher it came from (a store grown
+    with the target teacher alone): the student needs only the texts and the targets, so its own tokenizer
+    (which its embedding rows follow by construction) serves, its files checked against config.json. None:
+    the store's tokenizer is used (and compared with the student's), as for students written before kd
+    recorded those checksums."""
+    if init_info is None or cfg.init_teacher is not None or not init_info.get("tokenizer_sha256"):
+        return None
+    teachers = {name.split("/", 1)[1] for name in store.manifest.tables if name.startswith("teachers/")}
+    name = init_info.get("tokenizer")
+    return str(Path(cfg.init) / TOKENIZER) if name and name not in teachers else None
 
 
 def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, emb: np.ndarray | None,
@@ -109,9 +127,11 @@ def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, e
     return student_cfg
 
 
-def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str) -> D.DataConfig:
+def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str,
+                 tokenizer_dir: str | None) -> D.DataConfig:
     return D.DataConfig(
-        cfg.store, required_columns(objectives), teacher, batch_size=cfg.batch_size, max_length=cfg.max_length,
+        cfg.store, required_columns(objectives), teacher, tokenizer_dir, batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
         shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
         seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
         bucket=cfg.bucket,
@@ -195,8 +215,6 @@ def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) ->
       text), else every embedding row would mean another token;
     - --init-layers keeps k of a transformer-init source's layers: the config's layer count becomes k.
     """
-    from kd.storage.tokenizer_files import load_tokenizer
-
     source = StudentConfig.from_dict(info["student"])
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
@@ -206,7 +224,7 @@ def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) ->
         kept = parse_layers(cfg.init_layers, source.num_layers, "--init-layers")
         source = dataclasses.replace(source, bert={**(source.bert or {}), "num_hidden_layers": len(kept)})
     _check_init_shape(cfg, source)
-    mine = load_tokenizer(Path(cfg.init) / TOKENIZER, "the --init student folder is damaged: export or train it again")
+    mine = student_tokenizer(Path(cfg.init), info)
     store = store_tokenizer
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
     if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:

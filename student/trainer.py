@@ -470,7 +470,7 @@ def _finish(run: _Run, st: TrainState) -> None:
                 "total_steps": run.total, "world_size": run.d.world, "train_rows": run.plan.train_rows(),
                 "val_rows": run.plan.num_val, "steps": st.step, "best_step": early.best_step or st.step,
                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
-        save_student(run.out, model.student, list(model.objectives), s.store.tokenizer_dir(s.tokenizer),
+        save_student(run.out, model.student, list(model.objectives), s.data.tokenizer_path(s.store),
                      run.cfg.to_json() | {"resolved": info}, s.store.manifest.fingerprint, info)
         plot_curve(run.out / METRICS, run.out / CURVE)
         # The run is complete: its checkpoint (torch's pickle-based format, even if loaded weights-only)

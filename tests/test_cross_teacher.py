@@ -171,3 +171,30 @@ def test_second_stage_of_a_cross_teacher_student_needs_no_teacher_flag(store, tm
     wrong = _train(store, tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean",
                    "--init", str(tmp_path / "one"), "--init-teacher", "big", steps=8)
     assert wrong.exit_code == 2 and "tokenizer differs" in wrong.output, wrong.output
+
+
+def test_a_student_continues_on_a_grown_store_of_its_target_teacher_alone(store, teachers, tmp_path, sentences):
+    """The recipe for more text: grow the corpus with the big teacher alone (--reuse copies the rows it had), then
+    --init the cross-teacher student there. The store lacks "small", so the student's own tokenizer serves."""
+    from kd import student
+
+    grown = tmp_path / "grown.txt"
+    grown.write_text("\n".join(sentences[:240]) + "\n", encoding="utf-8")
+    s = precompute([str(grown)], str(tmp_path / "g"), [f"big={teachers['big']}"], shard_rows=80, progress=False,
+                   reuse=str(store))
+    assert s.rows_reused >= 150 and s.rows_computed >= 70
+    first = _train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
+    assert first.exit_code == 0, first.output
+    second = _train(tmp_path / "g", tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
+                    "--init", str(tmp_path / "one"), steps=20)
+    assert second.exit_code == 0, second.output
+    info = json.loads((tmp_path / "two" / "config.json").read_text())
+    args = json.loads((tmp_path / "two" / "training_args.json").read_text())
+    assert info["tokenizer"] == "small" and args["resolved"]["train_rows"] > 200  # (rows of the grown store)
+    one, two = student.load(tmp_path / "one"), student.load(tmp_path / "two")
+    assert one.tokenizer.get_vocab() == two.tokenizer.get_vocab()
+    texts, want = _target(tmp_path / "g", "big", 48)
+    assert not np.allclose(one.encode(texts), two.encode(texts))  # it trained on
+    # with no student to take the tokenizer from, a store without "small" cannot start a small-tokenizer student
+    fresh = _train(tmp_path / "g", tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean", steps=2)
+    assert fresh.exit_code == 2, fresh.output

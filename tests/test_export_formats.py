@@ -237,6 +237,7 @@ def test_static_export_with_a_tokenizer_saved_with_padding(students, sentences, 
     from sentence_transformers import SentenceTransformer
 
     from kd import student
+    from kd.storage.fs import file_sha256
     from kd.student.exporters.st_directory import export_sentence_transformers
 
     folder = Path(shutil.copytree(students["static"], tmp_path / "static"))
@@ -245,6 +246,9 @@ def test_static_export_with_a_tokenizer_saved_with_padding(students, sentences, 
     spec["padding"] = {"strategy": {"Fixed": 40}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
                        "pad_type_id": 0, "pad_token": "[PAD]"}
     tj.write_text(json.dumps(spec))
+    info = json.loads((folder / "config.json").read_text())  # as if trained with it: its checksum recorded
+    info["tokenizer_sha256"]["tokenizer.json"] = file_sha256(tj)
+    (folder / "config.json").write_text(json.dumps(info))
     texts = _texts(sentences)
     want = student.load(folder).encode(texts)
     got = SentenceTransformer(str(export_sentence_transformers(folder, tmp_path / "st")), device="cpu").encode(texts)

@@ -75,6 +75,14 @@ def test_init_errors_are_clear(stage_one, ce_pairs, tmp_path):
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "zebra", "the", "cat", "runs"]
     BertTokenizerFast(vocab={w: i for i, w in enumerate(words)}).save_pretrained(other / "tokenizer")
+    with pytest.raises(KdError, match="tokenizer/tokenizer.json does not match the checksum in config.json"):
+        T.setup(T.TrainConfig(str(ce_pairs), str(tmp_path / "b"), objectives=["pair"], init=str(other), **TINY))
+    with pytest.raises(KdError, match="tokenizer/tokenizer.json does not match the checksum"):
+        student.load(other)  # kd embed, eval and export load it the same way
+    # a student written before kd recorded the tokenizer's checksums: checked against the store teacher's instead
+    info = json.loads((other / "config.json").read_text())
+    del info["tokenizer_sha256"]
+    (other / "config.json").write_text(json.dumps(info))
     with pytest.raises(KdError, match="tokenizer differs"):
         T.setup(T.TrainConfig(str(ce_pairs), str(tmp_path / "b"), objectives=["pair"], init=str(other), **TINY))
     with pytest.raises(KdError, match="no trained student here"):
