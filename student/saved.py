@@ -2,8 +2,10 @@
 
 Layout of a student folder:
     model.safetensors      "student.*" weights, plus "objectives.<i>.*" (learned heads/banks)
-    config.json            format, StudentConfig, objectives, target, store fingerprint, sizes
-    tokenizer/             the tokenizer files the student was trained with (copied from the store)
+    config.json            format, StudentConfig, objectives, target, store fingerprint, sizes, and the
+                           sha256 of the weights and of each tokenizer file (checked on every load)
+    tokenizer/             the tokenizer files the student was trained with (copied from the store, or
+                           from the --init student when the store lacks its teacher)
     training_args.json     the TrainConfig and what was resolved from the store
     README.md              the model card (student.model_card), written after config.json
 
