@@ -67,7 +67,8 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
-    reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers})
+    reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers}) \
+        if job.reuse else {}
     same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
     rows, plan, counts = _rows(job, files, spec, loc, same, index, count)
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,

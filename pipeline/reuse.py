@@ -48,9 +48,9 @@ class ReuseSource:
 
     def take(self, pos: np.ndarray, columns: list[str]) -> pa.Table:
         """OLD's rows `pos` (indices into `self.ids`), in that order, with `columns`."""
-        parts, order = [], []
-        for k in np.unique(self.shard[pos]):
-            sel = np.nonzero(self.shard[pos] == k)[0]
+        parts, order, shards = [], [], self.shard[pos]
+        for k in np.unique(shards):
+            sel = np.nonzero(shards == k)[0]
             parts.append(self._shard(int(k)).select(columns).take(pa.array(self.row[pos[sel]])))
             order.append(sel)
         table = pa.concat_tables(parts)
@@ -66,11 +66,9 @@ class ReuseSource:
         return self.cache[k]
 
 
-def open_sources(uri: str | None, metas: dict[str, dict]) -> dict[str, ReuseSource]:
+def open_sources(uri: str, metas: dict[str, dict]) -> dict[str, ReuseSource]:
     """{teacher name: its rows in store `uri`} for each teacher of `metas` (name -> this run's table meta)
     that the store holds with the same settings; an InputError for one it holds with other settings."""
-    if uri is None:
-        return {}
     store = Store.open(uri)
     sources = {}
     for name, meta in metas.items():

@@ -76,7 +76,7 @@ def setup(cfg: TrainConfig) -> Setup:
     student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
     kept = None
     if cfg.init:
-        student_cfg, kept = init_config(cfg, init_info, tok)
+        student_cfg, kept = init_config(cfg, init_info, tok if own_tok is None else None)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     data = _data_config(cfg, objectives, teacher, own_tok)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
@@ -210,14 +210,16 @@ def _target_keys(ctx: Context) -> list[str]:
         raise
 
 
-def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) -> tuple[StudentConfig, list[int] | None]:
+def init_config(cfg: TrainConfig, info: dict[str, Any],
+                store_tokenizer: Any | None) -> tuple[StudentConfig, list[int] | None]:
     """The --init student's config (its shape wins; dropout is this run's), checked against this run, and
     the layers it keeps of the source (--init-layers; None: all of them).
 
     - `info` is the --init folder's config.json (`saved.read_config`);
     - the arch must be the one asked for (--arch), else the weights would not fit;
     - its tokenizer must give the same token ids as the store's (same vocabulary, same ids for a probe
-      text), else every embedding row would mean another token;
+      text), else every embedding row would mean another token (`store_tokenizer` None: the student's own
+      tokenizer serves, already loaded and checked by `setup`: nothing to compare);
     - --init-layers keeps k of a transformer-init source's layers: the config's layer count becomes k.
     """
     source = StudentConfig.from_dict(info["student"])
@@ -229,14 +231,17 @@ def init_config(cfg: TrainConfig, info: dict[str, Any], store_tokenizer: Any) ->
         kept = parse_layers(cfg.init_layers, source.num_layers, "--init-layers")
         source = dataclasses.replace(source, bert={**(source.bert or {}), "num_hidden_layers": len(kept)})
     _check_init_shape(cfg, source)
-    mine = student_tokenizer(Path(cfg.init), info)
-    store = store_tokenizer
+    if store_tokenizer is not None:
+        _check_same_tokenizer(cfg, student_tokenizer(Path(cfg.init), info), store_tokenizer)
+    return dataclasses.replace(source, dropout=cfg.dropout), kept
+
+
+def _check_same_tokenizer(cfg: TrainConfig, mine: Any, store: Any) -> None:
     probe = "The quick brown fox, 1999: naïve café-au-lait!"
     if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
         raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
                       "precompute the store with a teacher that shares the student's tokenizer, or train from "
                       "scratch (no --init)")
-    return dataclasses.replace(source, dropout=cfg.dropout), kept
 
 
 def _check_init_shape(cfg: TrainConfig, source: StudentConfig) -> None:
