@@ -1,16 +1,22 @@
 """Run a teacher over a list of texts: tokenize, length-sorted token-budget batches, restore order.
 
-- Texts are tokenized once untruncated (the `n_tokens` / `truncated` columns); only those longer than
-  max_length again, truncated, for the forward pass (`pipeline/fast_tokenizer.py`: the Rust tokenizer itself).
-- Batches come from `common.token_batches.plan_batches`; results are scattered back to input order, so the output
-  is independent of batching (up to float rounding).
+- `tokenize`: the texts tokenized once untruncated (the `n_tokens` / `truncated` columns); only those longer
+  than max_length again, truncated, for the forward pass (`pipeline/fast_tokenizer.py`: the Rust tokenizer
+  itself), and cut into batches (`common.token_batches.plan_batches`). Pure CPU work with no model, so
+  precompute runs it for the next shard on another thread while this one's forward runs (local_engine).
+- `forward_all`: each batch padded and handed to the teacher; on a GPU the next batch is launched before the
+  last one's vectors are copied back (`Teacher.launch`), so the device never waits for the host's padding and
+  scattering. Results are scattered back to input order, so the output is independent of batching (up to
+  float rounding).
 - Pairs go through the tokenizer jointly (cross-encoders); bi-encoders on pair inputs encode each
   side separately and get `_a` / `_b` column suffixes.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +25,47 @@ from kd.common.token_batches import default_batch_tokens, plan_batches
 
 if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teacher.encode), not back
     from kd.pipeline.teacher import Output, Teacher
+
+# Batches launched on a GPU before the oldest one's vectors are fetched: one queued behind the running one
+# keeps the device busy while the host pads the next and scatters the last; more only holds more memory.
+IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class Side:
+    """One tokenized input of the forward pass (the texts, or one side of bi-encoder pairs)."""
+
+    suffix: str  # "" for texts and cross-encoder pairs; "_a" / "_b" for the sides of bi-encoder pairs
+    enc: dict[str, list[list[int]]]  # input_ids[, token_type_ids] per row, truncated to max_length
+    batches: list[np.ndarray]  # row indices per batch, longest rows first
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Texts tokenized for one teacher: everything the forward pass needs that is not the model."""
+
+    rows: int
+    sides: list[Side]
+    n_tokens: np.ndarray  # untruncated token counts per row (max over both sides of a bi-encoder pair)
+
+
+def tokenize(teacher: Teacher, texts: list, batch_tokens: int | None = None) -> Tokenized:
+    """`texts` (strings, or (a, b) pairs) tokenized and batched for `teacher`; `batch_tokens` None: the default
+    for the device its forward pass runs on."""
+    budget = batch_tokens or default_batch_tokens(_compute_device(teacher))
+    pairs = bool(texts) and not isinstance(texts[0], str)
+    if not pairs or teacher.has_head:
+        enc, n_tokens = _tokenize(teacher, texts, pairs)
+        return Tokenized(len(texts), [_side("", enc, budget)], n_tokens)
+    # A bi-encoder on pairs: each side on its own.
+    enc_a, na = _tokenize(teacher, [t[0] for t in texts], False)
+    enc_b, nb = _tokenize(teacher, [t[1] for t in texts], False)
+    return Tokenized(len(texts), [_side("_a", enc_a, budget), _side("_b", enc_b, budget)], np.maximum(na, nb))
+
+
+def _side(suffix: str, enc: dict[str, list], batch_tokens: int) -> Side:
+    lengths = np.fromiter((len(x) for x in enc["input_ids"]), dtype=np.int64, count=len(enc["input_ids"]))
+    return Side(suffix, enc, plan_batches(lengths, batch_tokens))
 
 
 def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, list], np.ndarray]:
@@ -37,37 +84,38 @@ def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, lis
     return enc, n_tokens
 
 
-def _run(teacher: Teacher, texts: list, pairs: bool, outputs: list[Output], batch_tokens: int,
-         on_batch: Callable[[int], None] | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    enc, n_tokens = _tokenize(teacher, texts, pairs)
-    lengths = np.fromiter((len(x) for x in enc["input_ids"]), dtype=np.int64, count=len(texts))
+def forward_all(teacher: Teacher, tokens: Tokenized, outputs: list[Output],
+                on_batch: Callable[[float], None] | None = None) -> dict[str, np.ndarray]:
+    """The outputs of every row of `tokens`, float32 in input order (`<output><suffix>` keys). Progress counts a
+    bi-encoder pair once both its sides are done."""
+    share = 1 / len(tokens.sides)
     result: dict[str, np.ndarray] = {}
-    for idx in plan_batches(lengths, batch_tokens):
-        batch = teacher.fast.pad(enc, idx)
-        out = teacher.forward(batch, outputs)
-        for k, v in out.items():
-            if k not in result:
-                result[k] = np.empty((len(texts), *v.shape[1:]), dtype=np.float32)
-            result[k][idx] = v
-        if on_batch:
-            on_batch(len(idx))
-    return result, n_tokens
+    for side in tokens.sides:
+        def collect(idx: np.ndarray, fetch: Callable[[], dict[str, np.ndarray]], suffix: str = side.suffix) -> None:
+            for k, v in fetch().items():
+                key = k + suffix
+                if key not in result:
+                    result[key] = np.empty((tokens.rows, *v.shape[1:]), dtype=np.float32)
+                result[key][idx] = v
+            if on_batch:
+                on_batch(len(idx) * share)
+
+        in_flight: deque = deque()
+        for idx in side.batches:
+            in_flight.append((idx, teacher.launch(teacher.fast.pad(side.enc, idx), outputs)))
+            if len(in_flight) >= IN_FLIGHT:
+                collect(*in_flight.popleft())
+        while in_flight:
+            collect(*in_flight.popleft())
+    return result
 
 
 def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_tokens: int | None = None,
-               on_batch: Callable[[int], None] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Outputs in input order plus untruncated token counts (max over both sides for pairs). `batch_tokens`
-    None: the default for the device the forward pass runs on."""
-    batch_tokens = batch_tokens or default_batch_tokens(_compute_device(teacher))
-    pairs = bool(texts) and not isinstance(texts[0], str)
-    if not pairs or teacher.has_head:
-        return _run(teacher, texts, pairs, outputs, batch_tokens, on_batch)
-    # A bi-encoder on pairs: each side on its own; progress counts a pair once both sides are done.
-    half = (lambda n: on_batch(n / 2)) if on_batch else None  # noqa: E731
-    a, na = _run(teacher, [t[0] for t in texts], False, outputs, batch_tokens, half)
-    b, nb = _run(teacher, [t[1] for t in texts], False, outputs, batch_tokens, half)
-    out = {f"{k}_a": v for k, v in a.items()} | {f"{k}_b": v for k, v in b.items()}
-    return out, np.maximum(na, nb)
+               on_batch: Callable[[float], None] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Outputs in input order plus untruncated token counts (max over both sides for pairs): `tokenize` then
+    `forward_all`."""
+    tokens = tokenize(teacher, texts, batch_tokens)
+    return forward_all(teacher, tokens, outputs, on_batch), tokens.n_tokens
 
 
 def _compute_device(teacher: Teacher) -> str:
@@ -75,8 +123,6 @@ def _compute_device(teacher: Teacher) -> str:
     if teacher.backend is None:
         return teacher.device.type
     return "cuda" if (teacher.backend.device or "cpu").startswith("cuda") else "cpu"
-
-
 def input_embeddings(teacher: Teacher) -> np.ndarray:
     """The word-embedding matrix [vocab, dim] float32: students can start from its PCA. A teacher loaded without its
     model reads it from the checkpoint's .safetensors tensor recorded as equal to it (pipeline/fidelity_cache), as

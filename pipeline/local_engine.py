@@ -5,19 +5,26 @@
 - `plan_units` over the shards this writer owns: what the store has not committed yet;
 - shard by shard, commit the texts shard, then encode it with each teacher (length-sorted token-budget batches,
   order restored; with --reuse only the rows the other store lacks, `reuse.encode_reusing`) and hand the table
-  to the writer thread; at most one encoded shard waits for that thread
-  while the next is computed, so memory stays bounded;
+  to the writer thread; at most one encoded shard waits for that thread while the next is computed, so memory
+  stays bounded;
+- while a unit (shard, teacher) runs its forward pass, a tokenizer thread tokenizes the next one: on a GPU the
+  device otherwise idles while the host tokenizes each shard (the Rust tokenizer releases the GIL, so the
+  two overlap on any machine with a core to spare);
 - publish the merged manifest.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 
 from kd.common.progress import Bar
+from kd.pipeline.batches import Tokenized, tokenize
 from kd.pipeline.plan import UnitPlan, plan_units
 from kd.pipeline.reuse import encode_reusing
 from kd.pipeline.shards import (
@@ -29,6 +36,7 @@ from kd.pipeline.shards import (
     declare_texts,
     encode_shard,
     save_teacher_files,
+    shard_texts,
 )
 from kd.pipeline.teacher import Teacher
 
@@ -51,15 +59,21 @@ def write(ctx: Prepared) -> PrecomputeSummary:
 
 
 def _encode_and_commit(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary) -> None:
-    """Encode on this thread, commit on one writer thread, shard by shard (`UnitPlan.shard_major`)."""
+    """Encode on this thread, tokenize the next unit on a second, commit on a third, shard by shard
+    (`UnitPlan.shard_major`)."""
     by_name = {t.name: t for t in ctx.teachers}
     pending: list[Future] = []
-    with ThreadPoolExecutor(max_workers=1) as pool, Bar("precompute", todo.rows, "rows", ctx.job.progress) as bar:
-        for k, name in todo.shard_major():
+    with (ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as tokenizer,
+          Bar("precompute", todo.rows, "rows", ctx.job.progress) as bar):
+        def prepare(unit: tuple[int, str | None]) -> _Ready | None:
+            k, name = unit
+            return None if name is None else _prepare(ctx, by_name[name], k)
+
+        for (k, name), ready in _ahead(tokenizer, prepare, todo.shard_major()):
             if name is None:
                 pending.append(pool.submit(commit_texts, ctx, k))
                 continue
-            table, truncated, reused = _encode(ctx, by_name[name], k, bar)
+            table, truncated, reused = _encode(ctx, by_name[name], k, bar, ready)
             summary.truncated += truncated
             summary.rows_computed += table.num_rows - reused
             summary.rows_reused += reused
@@ -71,16 +85,48 @@ def _encode_and_commit(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary
             summary.bytes_written += f.result().bytes
 
 
-def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar) -> tuple[pa.Table, int, int]:
+T = TypeVar("T")
+R = TypeVar("R")
+_END = object()
+
+
+def _ahead(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) in order, fn of the next item running on `pool` while the caller works on this one."""
+    it = iter(items)
+    item = next(it, _END)
+    future = pool.submit(fn, item) if item is not _END else None
+    while future is not None:
+        nxt = next(it, _END)
+        after = pool.submit(fn, nxt) if nxt is not _END else None
+        yield item, future.result()
+        item, future = nxt, after
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A unit's rows to encode (all of its texts shard, or with --reuse those the other store lacks), tokenized."""
+
+    rows: pa.Table
+    tokens: Tokenized
+
+
+def _prepare(ctx: Prepared, t: Teacher, k: int) -> _Ready:
+    """What a teacher's forward pass needs of shard k, computed without the model (so on another thread)."""
+    shard = ctx.texts_shard(k)
+    rows = shard.take(pa.array(ctx.reuse[t.name].new_rows(shard))) if t.name in ctx.reuse else shard
+    return _Ready(rows, tokenize(t, shard_texts(rows, ctx.pairs), ctx.job.batch_tokens))
+
+
+def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar, ready: _Ready) -> tuple[pa.Table, int, int]:
     """Teacher `t`'s table of shard k: (table, rows truncated, rows taken from the --reuse store)."""
     def encode(rows: pa.Table) -> tuple[pa.Table, int]:
+        assert rows["id"].equals(ready.rows["id"]), "the rows tokenized ahead are the rows to encode"
         return encode_shard(t, ctx.outputs[t.name], k, rows, ctx.pairs, ctx.job.vdtype, ctx.job.batch_tokens,
-                            bar.advance)
+                            bar.advance, ready.tokens)
 
-    shard = ctx.texts_shard(k)
     if t.name not in ctx.reuse:
-        return (*encode(shard), 0)
+        return (*encode(ready.rows), 0)
     cols = list(columns(t, ctx.outputs[t.name], ctx.pairs, ctx.job.vdtype))
-    table, truncated, reused = encode_reusing(ctx.reuse[t.name], shard, cols, encode)
+    table, truncated, reused = encode_reusing(ctx.reuse[t.name], ctx.texts_shard(k), cols, encode)
     bar.advance(reused)
     return table, truncated, reused

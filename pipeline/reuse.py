@@ -46,6 +46,10 @@ class ReuseSource:
         pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
         return np.where(self.ids[pos] == ids, pos, -1)
 
+    def new_rows(self, shard: pa.Table) -> np.ndarray:
+        """Positions of the rows of texts `shard` that OLD lacks (the rows to encode), in order."""
+        return np.nonzero(self.find(shard["id"].to_numpy()) < 0)[0]
+
     def take(self, pos: np.ndarray, columns: list[str]) -> pa.Table:
         """OLD's rows `pos` (indices into `self.ids`), in that order, with `columns`."""
         parts, order, shards = [], [], self.shard[pos]

@@ -4,8 +4,9 @@
   their outputs, this writer's rows, the shard plan, the row counts, the start time);
 - tables are declared before any shard is committed: `texts`, and `teachers/<name>` with the settings that
   encode it (a store holding the teacher with other settings is refused);
-- a teacher shard is its texts shard encoded (`encode_shard`: length-sorted token-budget batches, order
-  restored), refused if any vector is NaN/Inf, then committed by the writer (temp file, fsync, rename, record);
+- a teacher shard is its texts shard encoded (`encode_shard`: tokenized, unless the engine did that ahead,
+  then length-sorted token-budget batches, order restored), refused if any vector is NaN/Inf in the dtype it
+  is stored in, then committed by the writer (temp file, fsync, rename, record);
 - per-teacher files (tokenizer, input embeddings, vocab, init) are written once, their sha256 recorded in the
   manifest's `extras.files`.
 """
@@ -23,7 +24,7 @@ import pyarrow as pa
 
 from kd.common.errors import StoreError
 from kd.common.progress import Bar
-from kd.pipeline.batches import encode_all, input_embeddings
+from kd.pipeline.batches import Tokenized, forward_all, input_embeddings, tokenize
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan
 from kd.pipeline.reuse import ReuseSource
@@ -140,26 +141,41 @@ def stored_dtype(column: str, dtype: VectorDType) -> VectorDType:
     return VectorDType.float32 if dtype is VectorDType.int8 and column == Output.logits.value else dtype
 
 
+def shard_texts(shard: pa.Table, pairs: bool) -> list:
+    """The texts of a `texts` shard as the tokenizer takes them: strings, or (a, b) pairs."""
+    return list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs else shard["text"].to_pylist()
+
+
 def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pairs: bool, vdtype: VectorDType,
-                 batch_tokens: int | None, on_batch=None) -> tuple[pa.Table, int]:
+                 batch_tokens: int | None, on_batch=None, tokens: Tokenized | None = None) -> tuple[pa.Table, int]:
     """Shard k of teacher table `t` from its `texts` shard: (the table to commit, how many rows were truncated).
+    `tokens`: the shard already tokenized for `t` (the local engine does it ahead, on another thread).
     Non-finite vectors are refused before anything is committed."""
-    texts = (list(zip(shard["text_a"].to_pylist(), shard["text_b"].to_pylist())) if pairs
-             else shard["text"].to_pylist())
-    vecs, n_tokens = encode_all(t, texts, outputs, batch_tokens, on_batch=on_batch)
-    refuse_non_finite(t.name, k, shard, texts, vecs, vdtype)
-    trunc = n_tokens > t.max_length
-    cols = {"id": shard["id"], "n_tokens": pa.array(n_tokens), "truncated": pa.array(trunc)}
-    for c, v in vecs.items():
+    texts = shard_texts(shard, pairs)
+    tokens = tokens or tokenize(t, texts, batch_tokens)
+    vecs = forward_all(t, tokens, outputs, on_batch)
+    # Cast once, to what is stored: the finiteness check then sees float16 overflow, and the Arrow columns
+    # are built from the cast arrays without a second copy.
+    stored = {c: _as_stored(v, stored_dtype(c, vdtype)) for c, v in vecs.items()}
+    refuse_non_finite(t.name, k, shard, texts, stored)
+    trunc = tokens.n_tokens > t.max_length
+    cols = {"id": shard["id"], "n_tokens": pa.array(tokens.n_tokens), "truncated": pa.array(trunc)}
+    for c, v in stored.items():
         cols |= vector_columns(c, v, stored_dtype(c, vdtype))
     return pa.table(cols), int(trunc.sum())
 
 
-def refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict, vdtype: VectorDType) -> None:
+def _as_stored(v: np.ndarray, dtype: VectorDType) -> np.ndarray:
+    """float32 vectors in their stored float dtype; int8 keeps float32 (`vector_columns` quantises it)."""
+    return v if dtype is VectorDType.int8 else v.astype(dtype.value, copy=False)
+
+
+def refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict[str, np.ndarray]) -> None:
     """Stop before committing NaN/Inf vectors (an fp16 overflow, a broken checkpoint): they would train an
-    all-NaN student without any error. Checked in the stored dtype, so float16 overflow is caught too."""
+    all-NaN student without any error. `vecs` are in the dtype they are stored in (int8: the float32 vectors
+    before quantisation), so a float16 overflow is caught too."""
     for col, v in vecs.items():
-        bad = ~np.isfinite(np.asarray(v).astype(np.float16 if vdtype.value == "float16" else np.float32))
+        bad = ~np.isfinite(v)
         rows = np.nonzero(bad.reshape(len(bad), -1).any(axis=1))[0]
         if len(rows):
             ids = shard["id"].to_pylist()

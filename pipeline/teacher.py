@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kd.common.attention import varying_shape_attention
 from kd.common.errors import KdError
 from kd.common.hardware import native_bf16, resolve_device
 from kd.pipeline.fast_tokenizer import FastTokenizer
@@ -199,12 +201,19 @@ class Teacher:
 
     def forward(self, enc: dict[str, Any], outputs: list[Output]) -> dict[str, np.ndarray]:
         """One padded batch (numpy arrays or tensors) -> pooled outputs as float32 numpy arrays."""
+        return self.launch(enc, outputs)()
+
+    def launch(self, enc: dict[str, Any], outputs: list[Output]) -> Callable[[], dict[str, np.ndarray]]:
+        """Start `forward` of one batch; the returned call gives its outputs. On a GPU it returns once the work is
+        queued (the vectors come back by an asynchronous copy into pinned memory), so the caller can prepare
+        and launch the next batch while this one runs; elsewhere the work is done before it returns."""
         if self.backend is not None:  # ONNX Runtime / OpenVINO run the encoder; pooling stays here, in fp32
             states, logits = self.backend.run(enc, Output.layers in outputs, Output.logits in outputs)
-            return pool_numpy(states, logits, np.asarray(enc["attention_mask"]), outputs, self.st)
-        return self._forward_torch(enc, outputs)
+            done = pool_numpy(states, logits, np.asarray(enc["attention_mask"]), outputs, self.st)
+            return lambda: done
+        return self._launch_torch(enc, outputs)
 
-    def _forward_torch(self, enc: dict[str, Any], outputs: list[Output]) -> dict[str, np.ndarray]:
+    def _launch_torch(self, enc: dict[str, Any], outputs: list[Output]) -> Callable[[], dict[str, np.ndarray]]:
         import torch
 
         states, logits, mask = self._hidden({k: torch.as_tensor(v) for k, v in enc.items()}, outputs)
@@ -220,7 +229,22 @@ class Teacher:
             res["sentence"] = self._st_pool(last, mask, res)
         if Output.logits in outputs:
             res["logits"] = logits.float()
-        return {k: v.cpu().numpy() for k, v in res.items() if k in {o.value for o in outputs}}
+        wanted = {k: v for k, v in res.items() if k in {o.value for o in outputs}}
+        if self.device.type != "cuda":
+            done = {k: v.cpu().numpy() for k, v in wanted.items()}
+            return lambda: done
+        # Copy back without waiting: into pinned host memory (only such copies are asynchronous), with an event
+        # marking when they are done; the caller waits on it only when it needs the vectors.
+        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in wanted.items()}
+        for k, v in wanted.items():
+            host[k].copy_(v, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def fetch() -> dict[str, np.ndarray]:
+            copied.synchronize()
+            return {k: v.numpy() for k, v in host.items()}
+        return fetch
 
     def _hidden(self, enc: dict[str, torch.Tensor], outputs: list[Output]) -> tuple:
         """(hidden states: all of them when `layers` is asked, else at least the last; logits or None; mask)."""
@@ -231,7 +255,7 @@ class Teacher:
         need_states = Output.layers in outputs or self.has_head
         use_autocast = self.autocast is not None and not self.weights_cast
         ctx = torch.autocast(self.device.type, dtype=self.autocast) if use_autocast else nullcontext()
-        with torch.inference_mode(), ctx:
+        with torch.inference_mode(), ctx, varying_shape_attention(self.device.type):
             out = self.model(**enc, output_hidden_states=need_states, return_dict=True)
         states = out.hidden_states if need_states else (out.last_hidden_state,)
         return states, getattr(out, "logits", None), enc["attention_mask"].unsqueeze(-1).float()

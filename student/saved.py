@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from kd.common.attention import varying_shape_attention
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
@@ -197,11 +198,12 @@ class LoadedStudent:
         # Token-budget batches of similar lengths, at most batch_size rows: a CPU runs 4,096-token batches faster
         # than one batch of 256 padded to its longest (docs/results.md, the frontier run of issue 26)
         budget = default_batch_tokens(self.device.type)
-        for idx in plan_batches(lengths, budget, max_batch=batch_size):
-            block, mask = pad_rows([ids[i] for i in idx], self.config.pad_id)
-            emb = self.model(torch.from_numpy(block).to(self.device), torch.from_numpy(mask).to(self.device),
-                             layers=False).embedding
-            out[idx] = emb.float().cpu().numpy()
+        with varying_shape_attention(self.device.type):  # (common/attention.py: no per-shape cuDNN plans)
+            for idx in plan_batches(lengths, budget, max_batch=batch_size):
+                block, mask = pad_rows([ids[i] for i in idx], self.config.pad_id)
+                emb = self.model(torch.from_numpy(block).to(self.device), torch.from_numpy(mask).to(self.device),
+                                 layers=False).embedding
+                out[idx] = emb.float().cpu().numpy()
 
     @torch.inference_mode()
     def _encode_bags(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:

@@ -38,9 +38,9 @@ def old_store(tmp_path_factory, tiny_teacher, sentences) -> Path:
 
 def test_a_grown_corpus_encodes_only_its_new_rows(old_store, tmp_path, tiny_teacher, sentences, monkeypatch):
     grown = _write(tmp_path / "grown.txt", sentences[:50] + sentences[200:260] + sentences[60:120] + sentences[120:180])
-    encoded, forward = [], Teacher.forward
-    monkeypatch.setattr(Teacher, "forward", lambda self, enc, outs: encoded.append(len(enc["input_ids"]))
-                        or forward(self, enc, outs))
+    encoded, launch = [], Teacher.launch
+    monkeypatch.setattr(Teacher, "launch", lambda self, enc, outs: encoded.append(len(enc["input_ids"]))
+                        or launch(self, enc, outs))
     s = precompute([grown], str(tmp_path / "new"), [f"tiny={tiny_teacher}"], outputs=["mean"], shard_rows=50,
                    dedup=True, progress=False, reuse=str(old_store))
     monkeypatch.undo()

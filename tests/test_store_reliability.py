@@ -23,14 +23,14 @@ def clean(tmp_path_factory, tiny_teacher, sentences):
 
 
 def test_precompute_refuses_non_finite_vectors(tmp_path, tiny_teacher, sentences, monkeypatch):
-    real = P.encode_all
+    real = P.forward_all
 
     def overflowing(*a, **kw):
-        vecs, n = real(*a, **kw)
+        vecs = real(*a, **kw)
         vecs["mean"][5] = np.inf  # what an fp16 overflow produces
-        return vecs, n
+        return vecs
 
-    monkeypatch.setattr(P, "encode_all", overflowing)
+    monkeypatch.setattr(P, "forward_all", overflowing)
     with pytest.raises(StoreError) as e:
         precompute_news(tmp_path, tiny_teacher, sentences, 60, 30)
     msg = str(e.value)
