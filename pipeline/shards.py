@@ -166,8 +166,12 @@ def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pai
 
 
 def _as_stored(v: np.ndarray, dtype: VectorDType) -> np.ndarray:
-    """float32 vectors in their stored float dtype; int8 keeps float32 (`vector_columns` quantises it)."""
-    return v if dtype is VectorDType.int8 else v.astype(dtype.value, copy=False)
+    """float32 vectors in their stored float dtype; int8 keeps float32 (`vector_columns` quantises it). An
+    overflow becomes inf silently here: `refuse_non_finite` reports it with the rows it hit."""
+    if dtype is VectorDType.int8:
+        return v
+    with np.errstate(over="ignore"):
+        return v.astype(dtype.value, copy=False)
 
 
 def refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict[str, np.ndarray]) -> None:

@@ -38,6 +38,33 @@ def test_precompute_refuses_non_finite_vectors(tmp_path, tiny_teacher, sentences
     assert not Store.open(tmp_path / "store").manifest.tables["teachers/tiny"].shards  # nothing committed
 
 
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_vector_finite_in_fp32_but_not_in_the_stored_fp16_is_refused(tmp_path, tiny_teacher, sentences, monkeypatch,
+                                                                       dtype):
+    from kd.pipeline.precompute import precompute
+
+    real = P.forward_all
+
+    def large(*a, **kw):
+        vecs = real(*a, **kw)
+        vecs["mean"][3] = 1e6  # finite in float32, inf in float16 (max 65,504)
+        return vecs
+
+    monkeypatch.setattr(P, "forward_all", large)
+    src = tmp_path / "news.txt"
+    src.write_text("\n".join(sentences[:40]) + "\n", encoding="utf-8")
+    run = lambda: precompute([str(src)], str(tmp_path / "store"), [f"tiny={tiny_teacher}"], dtype=dtype,  # noqa: E731
+                             shard_rows=20, progress=False)
+    if dtype == "float32":
+        run()  # stored as it is: nothing to refuse
+        t = Store.open(tmp_path / "store").read_table("teachers/tiny", ["mean"])
+        assert np.stack(t["mean"].to_numpy(zero_copy_only=False))[3, 0] == 1e6
+        return
+    with pytest.raises(StoreError, match="non-finite"):
+        run()
+    assert not Store.open(tmp_path / "store").manifest.tables["teachers/tiny"].shards
+
 def test_validate_and_training_stop_on_nan_vectors(clean, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
