@@ -151,13 +151,12 @@ def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pai
     """Shard k of teacher table `t` from its `texts` shard: (the table to commit, how many rows were truncated).
     `tokens`: the shard already tokenized for `t` (the local engine does it ahead, on another thread).
     Non-finite vectors are refused before anything is committed."""
-    texts = shard_texts(shard, pairs)
-    tokens = tokens or tokenize(t, texts, batch_tokens)
+    tokens = tokens or tokenize(t, shard_texts(shard, pairs), batch_tokens)
     vecs = forward_all(t, tokens, outputs, on_batch)
     # Cast once, to what is stored: the finiteness check then sees float16 overflow, and the Arrow columns
     # are built from the cast arrays without a second copy.
     stored = {c: _as_stored(v, stored_dtype(c, vdtype)) for c, v in vecs.items()}
-    refuse_non_finite(t.name, k, shard, texts, stored)
+    refuse_non_finite(t.name, k, shard, pairs, stored)
     trunc = tokens.n_tokens > t.max_length
     cols = {"id": shard["id"], "n_tokens": pa.array(tokens.n_tokens), "truncated": pa.array(trunc)}
     for c, v in stored.items():
@@ -174,7 +173,7 @@ def _as_stored(v: np.ndarray, dtype: VectorDType) -> np.ndarray:
         return v.astype(dtype.value, copy=False)
 
 
-def refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: dict[str, np.ndarray]) -> None:
+def refuse_non_finite(teacher: str, k: int, shard: pa.Table, pairs: bool, vecs: dict[str, np.ndarray]) -> None:
     """Stop before committing NaN/Inf vectors (an fp16 overflow, a broken checkpoint): they would train an
     all-NaN student without any error. `vecs` are in the dtype they are stored in (int8: the float32 vectors
     before quantisation), so a float16 overflow is caught too."""
@@ -182,7 +181,7 @@ def refuse_non_finite(teacher: str, k: int, shard: pa.Table, texts: list, vecs: 
         bad = ~np.isfinite(v)
         rows = np.nonzero(bad.reshape(len(bad), -1).any(axis=1))[0]
         if len(rows):
-            ids = shard["id"].to_pylist()
+            ids, texts = shard["id"].to_pylist(), shard_texts(shard, pairs)  # (only to name the rows)
             show = "; ".join(f"id {ids[i]}: {str(texts[i])[:60]!r}" for i in rows[:3])
             raise StoreError(
                 f"teacher {teacher!r} produced {len(rows)} non-finite (NaN/Inf) {col!r} vector(s) in shard {k} "
