@@ -42,3 +42,23 @@ def test_widths_may_differ_and_the_loss_falls_on_a_fixed_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+def test_kl_form_weighs_each_rows_nearest_neighbours_where_mse_weighs_every_pair():
+    # Two clusters of three: row 0's neighbours are row 1 (0.9) and row 2 (0.8); the clusters are orthogonal.
+    # Student rows with a given Gram matrix are its Cholesky factor (the rows' dot products reproduce it).
+    block = torch.tensor([[1.0, 0.9, 0.8], [0.9, 1.0, 0.75], [0.8, 0.75, 1.0]], dtype=torch.float64)
+    gram = torch.block_diag(block, block)
+    swapped = gram.clone()  # row 0 ranks its two neighbours the wrong way round
+    swapped[0, 1] = swapped[1, 0] = 0.8
+    swapped[0, 2] = swapped[2, 0] = 0.9
+    far = gram.clone()  # one pair across the clusters, no one's neighbour, 0 -> 0.2
+    far[0, 5] = far[5, 0] = 0.2
+    t = torch.linalg.cholesky(gram)
+
+    def loss(g: torch.Tensor, mode: str) -> float:
+        return relational_loss(torch.linalg.cholesky(g), t, mode).item()
+
+    assert loss(far, "mse") == pytest.approx(2 * loss(swapped, "mse"), rel=1e-4)  # 0.2^2 vs 2 x 0.1^2
+    assert loss(swapped, "kl") > 1e-4
+    assert loss(far, "kl") < 1e-3 * loss(swapped, "kl")

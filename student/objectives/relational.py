@@ -9,6 +9,10 @@
   retrieval measure. Combine them: `--objective cosine --objective relational:25`. The weight is large
   because the mse term is small (~0.003 against cosine's ~0.19 on mpnet targets): at 25 it is ~28 % of
   the loss, and two such stages took the 6-layer mpnet student from STS-B 82.44 to 82.88 (docs/design.md).
+- mode kl weighs each row's nearest in-batch neighbours (the close pairs STS scores), where mse weighs every
+  pair alike and a random batch is nearly all unrelated pairs. At tau 0.05 it is ~0.002 raw, so
+  `relational:50:mode=kl` beside `relational:25`: on the 3-layer mpnet student, flat under mse alone,
+  one such stage gave STS-B 81.49 -> 82.11 (docs/design.md).
 - Pair stores: each side's batch (a's and b's) is its own matrix, averaged. Under DDP the batch is
   each rank's own (in-batch = per rank).
 """
