@@ -12,7 +12,7 @@
 - mode kl weighs each row's nearest in-batch neighbours (the close pairs STS scores), where mse weighs every
   pair alike and a random batch is nearly all unrelated pairs. At tau 0.05 it is ~0.002 raw, so
   `relational:50:mode=kl` beside `relational:25`: on the 3-layer mpnet student, flat under mse alone,
-  one such stage gave STS-B 81.49 -> 82.11 (docs/design.md).
+  one such stage gave STS-B 82.11 against 81.64 for the same stage without it (docs/design.md).
 - Pair stores: each side's batch (a's and b's) is its own matrix, averaged. Under DDP the batch is
   each rank's own (in-batch = per rank).
 """
