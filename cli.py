@@ -14,11 +14,38 @@ from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer need
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from kd.common import bounds as B
-from kd.common.errors import KdError
+from kd.common.errors import KdError, as_kd_error
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+
+def _debug(ctx: Any = None) -> bool:
+    """--debug on the command line (kept in the context) or KD_DEBUG=1: show tracebacks, translate nothing."""
+    return bool(getattr(ctx, "obj", None) and ctx.obj.get("debug")) or os.environ.get("KD_DEBUG", "") not in ("", "0")
+
+
+class _Commands(TyperGroup):
+    """Runs every command, so one place decides what a user sees when an exception escapes one.
+
+    A user-caused one (full disk, no permission, a wrong path, invalid JSON, a binary file, input nested too
+    deeply: `as_kd_error`) is printed as what/where/fix and exits 2, never as a traceback; anything else is a
+    bug and keeps its traceback, as does everything under --debug.
+    """
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            err = as_kd_error(e)
+            if err is None or _debug(ctx):
+                raise
+            if err.where is None:  # e.g. a write to an open file fails: the OSError names no file
+                err = type(err)(err.what, f"while running kd {ctx.invoked_subcommand}", err.fix)
+            _fail(err)
+
+
+app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False,
                   help="Offline knowledge distillation of sentence encoders.")
 console = Console(stderr=True, soft_wrap=True)
 term = Console(soft_wrap=True)  # results go to stdout; errors and progress to stderr
@@ -57,20 +84,31 @@ def _fail(e: KdError) -> None:
     raise typer.Exit(e.exit_code)
 
 
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", envvar="KD_DEBUG", help="Show the Python traceback of an error")] = False,  # noqa: E501
+) -> None:
+    ctx.obj = {"debug": debug}
+
+
 def main() -> None:  # pragma: no cover - console entry for `python -m kd`
     try:
         app()
-    except KdError as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
-        sys.exit(e.exit_code)
+    except Exception as e:  # what escapes outside a command (the commands' own are `_Commands.invoke`'s)
+        err = as_kd_error(e)
+        if err is None or _debug():
+            raise
+        console.print(f"[bold red]error:[/] {escape(str(err))}")  # a fix may read pip install 'kd[onnx]'
+        sys.exit(err.exit_code)
 
 
 # --- stage one: precompute, info, validate --------------------------------------------------------
 # (precompute commands)
 @app.command()
 def precompute(
-    inputs: Annotated[list[str], typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")],
+    inputs: Annotated[list[str] | None, typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet (none with --add-to)")] = None,  # noqa: E501
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")] = None,
     teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
     outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab,init (default: all but vocab, init)")] = None,  # noqa: E501
     segment: Annotated[B.Segment, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
@@ -100,21 +138,25 @@ def precompute(
     workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)", **_in(B.RAY_WORKERS))] = None,  # noqa: E501
     gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)", **_in(B.GPU_SHARE))] = None,  # noqa: E501
     reuse: Annotated[str | None, typer.Option(help="Store whose rows of the same teachers (same settings) are copied instead of encoded again: a grown corpus costs only its new rows")] = None,  # noqa: E501
+    add_to: Annotated[str | None, typer.Option(help="Grow this store in place with only the new options (-t, --outputs): no inputs, its recorded input files (unchanged, same sha256) and row options are reused; its rows are not encoded again")] = None,  # noqa: E501
 ) -> None:
-    """Run teachers over a corpus once and write their outputs to a Parquet store."""
+    """Run teachers over a corpus once and write their outputs to a Parquet store.
+
+    Grow a store with only the new options: kd precompute --add-to STORE -t mpnet --outputs vocab,init
+    """
     from kd.pipeline.job import PrecomputeJob
     from kd.pipeline.precompute import run
 
     try:
         job = PrecomputeJob(
-            inputs, out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
+            inputs or [], out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
             spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns, label_column=label_column,
             delimiter=delimiter, dedup=dedup, sample=sample, batch_tokens=batch_tokens, max_length=max_length,
             shard_rows=shard_rows,
             num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
             overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
             allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,
-            gpus_per_worker=gpus_per_worker, reuse=reuse)
+            gpus_per_worker=gpus_per_worker, reuse=reuse, add_to=add_to)
         s = run(job)
     except KdError as e:
         _fail(e)
@@ -224,12 +266,12 @@ def train_student(
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from kd.student.train_config import TrainConfig, arch_defaults
+    from kd.student.train_config import TrainConfig
     from kd.student.trainer import train
 
     try:
-        tuned = arch_defaults(arch, dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size,
-                                         lr=lr, weight_decay=weight_decay), init=init is not None)
+        tuned = dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size, lr=lr,
+                     weight_decay=weight_decay)  # None: the arch's default, filled in by TrainConfig
         cfg = TrainConfig(
             shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
             out_dim=out_dim, init=init,
@@ -254,6 +296,7 @@ def train_student(
 def leakage(
     store: Annotated[str, typer.Argument(help="Store written by kd precompute")],
     exclude_out: Annotated[str | None, typer.Option(help="Write the overlapping rows' ids here (for train-student --exclude-ids)")] = None,  # noqa: E501
+    overwrite: Annotated[bool, typer.Option(help="Replace an --exclude-out file written by kd")] = False,
 ) -> None:
     """Check a store against the evaluation sets: which rows are STS-B / SST-2 / clustering texts?"""
     from rich.table import Table
@@ -261,7 +304,7 @@ def leakage(
     from kd.apps.leakage import check_store
 
     try:
-        res = check_store(store)
+        res = check_store(store, exclude_out=exclude_out, overwrite=overwrite)
     except KdError as e:
         _fail(e)
     table = Table("evaluation set", "texts", "found in the store", "store rows")
@@ -270,7 +313,6 @@ def leakage(
     term.print(table)
     term.print(f"{len(res.ids):,} of {res.rows:,} store rows overlap an evaluation set")
     if exclude_out:
-        res.write_ids(exclude_out)
         term.print(f"their ids are in {exclude_out}: kd train-student ... --exclude-ids {exclude_out}")
 
 
@@ -283,7 +325,7 @@ def embed(
     text_column: Annotated[str | None, typer.Option(help="Text column of a .jsonl/.csv/.parquet input")] = None,
     batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 256,
     device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N", **_device(False))] = "cpu",
-    overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student, or an --out file kd wrote")] = False,  # noqa: E501
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
@@ -329,9 +371,9 @@ def eval_(
     student: Annotated[list[str] | None, typer.Option("--student", help="Student folder (kd train-student --out); repeatable")] = None,  # noqa: E501
     teacher: Annotated[str | None, typer.Option(help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its teachers")] = None,  # noqa: E501
     store: Annotated[str | None, typer.Option(help="Store whose teacher vectors are reused where it holds the texts")] = None,  # noqa: E501
-    task: Annotated[list[B.Measure] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed; repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
+    task: Annotated[list[B.Measure] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed | mrpc | lee | retrieval | suite (sts, mrpc, lee, probe, cluster, retrieval); repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
     target: Annotated[str | None, typer.Option(help="Teacher output compared with (default: the teacher's default_target)")] = None,  # noqa: E501
-    sts_split: Annotated[B.StsSplit, typer.Option(help="STS-B split: train | dev | test")] = "dev",
+    sts_split: Annotated[B.StsSplit | None, typer.Option(help="STS-B split: train | dev | test (default: dev; test with --task suite)")] = None,  # noqa: E501
     pairs: Annotated[str | None, typer.Option(help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")] = None,
     score_column: Annotated[str | None, typer.Option(help="Gold score column of --pairs (name, or 0-based index)")] = None,  # noqa: E501
     text_columns: Annotated[str | None, typer.Option(help="The two text columns of --pairs: A,B")] = None,
@@ -346,6 +388,8 @@ def eval_(
     json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
     markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Folder for PNG plots")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace --json/--markdown/--plot files written by kd")] = False,
+    cache: Annotated[bool, typer.Option(help="Reuse the teacher's vectors and speed of earlier calls (kd cache folder)")] = True,  # noqa: E501
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
     """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
@@ -361,7 +405,7 @@ def eval_(
             sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
             cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
             baseline=baseline, baseline_dir=baseline_dir, threads=threads, json_path=json, markdown_path=markdown,
-            plot_dir=plot, progress=progress,
+            plot_dir=plot, overwrite=overwrite, cache=cache, progress=progress,
         )
         report = evaluate(cfg)
     except KdError as e:
@@ -379,6 +423,7 @@ def demo(
     epochs: Annotated[int, typer.Option(help="Training epochs of the BiLSTM tier", **_in(B.EPOCHS))] = 4,
     threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)", **_in(B.THREADS))] = None,  # noqa: E501
     overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
+    cache: Annotated[bool, typer.Option(help="Reuse the teacher's evaluation vectors and speed of earlier runs")] = True,  # noqa: E501
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
 ) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
@@ -386,13 +431,54 @@ def demo(
 
     try:
         res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, threads=threads, overwrite=overwrite,
-                                  progress=progress))
+                                  cache=cache, progress=progress))
     except KdError as e:
         _fail(e)
     _wide().print(res.report.rich_table())
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
     term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
                f"[bold]{res.out}[/]: store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/")
+
+
+@app.command()
+def distill(
+    inputs: Annotated[list[str], typer.Argument(help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Folder for the store, the stages, the model and the report")],  # noqa: E501
+    student: Annotated[str, typer.Option(help="Preset: tiny6 | tiny3 | static | bilstm (apps/recipes)")] = "tiny6",
+    recipe: Annotated[str | None, typer.Option(help="Your own recipe file (TOML; see docs/distill.md)")] = None,
+    teacher: Annotated[str | None, typer.Option("--teacher", "-t", help="Replace the recipe's teacher: a packaged name or a checkpoint folder")] = None,  # noqa: E501
+    start: Annotated[str | None, typer.Option(help="Replace the recipe's start model: a packaged name or a checkpoint folder")] = None,  # noqa: E501
+    text_column: Annotated[str | None, typer.Option(help="Column with the text (csv/jsonl/parquet)")] = None,
+    segment: Annotated[B.Segment, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
+    dedup: Annotated[bool, typer.Option(help="Drop repeated texts")] = True,
+    sample: Annotated[float | None, typer.Option(help="Keep this fraction of the rows, chosen by id hash", **_in(B.SAMPLE))] = None,  # noqa: E501
+    shard_rows: Annotated[int, typer.Option(help="Rows per store shard", **_in(B.ROWS))] = 20000,
+    leakage: Annotated[bool, typer.Option(help="Leave out the rows that are also evaluation text")] = True,
+    export: Annotated[bool, typer.Option(help="Export the chosen student (sentence-transformers, ONNX)")] = True,
+    evaluate: Annotated[bool, typer.Option(help="Evaluate the chosen student on the suite")] = True,
+    dry_run: Annotated[bool, typer.Option(help="Print the plan and each step's estimated time; write nothing")] = False,  # noqa: E501
+    progress: Annotated[bool, typer.Option(help="Show progress")] = True,
+) -> None:
+    """One command from a corpus to a served student: precompute, leakage, every recipe stage, the choice on dev,
+    export and the evaluation suite. Kill it anywhere; the same command resumes."""
+    from kd.apps.distill import DistillConfig
+    from kd.apps.distill import distill as run_distill
+    from kd.apps.distill_plan import estimate
+
+    try:
+        cfg = DistillConfig(inputs, out, student=student, recipe=recipe, teacher=teacher, start=start,
+                            text_column=text_column, segment=segment, dedup=dedup, sample=sample,
+                            shard_rows=shard_rows, exclude_leakage=leakage, export=export, evaluate=evaluate,
+                            progress=progress)
+        if dry_run:
+            term.print(estimate(cfg).table())
+            return
+        res = run_distill(cfg)
+    except KdError as e:
+        _fail(e)
+    if res.report is not None:
+        term.print((res.out / "report.md").read_text(encoding="utf-8"))
+    term.print(f"distilled: the [bold]{res.chosen}[/] stage, chosen on STS-B dev; everything is in [bold]{res.out}[/]")
 
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------
@@ -406,13 +492,14 @@ def query_cmd(
     sql: Annotated[str | None, typer.Argument(help="SQL; without it an interactive prompt reads stdin")] = None,
     format: Annotated[B.QueryFormat, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
     out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an --out file written by kd")] = False,
 ) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
     from kd.apps.query_shell import query, repl
 
     try:
         if sql is not None:
-            query(store, sql, format, out_file, _data_out)
+            query(store, sql, format, out_file, _data_out, overwrite)
         elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
             raise typer.Exit(1)
     except KdError as e:

@@ -34,6 +34,7 @@ class DemoConfig:
     tiers: tuple[str, ...] = ("static", "bilstm")
     threads: int | None = None  # torch intra-op threads; None: see `pick_threads`
     overwrite: bool = False
+    cache: bool = True  # the teacher's evaluation vectors and speed from an earlier run (apps/eval_cache.py)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -123,7 +124,8 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
         max_pairs=200 if cfg.quick else None, speed_b1=16 if cfg.quick else 128,
         speed_big=256 if cfg.quick else 1024, baseline=False,
         json_path=str(out / "report.json"), markdown_path=str(out / "report.md"), plot_dir=str(out / "plots"),
-        threads=cfg.threads, progress=cfg.progress,
+        threads=cfg.threads, progress=cfg.progress, cache=cfg.cache,
+        overwrite=True,  # the demo's own report of its last run
     )
     report = evaluate(ecfg)
     times["eval"] = time.perf_counter() - t
@@ -137,15 +139,13 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
 
 def _tier_config(cfg: DemoConfig, tier: str, store: Path, folder: Path):
     """Training options of a demo tier: the arch's defaults, sized to finish in minutes on 2 cores."""
-    from kd.student.train_config import TrainConfig, arch_defaults
+    from kd.student.train_config import TrainConfig
 
     steps = dict(max_steps=30, epochs=1) if cfg.quick else {}
     common = dict(objectives=["cosine"], patience=0, val_percent=5.0, checkpoint_every=10_000,
                   overwrite=cfg.overwrite, progress=cfg.progress)
     if tier == "static":
-        tuned = arch_defaults("static", dict(embed_dim=None, dropout=None, epochs=None, batch_size=None, lr=None,
-                                             weight_decay=None))
-        return TrainConfig(str(store), str(folder), arch="static", **(tuned | common | steps))
+        return TrainConfig(str(store), str(folder), arch="static", **(common | steps))
     # 128-d token embeddings (PCA of MiniLM's) and 64 tokens: half the cost of 300-d for a small loss.
     return TrainConfig(str(store), str(folder), arch=tier, embed_dim=128, hidden_dim=256, max_length=64,
                        batch_size=64, lr=2e-3, **(common | {"epochs": cfg.epochs} | steps))

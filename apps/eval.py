@@ -2,7 +2,11 @@
 
 - One row per model, one column per measure (see docs/eval.md for each measure).
 - Teacher vectors come from the store when it holds the evaluated texts (always for agreement
-  and neighbours, which run on up to `agreement_rows` store rows); otherwise the teacher is run.
+  and neighbours, which run on up to `agreement_rows` store rows), else from the kd cache of an
+  earlier call (apps/eval_cache.py, `cache=False` bypasses it); otherwise the teacher is run.
+- A student (or baseline) whose vectors collapsed (`metrics.collapse`, judged against the teacher's
+  spread) is flagged: a `collapsed` reason in the JSON and beside its number in the table, since
+  such a model can still post a plausible score.
 - The same numbers feed the rich table, the JSON and the Markdown: cells are formatted by one
   function from the values the JSON holds.
 """
@@ -12,14 +16,15 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kd.apps import metrics, tasks
+from kd.apps import metrics, suite_tasks, tasks
+from kd.apps.eval_cache import TeacherCache, texts_sha256
 from kd.apps.models import (
     EvalModel,
     model2vec_available,
@@ -28,11 +33,12 @@ from kd.apps.models import (
     student_model,
     teacher_model,
 )
-from kd.apps.speed import measure_speed, pick_threads
+from kd.apps.plots import PLOT_FILES
+from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads
 from kd.apps.store_teacher import StoreTeacher
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
-from kd.common.outputs import claim_output
+from kd.common.outputs import claim_output, write_text
 from kd.common.progress import Bar
 
 
@@ -43,6 +49,20 @@ class Measure(str, Enum):
     agreement = "agreement"
     neighbours = "neighbours"
     speed = "speed"
+    mrpc = "mrpc"
+    lee = "lee"
+    retrieval = "retrieval"
+    suite = "suite"  # all of SUITE
+
+
+# The evidence beyond STS-B (issue 39): each number beside the teacher's; STS-B on its test split.
+SUITE = (Measure.sts, Measure.mrpc, Measure.lee, Measure.probe, Measure.cluster, Measure.retrieval)
+
+
+def expand_measures(measures: list[Measure] | list[str]) -> list[Measure]:
+    """The measures asked for, `suite` replaced by its members, each once, in the order given."""
+    out = [s for m in measures for s in (SUITE if Measure(m) is Measure.suite else (Measure(m),))]
+    return list(dict.fromkeys(out))
 
 
 DEFAULT_MEASURES = (Measure.sts, Measure.agreement, Measure.neighbours, Measure.speed)
@@ -58,8 +78,13 @@ class Column:
 
 COLUMNS = (
     Column("sts_spearman", "STS ρ×100", "{:.2f}", Measure.sts),
+    Column("mrpc_accuracy", "MRPC acc", "{:.2f}", Measure.mrpc),
+    Column("mrpc_f1", "MRPC F1", "{:.2f}", Measure.mrpc),
+    Column("lee_pearson", "Lee r×100", "{:.2f}", Measure.lee),
     Column("probe_accuracy", "SST-2 probe acc", "{:.2f}", Measure.probe),
     Column("cluster_f1", "cluster pair-F1", "{:.2f}", Measure.cluster),
+    Column("retrieval_recall", "title→article R@10", "{:.3f}", Measure.retrieval),
+    Column("retrieval_mrr", "title→article MRR", "{:.3f}", Measure.retrieval),
     Column("cos_to_teacher", "cos to teacher", "{:.3f}", Measure.agreement),
     Column("neighbour_recall", "nbr recall@k", "{:.3f}", Measure.neighbours),
     Column("sent_per_s_b1", "sent/s b=1", "{:.0f}", Measure.speed),
@@ -78,14 +103,15 @@ class EvalConfig:
     store: str | None = None
     measures: list[Measure] = field(default_factory=lambda: list(DEFAULT_MEASURES))
     target: str | None = None  # teacher output compared with (default: its meta's default_target)
-    sts_split: str = "dev"
+    sts_split: str | None = None  # None: dev, or test when the suite runs (its numbers are test numbers)
     pairs: str | None = None  # a scored pair file instead of STS-B
     score_column: str | None = None
     text_columns: tuple[str, str] | None = None
-    max_pairs: int | None = None
+    max_pairs: int | None = None  # the first N pairs of STS and of each MRPC split
     cluster_set: str = tasks.ClusterSet.news_articles.value
     cluster_scale: float = 1.0
     probe_train_rows: int = 4000
+    retrieval_articles: int = tasks.RETRIEVAL_ARTICLES
     agreement_rows: int = 10000
     agreement_texts: str | None = None  # text file (one a line) when there is no store
     k: int = 10
@@ -97,14 +123,18 @@ class EvalConfig:
     json_path: str | None = None
     markdown_path: str | None = None
     plot_dir: str | None = None
+    overwrite: bool = False  # replace --json/--markdown/--plot files a previous kd run wrote (common.outputs)
+    cache: bool = True  # reuse (and record) the teacher's vectors and speed of earlier calls (apps/eval_cache.py)
     progress: bool = True
 
     def __post_init__(self) -> None:
         B.check("eval options", ("--max-pairs", self.max_pairs, B.ROWS),
                 ("--agreement-rows", self.agreement_rows, B.AGREEMENT_ROWS), ("--k", self.k, B.K),
                 ("--threads", self.threads, B.THREADS), ("probe_train_rows", self.probe_train_rows, B.ROWS),
-                ("speed_b1", self.speed_b1, B.BATCH), ("speed_big", self.speed_big, B.BATCH))
-        tasks.check_sts_split(self.sts_split)
+                ("speed_b1", self.speed_b1, B.BATCH), ("speed_big", self.speed_big, B.BATCH),
+                ("retrieval_articles", self.retrieval_articles, B.EXACT_ROWS))
+        if self.sts_split is not None:
+            tasks.check_sts_split(self.sts_split)
 
 
 @dataclass
@@ -114,6 +144,7 @@ class ModelResult:
     metrics: dict[str, float | None] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
     empty: dict[str, str] = field(default_factory=dict)  # metric key -> why its cell is empty
+    collapsed: tuple[str, str] | None = None  # (metric key whose cell is marked, why), see metrics.collapse
 
     def put(self, key: str, value: float, *vectors: np.ndarray) -> None:
         """Record one measure; when it is NaN, record why (non-finite vectors, or an undefined measure)."""
@@ -123,6 +154,11 @@ class ModelResult:
             rows = sum(len(v) for v in vectors)
             self.empty[key] = (f"{bad} of {rows} vectors are NaN/Inf (a damaged model or store: kd validate)"
                                if bad else "undefined on these vectors (constant vectors or similarities)")
+
+    def flag(self, key: str, why: str | None) -> None:
+        """Mark the model collapsed (`why`, from metrics.collapse) beside measure `key`; the first finding stays."""
+        if why and self.collapsed is None:
+            self.collapsed = (key, why)
 
 
 @dataclass
@@ -135,10 +171,11 @@ class EvalReport:
     def cell(self, row: ModelResult, col: Column) -> str:
         """The formatted value, or "—" with the number of the note saying why it is empty."""
         v = row.metrics.get(col.key)
+        mark = f" (collapsed: {row.collapsed[1]})" if row.collapsed and row.collapsed[0] == col.key else ""
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
-            return col.fmt.format(v)
+            return col.fmt.format(v) + mark
         why = _why(row, col)
-        return f"— [{self.empty_notes().index((row.name, why)) + 1}]" if why else "—"
+        return (f"— [{self.empty_notes().index((row.name, why)) + 1}]" if why else "—") + mark
 
     def empty_notes(self) -> list[tuple[str, str]]:
         """(model, reason) for every empty cell that has a reason, numbered in table order."""
@@ -154,7 +191,8 @@ class EvalReport:
         return {
             "columns": [{"key": c.key, "header": c.header, "measure": c.measure.value} for c in self.columns],
             "models": [{"name": m.name, "kind": m.kind, "metrics": _finite(m.metrics), "details": m.details,
-                        "empty": m.empty} for m in self.models],
+                        "empty": m.empty, "collapsed": m.collapsed[1] if m.collapsed else None}
+                       for m in self.models],
             "info": self.info,
         }
 
@@ -218,17 +256,26 @@ class _Bars:
 
 @dataclass
 class _Teacher:
-    """Where teacher vectors come from: the store when it has the texts, else the live model."""
+    """Where teacher vectors come from: the store when it has the texts, else the cache of an earlier call, else
+    the live model (whose vectors are then cached)."""
 
     model: EvalModel
     store: StoreTeacher | None
+    cache: TeacherCache | None = None
 
     def vectors(self, texts: list[str], bars: _Bars, what: str) -> tuple[np.ndarray, str]:
         if self.store is not None:
             got = self.store.lookup(texts)
             if got is not None:
                 return got, "store"
-        return bars.encode(self.model, texts, what), "model"
+        if self.cache is not None:
+            got = self.cache.vectors(texts)
+            if got is not None:
+                return got, "cache"
+        vecs = bars.encode(self.model, texts, what)
+        if self.cache is not None:
+            self.cache.put_vectors(texts, vecs)
+        return vecs, "model"
 
 
 def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]:
@@ -237,10 +284,12 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
     if cfg.store:
         store = StoreTeacher.open(cfg.store, cfg.teacher, cfg.target)
         spec = str(store.meta.get("source") or store.name)
-        teacher = teacher_model(f"{store.name}={spec}" if "=" not in spec else spec, store.target, store.name)
+        spec, target = f"{store.name}={spec}" if "=" not in spec else spec, store.target
+        teacher = teacher_model(spec, target, store.name)
         info["teacher"] = f"{store.name} (store {cfg.store}, column {store.target})"
     elif cfg.teacher:
-        teacher = teacher_model(cfg.teacher, cfg.target)
+        spec, target = cfg.teacher, cfg.target
+        teacher = teacher_model(spec, target)
         info["teacher"] = f"{teacher.name} (run from {cfg.teacher})"
     else:
         raise InputError("no teacher to compare with", "kd eval", "pass --teacher NAME or --store STORE")
@@ -266,7 +315,7 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
             others.append(base)
         except Exception as e:  # any failure of the optional baseline is reported, not fatal
             info["baseline"] = f"model2vec skipped: {e}"
-    return _Teacher(teacher, store), others, info
+    return _Teacher(teacher, store, TeacherCache(spec, target) if cfg.cache else None), others, info
 
 
 def evaluate(cfg: EvalConfig) -> EvalReport:
@@ -285,15 +334,17 @@ def check_outputs(cfg: EvalConfig) -> None:
     """--json, --markdown (files) and --plot (a folder) checked before any model is loaded: writable, not a
     folder where a file goes, never an input (a student, the store, a text file) nor inside a kd folder."""
     inputs = [*cfg.students, cfg.store, cfg.pairs, cfg.agreement_texts, cfg.baseline_dir]
-    for flag, path in (("--json", cfg.json_path), ("--markdown", cfg.markdown_path)):
-        if path:
-            claim_output(path, "kd eval", inputs=inputs, overwrite=True, file=True, flag=flag)
-    if cfg.plot_dir:
+    files = [("--json", cfg.json_path), ("--markdown", cfg.markdown_path)]
+    if cfg.plot_dir is not None:
         claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
+        files += [("--plot", str(Path(cfg.plot_dir) / name)) for name in PLOT_FILES]
+    for flag, path in files:
+        if path is not None:
+            claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
 
 
 def _evaluate(cfg: EvalConfig) -> EvalReport:
-    measures = [Measure(m) for m in dict.fromkeys(cfg.measures)]
+    measures = expand_measures(cfg.measures)
     check_outputs(cfg)
     teacher, others, info = _models(cfg)
     models = [teacher.model, *others]
@@ -306,10 +357,14 @@ def _evaluate(cfg: EvalConfig) -> EvalReport:
             _probe(cfg, teacher, others, rows, info, bars)
         if Measure.cluster in measures:
             _cluster(cfg, teacher, others, rows, info, bars)
+        for measure, run in ((Measure.mrpc, suite_tasks.mrpc), (Measure.lee, suite_tasks.lee),
+                             (Measure.retrieval, suite_tasks.retrieval)):
+            if measure in measures:
+                run(cfg, teacher, others, rows, info, bars)
         if Measure.agreement in measures or Measure.neighbours in measures:
             _agreement(cfg, teacher, others, rows, info, bars, measures)
         if Measure.speed in measures:
-            _speed(cfg, models, rows, info, bars)
+            _speed(cfg, teacher, others, rows, info, bars)
     columns = [c for c in COLUMNS if c.measure in measures]
     if Measure.neighbours in measures:
         columns = [Column(c.key, f"nbr recall@{cfg.k}", c.fmt, c.measure) if c.key == "neighbour_recall" else c
@@ -321,11 +376,10 @@ def _evaluate(cfg: EvalConfig) -> EvalReport:
 
 def write_outputs(report: EvalReport, cfg: EvalConfig) -> None:
     if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(report.to_json(), indent=1, default=_json_default) + "\n")
+        write_text(cfg.json_path, json.dumps(report.to_json(), indent=1, default=_json_default) + "\n", "kd eval",
+                   "--json")
     if cfg.markdown_path:
-        Path(cfg.markdown_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.markdown_path).write_text(report.markdown())
+        write_text(cfg.markdown_path, report.markdown(), "kd eval", "--markdown")
     if cfg.plot_dir:
         from kd.apps.plots import write_plots
 
@@ -344,15 +398,18 @@ def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
             raise InputError("--pairs needs --score-column", cfg.pairs, "name (or index) the gold score column")
         task = tasks.load_pairs(cfg.pairs, cfg.score_column, cfg.text_columns)
     else:
-        task = tasks.load_stsb(cfg.sts_split)
+        task = tasks.load_stsb(cfg.sts_split or ("test" if Measure.suite in cfg.measures else "dev"))
     task = task.head(cfg.max_pairs)
     texts = task.a + task.b
     n = len(task.a)
     tv, src = teacher.vectors(texts, bars, task.name)
     info["sts"] = f"{task.name}, {n} pairs, teacher vectors from the {src}"
+    reference = metrics.spread(tv, metrics.rowwise_cosine(tv[:n], tv[n:]))
     for m, vecs in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
         rows[m.name].put("sts_spearman", metrics.sts_spearman(vecs[:n], vecs[n:], task.scores), vecs)
         sims[m.name] = metrics.rowwise_cosine(vecs[:n], vecs[n:])
+        if m is not teacher.model:  # the teacher is the reference a collapse is judged against
+            rows[m.name].flag("sts_spearman", metrics.collapse(metrics.spread(vecs, sims[m.name]), reference))
     sims["_gold"] = task.scores
 
 
@@ -389,43 +446,77 @@ def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[l
     from kd.apps.corpus import demo_sentences
 
     if cfg.agreement_texts:
-        lines = Path(cfg.agreement_texts).read_text(encoding="utf-8").splitlines()
+        try:
+            lines = Path(cfg.agreement_texts).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise InputError(f"--agreement-texts is not UTF-8 text ({e.reason} at byte {e.start}; a binary file?)",
+                             cfg.agreement_texts, "pass a text file of sentences, one a line, in UTF-8") from None
         texts, where = [t for t in lines if t.strip()][: cfg.agreement_rows], cfg.agreement_texts
     else:
         texts, where = demo_sentences()[: cfg.agreement_rows], "the bundled demo corpus"
-    tv, _ = teacher.vectors(texts, bars, "agreement texts")
-    return texts, tv, f"{len(texts)} sentences of {where}"
+    tv, src = teacher.vectors(texts, bars, "agreement texts")
+    return texts, tv, f"{len(texts)} sentences of {where}, teacher vectors from the {src}"
 
 
 def _agreement(cfg, teacher: _Teacher, others, rows, info, bars, measures) -> None:
     texts, tv, where = _agreement_texts(cfg, teacher, bars)
     info["agreement"] = f"{where}; k={cfg.k}"
     k = min(cfg.k, len(texts) - 1)
+    reference = metrics.spread(tv)
     for m in [teacher.model, *others]:
         v = tv if m is teacher.model else bars.encode(m, texts, "agreement texts")
         if Measure.agreement in measures:
             rows[m.name].put("cos_to_teacher", metrics.mean_cosine_agreement(v, tv), v, tv)
         if Measure.neighbours in measures:
             rows[m.name].put("neighbour_recall", metrics.neighbour_recall(tv, v, k), v, tv)
+        if m is not teacher.model:
+            key = "cos_to_teacher" if Measure.agreement in measures else "neighbour_recall"
+            rows[m.name].flag(key, metrics.collapse(metrics.spread(v), reference))
 
 
-def _speed(cfg, models: list[EvalModel], rows, info, bars) -> None:
+def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
     texts = list(dict.fromkeys(tasks.load_stsb("dev").a))
     import torch
 
     info["speed"] = (f"STS-B dev sentences: {min(cfg.speed_b1, len(texts))} one at a time, "
                      f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency; "
                      f"{torch.get_num_threads()} torch thread(s)")
-    for m in models:
+    for m in [teacher.model, *others]:
         bars.note(f"timing {m.name}")
         try:
-            sp = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big)
-            size = m.size()
+            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None)
         except KdError as e:
             rows[m.name].details["speed"] = f"not measured: {e.what}"
             continue
+        if cached:
+            info["speed"] += f"; {m.name}'s speed and size as timed by an earlier call here (--no-cache times again)"
         r = rows[m.name].metrics
         r.update(sent_per_s_b1=sp.sent_per_s_b1, sent_per_s_b256=sp.sent_per_s_b256, latency_ms=sp.latency_ms)
         if size is not None:
             r.update(params_m=size.params / 1e6, embedding_params_m=size.embedding_params / 1e6, disk_mb=size.disk_mb)
             rows[m.name].details["size"] = size.to_dict()
+
+
+def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None
+           ) -> tuple[SpeedResult, SizeResult | None, bool]:
+    """Speed and size of `m`, and whether they came from `cache` (the teacher's, timed here with the same
+    threads and texts by an earlier call: timing it again would load the teacher only for that)."""
+    import torch
+
+    settings = {"threads": torch.get_num_threads(), "speed_b1": cfg.speed_b1, "speed_big": cfg.speed_big,
+                "speed_texts": texts_sha256(texts)}
+    got = _speed_record(cache.speed(settings)) if cache is not None else None
+    if got is not None:
+        return *got, True
+    sp, size = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big), m.size()
+    if cache is not None:
+        cache.put_speed(settings, sp.to_dict(), asdict(size) if size is not None else None)
+    return sp, size, False
+
+
+def _speed_record(rec: dict | None) -> tuple[SpeedResult, SizeResult | None] | None:
+    """A cached speed record as results, or None when it is absent or not one kd wrote (a miss: timed again)."""
+    try:
+        return SpeedResult(**rec["speed"]), SizeResult(**rec["size"]) if rec["size"] is not None else None
+    except (TypeError, KeyError):
+        return None

@@ -4,7 +4,10 @@
 - `sst2-probe.tsv.gz`: the probe's seeded 4,000-sentence train sample and the full dev split
   (`split TAB label TAB text`);
 - `cluster-{news-articles,brown-genres}.tsv.gz`: each clustering set at its default size and seed
-  (`split TAB group TAB text`).
+  (`split TAB group TAB text`);
+- `lee-docsim.tsv.gz`: the 50 Lee documents, each with its row of the symmetric human similarity matrix;
+- `retrieval-news-titles.tsv.gz`: 1,000 news titles and their articles' leads (`title TAB lead`).
+MRPC is not bundled: its licence is non-commercial, so `kd eval` reads it from the shared data when present.
 The files are gzip'ed with mtime 0, so the same inputs give byte-identical files; a test checks that
 the bundle equals what the shared data gives. Rebuild with `python -m apps.eval_data`.
 """
@@ -51,7 +54,29 @@ def build_bundle(out: Path = tasks.BUNDLE) -> list[Path]:
         _write(out / f"cluster-{name.value}.tsv.gz", _rows("dev", c.dev_groups, c.dev_texts)
                + _rows("test", c.test_groups, c.test_texts))
         written.append(out / f"cluster-{name.value}.tsv.gz")
-    return written
+    return written + [_lee(out), _retrieval(out)]
+
+
+def _tab_free(*texts: str) -> list[str]:
+    bad = [t for t in texts if "\t" in t]
+    if bad:
+        raise ValueError(f"a text holds a tab: {bad[0][:80]!r}")
+    return list(texts)
+
+
+def _lee(out: Path) -> Path:
+    """Each Lee document with its row of the (symmetric) human similarity matrix: `doc TAB s_1 ... TAB s_50`."""
+    lee = tasks.load_lee(bundle=False)
+    _write(out / "lee-docsim.tsv.gz", ["\t".join(_tab_free(d) + [repr(float(v)) for v in row])
+                                       for d, row in zip(lee.docs, lee.sims)])
+    return out / "lee-docsim.tsv.gz"
+
+
+def _retrieval(out: Path) -> Path:
+    """The title-retrieval sample: `title TAB lead`, query i's relevant document on line i."""
+    r = tasks.load_title_retrieval(bundle=False)
+    _write(out / "retrieval-news-titles.tsv.gz", ["\t".join(_tab_free(q, d)) for q, d in zip(r.queries, r.docs)])
+    return out / "retrieval-news-titles.tsv.gz"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from kd.apps import tasks
-from kd.common.outputs import claim_output
+from kd.common.errors import InputError
+from kd.common.outputs import claim_output, write_text
 from kd.storage.store import Store
 
 
@@ -39,6 +40,14 @@ def eval_sets() -> dict[str, list[str]]:
     for name in tasks.ClusterSet:
         c = tasks.load_cluster_set(name)
         out[f"cluster-{name.value}"] = c.dev_texts + c.test_texts
+    out["lee"] = tasks.load_lee().docs
+    r = tasks.load_title_retrieval()
+    out["retrieval-news-titles"] = r.queries + r.docs
+    try:  # MRPC is never bundled (its licence): its test split is left out where the shared data has it
+        m = tasks.load_mrpc("test")
+        out["mrpc-test"] = m.a + m.b
+    except InputError:
+        pass
     return out
 
 
@@ -50,14 +59,23 @@ class Overlap:
     ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rows: int = 0
 
-    def write_ids(self, path: str | Path) -> None:
-        claim_output(path, "kd leakage", overwrite=True, file=True, flag="--exclude-out")  # not inside a store
-        Path(path).write_text("# kd leakage: store rows that are evaluation texts\n"
-                              + "".join(f"{i}\n" for i in self.ids.tolist()), encoding="utf-8")
+    def write_ids(self, path: str | Path, overwrite: bool = False) -> None:
+        claim_exclude_out(path, overwrite)
+        write_text(path, "# kd leakage: store rows that are evaluation texts\n"
+                   + "".join(f"{i}\n" for i in self.ids.tolist()), "kd leakage", "--exclude-out")
 
 
-def check_store(store_path: str, sets: dict[str, list[str]] | None = None) -> Overlap:
-    """Overlap of a store's texts with evaluation sets (see the module docstring)."""
+def claim_exclude_out(path: str | Path, overwrite: bool = False, store: str | None = None) -> None:
+    """--exclude-out is a new file, or one kd wrote with `overwrite`; never inside a store (common.outputs)."""
+    claim_output(path, "kd leakage", inputs=[store], overwrite=overwrite, file=True, flag="--exclude-out")
+
+
+def check_store(store_path: str, sets: dict[str, list[str]] | None = None, *, exclude_out: str | None = None,
+                overwrite: bool = False) -> Overlap:
+    """Overlap of a store's texts with evaluation sets (see the module docstring); with `exclude_out` the
+    overlapping ids are written there (the path checked before the work)."""
+    if exclude_out is not None:
+        claim_exclude_out(exclude_out, overwrite, store_path)
     store = Store.open(store_path)
     sets = eval_sets() if sets is None else sets
     wanted = {name: {normalise(t) for t in texts} for name, texts in sets.items()}
@@ -79,4 +97,6 @@ def check_store(store_path: str, sets: dict[str, list[str]] | None = None) -> Ov
                 bad_ids.append(ids[i])
     out = Overlap({n: (len(wanted[n]), len(hits[n]), rows_per_set[n]) for n in sets},
                   np.unique(np.asarray(bad_ids, dtype=np.int64)), store.manifest.inputs.get("num_rows", 0))
+    if exclude_out is not None:
+        out.write_ids(exclude_out, overwrite)
     return out

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kd.common.outputs import write_file
+
 
 class EvalReport(Protocol):
     """What the figures read of `kd.apps.eval.EvalReport` (a protocol, so plots never import eval)."""
@@ -20,6 +22,10 @@ class EvalReport(Protocol):
     models: list[Any]  # .name, .kind, .metrics
     columns: list[Any]  # .measure
     sts_sims: dict[str, np.ndarray]
+
+
+SCATTER, BARS = "sts_scatter.png", "quality_speed.png"
+PLOT_FILES = (SCATTER, BARS)  # every file --plot may write (claimed before the evaluation runs)
 
 
 def write_plots(report: EvalReport, folder: Path) -> list[Path]:
@@ -31,9 +37,9 @@ def write_plots(report: EvalReport, folder: Path) -> list[Path]:
     written = []
     teacher = next((m for m in report.models if m.kind == "teacher"), None)
     if teacher is not None and teacher.name in report.sts_sims:
-        written.append(_scatter(report, teacher.name, folder / "sts_scatter.png"))
+        written.append(_scatter(report, teacher.name, folder / SCATTER))
     if any("sent_per_s_b256" in m.metrics for m in report.models):
-        written.append(_bars(report, folder / "quality_speed.png"))
+        written.append(_bars(report, folder / BARS))
     return written
 
 
@@ -57,7 +63,7 @@ def _scatter(report: EvalReport, teacher: str, path: Path) -> Path:
         ax.set_xlabel(f"{teacher} cosine")
         ax.set_ylabel("student cosine")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_file(path, lambda tmp: fig.savefig(tmp, dpi=120), "kd eval", "--plot")
     plt.close(fig)
     return path
 
@@ -83,6 +89,6 @@ def _bars(report: EvalReport, path: Path) -> Path:
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_file(path, lambda tmp: fig.savefig(tmp, dpi=120), "kd eval", "--plot")
     plt.close(fig)
     return path

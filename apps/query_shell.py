@@ -63,11 +63,12 @@ def render(result: pa.Table, max_rows: int = 50) -> Table:
     return t
 
 
-def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console) -> None:
+def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console,
+          overwrite: bool = False) -> None:
     """Run `sql` on the store and print or write its result (the `kd query STORE SQL` command)."""
     fmt = Format(fmt)
     if out is not None:
-        rows = export(store_path, sql, out, fmt)
+        rows = export(store_path, sql, out, fmt, overwrite=overwrite)
         console.print(f"wrote {rows} rows to {out}", style="dim", highlight=False)
         return
     if fmt is Format.table:

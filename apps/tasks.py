@@ -17,7 +17,7 @@ import math
 import os
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -359,3 +359,105 @@ def _read_labelled(path: Path) -> LabelledTexts:
 def _read_cluster(name: str, path: Path) -> ClusterTask:
     (dev_x, dev_g), (te_x, te_g) = _split_rows(path, ("dev", "test"))
     return ClusterTask(name, dev_x, dev_g, te_x, te_g)
+
+
+# --- the suite beyond STS-B: MRPC, Lee document similarity, title -> article retrieval -----------------------------
+
+MRPC_SPLITS = ("train", "test")
+
+
+def load_mrpc(split: str = "test") -> PairTask:
+    """MRPC (`Quality TAB #1 ID TAB #2 ID TAB #1 String TAB #2 String`, with a header): scores are the 0/1 labels.
+
+    Never bundled (its licence is non-commercial), so it always reads the shared data: a missing file raises
+    `InputError` ("data file not found", fix: set KD_SHARED), which the suite reports as "not run".
+    """
+    if split not in MRPC_SPLITS:
+        raise InputError(f"unknown MRPC split {split!r}", "load_mrpc", f"use one of {', '.join(MRPC_SPLITS)}")
+    p = data_path(f"mrpc/msr_paraphrase_{split}.txt")
+    rows = _numbered_tsv(p)
+    a, b, y = [], [], []
+    for line, r in rows[1:]:
+        if len(r) != 5 or r[0] not in ("0", "1"):
+            raise InputError(f"MRPC row has {len(r)} columns or label {r[0]!r}, expected 5 and 0/1", f"{p}:{line}")
+        y.append(float(r[0]))
+        a.append(r[3])
+        b.append(r[4])
+    return PairTask(f"mrpc-{split}", a, b, np.asarray(y, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class DocSimTask:
+    """Documents with a symmetric human similarity matrix (1 on the diagonal)."""
+
+    name: str
+    docs: list[str]
+    sims: np.ndarray
+
+
+def _symmetric(upper: np.ndarray) -> np.ndarray:
+    """The full matrix from one whose upper triangle holds the values (the Lee file leaves the lower one 0)."""
+    return np.triu(upper) + np.triu(upper, 1).T
+
+
+def load_lee(bundle: bool = True) -> DocSimTask:
+    """Lee et al. 2005: 50 news documents (lee.cor, latin-1, one a line) and the mean human similarity of every
+    pair (similarities0-1.txt, upper triangle)."""
+    if bundle and bundled("lee-docsim.tsv.gz").exists():
+        rows = _read_tsv(bundled("lee-docsim.tsv.gz"))
+        docs = [r[0] for r in rows]
+        sims = np.asarray([[float(v) for v in r[1:]] for r in rows], dtype=np.float64)
+    else:
+        lines = data_path("lee-docsim/lee.cor").read_text(encoding="latin-1").splitlines()
+        docs = [d.strip() for d in lines if d.strip()]
+        sims = np.loadtxt(data_path("lee-docsim/similarities0-1.txt"), dtype=np.float64)
+    if sims.shape != (len(docs), len(docs)):
+        raise InputError(f"Lee matrix is {sims.shape} for {len(docs)} documents", "lee-docsim")
+    return DocSimTask("lee", docs, _symmetric(sims))
+
+
+@dataclass(frozen=True)
+class RetrievalTask:
+    """Queries and documents where query i's only relevant document is document i."""
+
+    name: str
+    queries: list[str]
+    docs: list[str]
+
+    def head(self, n: int) -> RetrievalTask:
+        return RetrievalTask(self.name, self.queries[:n], self.docs[:n])
+
+
+RETRIEVAL_ARTICLES = 1000  # the bundled sample's size
+RETRIEVAL_SENTENCES = 3  # an article is embedded as its lead: models truncate long texts anyway
+RETRIEVAL_MIN_LEAD = 100
+
+
+def _article_leads(sentences: int) -> list[tuple[str, str]]:
+    """(title, lead) of every article whose title and lead are unique and non-empty, in file order.
+
+    A title or lead shared by two articles is dropped from both: with two "relevant" articles the only-one
+    relevance of the task would be false. Leads under 100 characters are page furniture ("March 20", "- -").
+    """
+    with open(data_path("corpus/news_articles.csv"), encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # '"?' is how this copy of the data renders curly quotes and dashes.
+    pairs = [(" ".join(r["title"].replace('"?', '"').split()),
+              " ".join(split_sentences(r["text"].replace('"?', '"'))[:sentences])) for r in rows]
+    titles, leads = Counter(t for t, _ in pairs), Counter(lead for _, lead in pairs)
+    return [(t, lead) for t, lead in pairs
+            if t and len(lead) >= RETRIEVAL_MIN_LEAD and titles[t] == 1 and leads[lead] == 1]
+
+
+def load_title_retrieval(n: int = RETRIEVAL_ARTICLES, seed: int = 0, bundle: bool = True) -> RetrievalTask:
+    """News titles retrieving their own article's lead (first 3 sentences) among `n` articles.
+
+    The sample is the first `n` of a seeded permutation of the eligible articles, so a smaller `n` is a prefix
+    of the bundled 1,000 and needs no shared data.
+    """
+    if bundle and seed == 0 and n <= RETRIEVAL_ARTICLES and bundled("retrieval-news-titles.tsv.gz").exists():
+        rows = _read_tsv(bundled("retrieval-news-titles.tsv.gz"))
+        return RetrievalTask("news-titles", [r[0] for r in rows], [r[1] for r in rows]).head(n)
+    pairs = _article_leads(RETRIEVAL_SENTENCES)
+    pick = np.random.default_rng(seed).permutation(len(pairs))[:n]
+    return RetrievalTask("news-titles", [pairs[i][0] for i in pick], [pairs[i][1] for i in pick])

@@ -107,7 +107,8 @@ IndexKind = Literal["flat", "ivf", "hnsw"]  # dataset.index.IndexKind
 ClusterMethod = Literal["auto", "exact", "knn"]  # dataset.cluster.Method
 Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
 # apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
-Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed")}, type=str)
+Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed", "mrpc",
+                                          "lee", "retrieval", "suite")}, type=str)
 
 # --device: these names, or cuda:N
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import json
+
 
 class KdError(Exception):
     """An error caused by user input or store state; the CLI prints it and exits with `exit_code` (2)."""
@@ -27,3 +30,51 @@ class StoreError(KdError):
 
 class InputError(KdError):
     """An input file or column cannot be used."""
+
+
+# errno -> (what, fix) for the OS errors a user causes and can act on (full disk, rights, wrong path); any
+# other OSError is left as it is, so a real bug keeps its traceback.
+_OS_ERRORS: dict[str, tuple[str, str]] = {
+    "ENOSPC": ("the disk is full while writing", "free some space (or write to another disk) and rerun"),
+    "EDQUOT": ("the disk quota is exceeded while writing", "free some space (or write to another disk) and rerun"),
+    "EFBIG": ("a file grew past the file system's size limit while writing",
+              "write to another file system (or free space) and rerun"),
+    "EACCES": ("permission denied", "check the path's owner and permissions, or use another path"),
+    "EPERM": ("operation not permitted", "check the path's owner and permissions, or use another path"),
+    "EROFS": ("the file system is read-only", "write to a writable folder"),
+    "ENOENT": ("no such file or directory", "check the path"),
+    "EISDIR": ("a folder was given where a file is needed", "pass a file, not a folder"),
+    "ENOTDIR": ("a file was given where a folder is needed", "pass a folder, not a file"),
+    "ENAMETOOLONG": ("the path is too long", "use a shorter path"),
+    "ELOOP": ("too many levels of symbolic links", "check the path's symbolic links (one may point at itself)"),
+    "EMFILE": ("too many open files", "raise the limit (ulimit -n) and rerun"),
+    "ENFILE": ("too many open files on this system", "close other programs or raise the limit, and rerun"),
+    "EIO": ("an input/output error (a failing disk or network file system)", "check the device and rerun"),
+}
+
+
+def as_kd_error(exc: BaseException) -> KdError | None:
+    """The KdError a user-caused exception amounts to, or None for anything else (a bug keeps its traceback).
+
+    User-caused: a KdError itself; an OSError of a full disk, a missing right or a wrong path; input too deeply
+    nested to parse (RecursionError); bytes that are not UTF-8 text; invalid JSON. The CLI prints the result and
+    exits with its code; a library caller can `raise as_kd_error(e) or e`.
+    """
+    if isinstance(exc, KdError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno is not None:
+        what, fix = _OS_ERRORS.get(errno.errorcode.get(exc.errno, ""), (None, None))
+        if what is None:
+            return None
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None) or None
+        return KdError(f"{what} ({exc.strerror or exc})", where, fix)
+    if isinstance(exc, RecursionError):
+        return InputError("an input is nested too deeply to read (a crafted or damaged file)", None,
+                          "check the files this command reads (JSON nested thousands of levels deep is not kd's)")
+    if isinstance(exc, json.JSONDecodeError):
+        return InputError(f"a file is not valid JSON ({exc.msg})", f"line {exc.lineno} column {exc.colno}",
+                          "check the file (it may be damaged or not the file kd expects)")
+    if isinstance(exc, UnicodeDecodeError):
+        return InputError(f"a file is not UTF-8 text ({exc.reason} at byte {exc.start}; a binary file?)", None,
+                          "pass a UTF-8 text file (convert with: iconv -t utf-8)")
+    return None

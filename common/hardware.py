@@ -59,6 +59,46 @@ def _cpu_has(override: str, flags: tuple[str, ...]) -> bool:
     return any(flag in found for flag in flags)
 
 
+def available_memory() -> int | None:
+    """Bytes of host memory a new allocation can take without swapping: MemAvailable of /proc/meminfo (which
+    counts reclaimable page cache, unlike MemFree), or less where this process's cgroup (a container) is
+    limited, since the kernel kills at that limit; None where neither can be read (not Linux)."""
+    found = [n for n in (_meminfo_available(), _cgroup_headroom()) if n is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom() -> int | None:
+    """memory.max - memory.current of the cgroup v2 root this process sees; None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return max(0, int(limit) - used) if limit.isdigit() else None
+
+
+def gpu_free_memory(device: str | None) -> int | None:
+    """Free bytes on the CUDA device `device` resolves to (torch's view: other processes' use subtracted);
+    None off CUDA."""
+    import torch
+
+    d = resolve_device(device)
+    return torch.cuda.mem_get_info(d)[0] if d.type == "cuda" else None
+
+
 # Linux device nodes without which neither CUDA (nvidia), WSL's GPU (dxg) nor ROCm (kfd) can be present
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
 

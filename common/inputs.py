@@ -35,6 +35,17 @@ class ColumnSpec:
     label: str | None = None
     delimiter: str | None = None
 
+    def __post_init__(self) -> None:
+        # Python's csv takes one character other than a quote or a line break; anything else would end in its
+        # TypeError, after the teacher has loaded
+        d = self.delimiter
+        if d == "\\t":  # `--delimiter '\t'` in a shell passes backslash-t: a tab is what it means
+            d = "\t"
+            object.__setattr__(self, "delimiter", d)
+        if d is not None and (len(d) != 1 or d in '"\r\n'):
+            raise InputError(f"--delimiter must be one character, not a quote or a line break (got {d!r})",
+                             f"--delimiter {d!r}", "pass one character, e.g. --delimiter ';' or --delimiter $'\\t'")
+
     @classmethod
     def from_options(cls, text_column: str | None = None, pair_columns: str | None = None,
                      label_column: str | None = None, delimiter: str | None = None) -> ColumnSpec:
@@ -257,8 +268,8 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                     raise InputError(
                         f"column {missing[0]!r} not in the header (columns: {', '.join(header)})",
                         f"{path}:1",
-                        "pass --text-column/--pair-columns/--label-column with a header name, "
-                        "or 0-based indices for files without a header",
+                        _delimiter_hint(header, delim) + "pass --text-column/--pair-columns/--label-column with "
+                        "a header name, or 0-based indices for files without a header",
                     )
                 idx = [header.index(c) for c in spec.wanted]
             ncols = len(header) if not by_index else max(idx) + 1
@@ -269,6 +280,8 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                 if row:
                     _check_quoted_fields(row, idx[: len(spec.texts)], delim, ncols, path, start, reader.line_num,
                                          raw)
+                    if quoting != csv.QUOTE_NONE and '"' in raw:  # cheap first: most records hold no quote
+                        _check_closed_quotes(raw, delim, f"{path}:{start}")
                     if max(idx) >= len(row):
                         raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
                                          f"{path}:{reader.line_num}", "fix the row or choose other columns")
@@ -313,6 +326,34 @@ def _badly_quoted(raw: str, delim: str) -> str | None:
     except csv.Error as e:
         return "the quote is never closed" if "end of data" in str(e) else f"it is closed mid-field ({e})"
     return None
+
+
+def _check_closed_quotes(raw: str, delim: str, where: str) -> None:
+    """Refuse a record whose quoted field is closed mid-field (`"a stray "quote" inside`): the csv module keeps
+    going silently and stores `a stray quote" inside`, a text the file does not hold. The same rule for one
+    column as for several, and for `kd finetune`'s files, which this reader reads too."""
+    why = _badly_quoted(raw, delim)
+    if why:
+        raise InputError(f"a quoted field on this line is not well-formed CSV ({why}): read on, its text would "
+                         "lose a quote and keep what follows it", where,
+                         'write a quote inside a quoted field as "" (e.g. "a ""quoted"" word"), or do not start '
+                         "the field with a quote; a file without quoted fields can be saved tab-separated (.tsv: "
+                         "read with quoting off)")
+
+
+SEPARATORS = ";|\t,"  # what a one-column header that should have been several is usually split by
+
+
+def _delimiter_hint(header: list[str], delim: str) -> str:
+    """'this file looks separated by X: pass --delimiter X; ' when the header read as one column holds X."""
+    if len(header) != 1:
+        return ""
+    found = [c for c in SEPARATORS if c != delim and c in header[0]]
+    if not found:
+        return ""
+    flag = "$'\\t'" if found[0] == "\t" else f"'{found[0]}'"
+    return (f"the header is one column holding {found[0]!r}: if that separates the columns, pass --delimiter "
+            f"{flag}; else ")
 
 
 def _check_quoted_fields(row: list[str], text_idx: list[int], delim: str, ncols: int, path: str, start: int,

@@ -14,18 +14,37 @@ The rules of `claim_output`:
 3. a folder holding a kd output of a kind the command does not write is never written into;
 4. `--overwrite` replaces a non-empty folder only when it is of the command's kinds and no other kd output
    lies below it (anything else is refused: "only replaces a folder written by ...");
-5. the output is a folder (or a file) as the command needs, and the nearest existing folder is writable.
+5. the output is a folder (or a file) as the command needs, and the nearest existing folder is writable;
+   an empty path is refused as such;
+6. an existing file is replaced only with `--overwrite`, and only when kd wrote it (`is_kd_file`).
+
+How kd knows a file is its own (rule 6): `write_file` writes every single-file output (query -o, leakage
+--exclude-out, eval --json/--markdown/--plot, embed -o) into a temporary file beside it and renames it into
+place, so a killed run never leaves half a file under the final name; before the rename it writes a hidden
+sidecar `.NAME.kd.json` holding the command and the sha256 of the bytes it wrote. A file is kd's when its
+sidecar exists and its sha256 still matches: any format is covered (CSV and JSON lines have no room for a
+marker), and a user's file put at that path later, or edited since, no longer matches, so it is never replaced.
+
+Folders (`locked_output`): a command that builds a folder holds an exclusive flock on `.NAME.kd-lock` beside it
+while it works; a second command writing the same folder is refused. The kernel drops a flock when its holder
+dies, even by kill -9, so no stale lock is ever left. A folder is built in `.NAME.kd-partial-PID` beside the
+target and renamed into place at the end (`partial_folder`); partials left by a killed run are removed by the
+next run under the lock, so rerunning the same command needs no `--overwrite`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from kd.common.errors import InputError
+from kd.common.locks import try_lock
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
 COMMANDS = {STORE: "kd precompute", STUDENT: "kd train-student", FINETUNE: "kd finetune",
@@ -102,8 +121,20 @@ def _check_parents(out: Path, flag: str) -> None:
     if not folder.is_dir():
         raise InputError(f"{flag} cannot be created: {folder} is a file, not a folder", str(out),
                          f"pass a {flag} under a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK) or not _can_create_in(folder):
         raise InputError(f"{flag} cannot be written: {folder} is not writable", str(out), f"pass a writable {flag}")
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: os.access answers yes to root for /proc or a read-only mount.
+    TemporaryFile is an unnamed O_TMPFILE on Linux, so the probe leaves nothing behind."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def _foreign_below(out: Path) -> Path | None:
@@ -125,6 +156,8 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
       folder, so a non-empty one needs `overwrite` (rule 4); `remove`: then the old folder is deleted here
       (otherwise the caller replaces it, e.g. by an atomic swap, or resumes in it).
     """
+    if not os.fspath(out).strip():  # Path('') is the working folder: never guess that
+        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
     path = Path(os.fspath(out).removeprefix("file://")).resolve()
     if file and path.is_dir():
         raise InputError(f"{flag} is an existing folder, {command} writes one file", str(out),
@@ -136,6 +169,9 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     if file:
         if path.exists() and not overwrite:
             raise InputError(f"{flag} already exists", str(out), "pass another path, or --overwrite to replace it")
+        if path.exists() and not is_kd_file(path):
+            raise InputError(f"--overwrite only replaces a file kd wrote, and {flag} is not one (or was changed "
+                             "since)", str(out), f"pass a new {flag}, or remove this file yourself")
         return path
     kind = kind_of(path)
     if kind is not None and kind not in kinds:
@@ -161,3 +197,128 @@ def _check_replaceable(path: Path, kind: str | None, kinds: Collection[str], com
     if below is not None:
         raise InputError(f"--overwrite would delete {_describe(kind_of(below))} inside {flag}: {below}",
                          str(path), f"move it out first, or pass a new {flag}")
+
+
+# --- single files: written whole, recognised by a sidecar -------------------------------------------------
+_SIDECAR_FORMAT = "kd-output"
+
+
+def sidecar(path: Path) -> Path:
+    """The hidden record beside a file kd wrote (see the module docstring)."""
+    return path.with_name(f".{path.name}.kd.json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_kd_file(path: str | os.PathLike) -> bool:
+    """Whether kd wrote this file and it is unchanged since: its sidecar names the file's sha256."""
+    path = Path(path)
+    side = sidecar(path)
+    if not path.is_file() or not _has_format(side, _SIDECAR_FORMAT):
+        return False
+    try:
+        return json.loads(side.read_text(encoding="utf-8")).get("sha256") == _sha256(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _unwritable(path: Path, flag: str, e: OSError) -> InputError:
+    return InputError(f"{flag} cannot be written: {e.strerror or e}", str(path),
+                      f"pass a {flag} in a folder you can write to")
+
+
+def _dead(pid: str) -> bool:
+    """Whether no process has this id (a temp file's writer that was killed)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temp files (the output's and its sidecar's) of killed writes of this output: their writer is gone."""
+    for name in (path.name, sidecar(path).name):
+        for tmp in path.parent.glob(f".kd-tmp-*.{_glob_escape(name)}"):
+            if _dead(tmp.name.removeprefix(".kd-tmp-").split(".", 1)[0]):
+                tmp.unlink(missing_ok=True)
+
+
+def write_file(path: str | os.PathLike, write: Callable[[Path], object], command: str,
+               flag: str = "--out") -> Path:
+    """Write one output file the kd way: missing parent folders created, `write(tmp)` into a temporary file
+    beside it (same suffix, so writers that read it see the right format), the sidecar, then a rename.
+    An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path."""
+    path = Path(path).resolve()
+    tmp = path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
+    side = sidecar(path)
+    side_tmp = side.with_name(f".kd-tmp-{os.getpid()}.{side.name}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path)
+        open(tmp, "xb").close()  # a place no file can be made (/proc/x) fails here, not inside the writer
+        write(tmp)
+        record = {"format": _SIDECAR_FORMAT, "command": command, "file": path.name, "sha256": _sha256(tmp)}
+        side_tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(side_tmp, side)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise _unwritable(path, flag, e) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str, command: str, flag: str = "--out") -> Path:
+    """`write_file` for a text (UTF-8)."""
+    return write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), command, flag)
+
+
+# --- folders: one writer at a time, built aside and renamed into place ------------------------------------
+def _lock_file(path: Path) -> Path:
+    return path.with_name(f".{path.name}.kd-lock")
+
+
+@contextlib.contextmanager
+def locked_output(path: str | os.PathLike, command: str, flag: str = "--out") -> Iterator[Path]:
+    """Hold the output folder `path` (resolved, already claimed) for this process: a second writer of the same
+    folder is refused. The lock dies with the process (flock), so a killed run leaves none behind."""
+    path = Path(path).resolve()
+    lock = _lock_file(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = try_lock(lock, unlinked_on_release=True)
+    except OSError as e:
+        raise _unwritable(path, flag, e) from e
+    if f is None:
+        raise InputError(f"another {command} is writing {flag} right now (its lock is held)", str(path),
+                         f"wait for it to finish, or pass another {flag}")
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        f.close()
+
+
+def partial_folder(path: Path) -> Path:
+    """A new, empty folder beside `path` to build it in (renamed into place at the end). Call under
+    `locked_output`: partials of this output left by killed runs are removed first."""
+    for old in path.parent.glob(f".{_glob_escape(path.name)}.kd-partial-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    work = path.with_name(f".{path.name}.kd-partial-{os.getpid()}")
+    work.mkdir()
+    return work

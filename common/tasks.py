@@ -29,7 +29,7 @@ from kd.common.errors import InputError, KdError
 from kd.common.finite import non_finite_rows
 from kd.common.ids import is_empty, row_ids
 from kd.common.inputs import ColumnSpec, expand_inputs, read_inputs
-from kd.common.outputs import COMMANDS, claim_output
+from kd.common.outputs import COMMANDS, claim_output, locked_output
 
 
 class Task(str, Enum):
@@ -166,13 +166,17 @@ def fresh_output_dir(out: str, overwrite: bool, kind: str, inputs: Sequence[str 
 def fresh_output(out: str, overwrite: bool, kind: str, inputs: Sequence[str | None | Sequence[str]]) -> Iterator[Path]:
     """`fresh_output_dir`, removed again with what the run wrote into it when the run fails or is interrupted
     (a diverged loss, Ctrl-C), so no half-written output is left. The folder was empty (or this command's
-    previous output, which --overwrite removes anyway): nothing of the user's goes with it."""
-    path = fresh_output_dir(out, overwrite, kind, inputs)
-    try:
-        yield path
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
+    previous output, which --overwrite removes anyway): nothing of the user's goes with it. The folder is held
+    (`outputs.locked_output`) for the whole run: a second run into it is refused, not interleaved."""
+    flat = [p for i in inputs for p in ([i] if i is None or isinstance(i, str) else i)]
+    claimed = claim_output(out, COMMANDS[kind], (kind,), flat, overwrite=overwrite, fresh=True)  # before the lock
+    with locked_output(claimed, COMMANDS[kind]):
+        path = fresh_output_dir(out, overwrite, kind, inputs)  # under the lock: a previous output removed
+        try:
+            yield path
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from kd.common.errors import InputError, StoreError
+from kd.common.finite import non_finite_rows
 from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
 from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
@@ -82,13 +83,22 @@ def vector_column(store: Store, table: str, column: str) -> int:
 
 
 def read_vectors(store: Store, table: str, column: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """All rows of a vector column in shard order: (ids, vectors, rows per shard)."""
+    """All rows of a vector column in shard order: (ids, vectors, rows per shard); NaN/Inf refused, since a
+    non-finite vector has no cosine (an index would rank it anywhere, clustering fails)."""
     ids, vecs, sizes = [], [], []
-    for _, t in iter_shards(store, table):
+    for k, t in iter_shards(store, table):
         ids.append(t.column("id").to_numpy())
         vecs.append(table_vectors(t, column, store.loc.path(table)))
         sizes.append(t.num_rows)
+        _refuse_non_finite(vecs[-1], ids[-1], f"{store.loc.path(table)} (shard {k}, column {column!r})")
     return np.concatenate(ids), np.concatenate(vecs), sizes
+
+
+def _refuse_non_finite(vectors: np.ndarray, ids: np.ndarray, where: str) -> None:
+    bad = non_finite_rows(vectors)
+    if len(bad):
+        raise StoreError(f"{len(bad)} vector(s) hold NaN/Inf values, first at row id {int(ids[bad[0]])}", where,
+                         "rebuild that table (kd validate lists every bad shard), or pick another column")
 
 
 def make_index(x: np.ndarray, kind: IndexKind, *, gpu: bool | None = None, seed: int = 0) -> faiss.Index:

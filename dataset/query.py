@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError
-from kd.common.outputs import claim_output
+from kd.common.outputs import claim_output, write_file
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
 from kd.storage.schema import is_int8, vector_shape
@@ -255,19 +255,27 @@ def export(
     out: str | os.PathLike,
     fmt: Format,
     con: duckdb.DuckDBPyConnection | None = None,
+    *,
+    overwrite: bool = False,
 ) -> int:
-    """Write the last statement's result to `out` with DuckDB COPY; returns the number of rows."""
+    """Write the last statement's result to `out` with DuckDB COPY; returns the number of rows. An existing
+    `out` is replaced only with `overwrite`, and only when kd wrote it (`common.outputs`)."""
     fmt = Format(fmt)
     if fmt is Format.table:
         raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")
     root = store_path.root if isinstance(store_path, Store) else store_path
-    claim_output(out, "kd query", inputs=[root], overwrite=True, file=True)  # never into the store
+    claim_output(out, "kd query", inputs=[root], overwrite=overwrite, file=True)  # never into the store
     con = connect(store_path) if con is None else con
+    opts = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}[fmt.value]
+    rows: list[int] = []
+
+    def copy(tmp: os.PathLike) -> None:
+        res = con.execute(f"COPY ({last}) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
+        rows.append(int(res[0]) if res else 0)
+
     try:
         last = _run_all_but_last(con, sql)
-        os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
-        opts = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}[fmt.value]
-        res = con.execute(f"COPY ({last}) TO {_sql_str(os.fspath(out))} ({opts})").fetchone()
-        return int(res[0]) if res else 0
+        write_file(out, copy, "kd query")
+        return rows[0]
     except duckdb.Error as e:
         raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e

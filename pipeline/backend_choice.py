@@ -2,7 +2,8 @@
 
 The rule (`choose`, a pure function of what the machine offers and what was asked):
 - a store that already holds this teacher: its backend (a resume or an extension keeps its settings);
-- `--engine ray`: torch (workers may sit on GPUs; one backend for the driver's copy and every worker);
+- `--engine ray`: the same rule, decided once on the driver for every worker (`ray_engine.auto_choices`): CPU
+  workers run what the driver's copy chose on its CPU, GPU workers what CUDA gives (torch);
 - CUDA: torch (ONNX Runtime and OpenVINO run kd's graphs on the CPU);
 - CPU, `--precision fp16`: torch (the exporting backends offer no fp16 on a CPU);
 - CPU, OpenVINO installed: openvino. 10,000 Leipzig sentences, 2 threads, AVX-512 VNNI/BF16 CPU, whole
@@ -43,16 +44,12 @@ def installed() -> frozenset[str]:
     return frozenset(b for b, module in RUNTIMES.items() if importlib.util.find_spec(module) is not None)
 
 
-def choose(device: str, precision: str, quantize: str, available: frozenset[str], *, engine: str = "local",
+def choose(device: str, precision: str, quantize: str, available: frozenset[str], *,
            stored: str | None = None) -> Choice:
     """The rule of the module docstring. `device`: cpu or cuda (the device kind the teacher runs on);
     `available`: `installed()`; `stored`: the backend the store already holds this teacher with, if any."""
     if stored is not None:
         return Choice(stored, quantize, f"the store already holds this teacher written with --backend {stored}")
-    if engine == "ray":
-        if quantize == "int8":
-            raise _int8_needs("--engine ray runs auto on torch", "pass --backend openvino (or onnx)")
-        return Choice("torch", quantize, "--engine ray: torch on every worker (workers may run on GPUs)")
     if device == "cuda":
         if quantize == "int8":
             raise _int8_needs("on CUDA auto runs torch", "use --device cpu, or drop --quantize int8")

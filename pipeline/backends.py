@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import os
 import shutil
@@ -169,8 +170,9 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
 def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_length: int | None,
                threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
     """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
+    # --engine ray: the driver's copy runs on its CPU, and its choice is what CPU workers get (ray_engine.auto_choices)
     kind = "cuda" if engine == "local" and device_kind(device) == "cuda" else "cpu"
-    choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), engine=engine, stored=stored)
+    choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), stored=stored)
     options = dict(device=device, precision=p, max_length=max_length, threads=threads)
     try:
         teacher = load(spec, choice.backend, choice.quantize, allow_low_fidelity=allow_low_fidelity, **options)
@@ -180,6 +182,24 @@ def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_len
         choice = backend_choice.fallback(choice, e.what)
         teacher = load(spec, Backend.torch, Quantize.none, **options)
     teacher.choice = choice.record()
+    return teacher
+
+
+def load_decided(spec: str, record: dict, *, where: str, device: str | None = None,
+                 precision: str | Precision = Precision.auto, max_length: int | None = None,
+                 threads: int | None = None, allow_low_fidelity: bool = False) -> Teacher:
+    """A teacher on the backend an auto decision taken elsewhere named (`record`: `Choice.record()`; the Ray
+    driver decides once for every worker). Never another backend: one this process cannot run is an error
+    naming `where` (this worker), so a node without OpenVINO cannot write a table with torch's vectors."""
+    backend, quantize = record["backend"], record["quantize"]
+    module = backend_choice.RUNTIMES.get(backend)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise KdError(f"--backend auto chose {backend} for every Ray worker ({record['reason']}), but {module} is "
+                      f"not installed on {where}", "--engine ray --backend auto",
+                      f"pip install 'kd[{_EXTRA[Backend(backend)][1]}]' on every Ray node, or pass --backend torch")
+    teacher = load(spec, backend, quantize, device=device, precision=precision, max_length=max_length,
+                   threads=threads, allow_low_fidelity=allow_low_fidelity)
+    teacher.choice = dict(record)
     return teacher
 
 

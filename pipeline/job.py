@@ -10,20 +10,19 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import check_device
-from kd.pipeline import backends
+from kd.pipeline import backends, ray_probe
 from kd.pipeline import inputs as inp
 from kd.storage.schema import VectorDType
 
 ENGINES = B.choices(B.Engine)
 PER_TEACHER = ("vocab", "init")  # outputs computed once per teacher, not per row
-PROBE_TIMEOUT_S = 5.0  # a head that does not accept a TCP connection in this time is not reachable
+PROBE_TIMEOUT_S = 8.0  # connect and answer as Ray within this, or the address is refused (issue 41: <= 10 s)
 START_FIX = ("start one (`ray start --head`) and pass its address HOST:PORT (the head's GCS port, 6379 by default), "
              "or leave --ray-address and RAY_ADDRESS unset to start a local Ray runtime")
 
@@ -41,7 +40,7 @@ class PrecomputeJob:
     """Every option of `kd precompute` (the CLI's flags, same names and defaults); checked when built."""
 
     inputs: tuple[str, ...]
-    out: str
+    out: str  # (None from Python callers with add_to: the store it names)
     teachers: tuple[str, ...]
     outputs: tuple[str, ...] | None = None  # row outputs and/or vocab, init; None: the teacher's defaults
     segment: str = "none"
@@ -72,6 +71,8 @@ class PrecomputeJob:
     workers: int | None = None
     gpus_per_worker: float | None = None
     reuse: str | None = None  # a store whose rows (same teacher, same settings) are copied, not encoded (reuse.py)
+    # a store to grow in place: its recorded inputs and row options are used (no inputs given; grow.py), out = it
+    add_to: str | None = None
     # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
     ray: RayOptions | None = field(init=False, default=None, repr=False)
 
@@ -80,13 +81,14 @@ class PrecomputeJob:
         for name in ("inputs", "teachers", "outputs"):
             value = getattr(self, name)
             object.__setattr__(self, name, None if value is None else tuple(value))
-        object.__setattr__(self, "out", os.fspath(self.out))
+        object.__setattr__(self, "out", self._out())
         object.__setattr__(self, "ray", self.check())
 
     def check(self) -> RayOptions | None:
         """Refuse unusable options, in this order: numeric bounds, the device (local engine: Ray workers check
         their own GPUs, this driver may have none), --out, --segment, the teachers, --dtype (a ValueError),
-        the backend combination, the engine flags (`ray_options`, which returns the Ray engine's options).
+        the inputs against --add-to, --reuse, the backend combination, the engine flags (`ray_options`, which
+        returns the Ray engine's options).
         Reads nothing but `os.path.isfile(out)` (and, for a Ray address, connects to it once)."""
         B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS), ("--sample", self.sample, B.SAMPLE),
                 ("--batch-tokens", self.batch_tokens, B.BATCH_TOKENS), ("--max-length", self.max_length, B.TOKENS),
@@ -102,10 +104,36 @@ class PrecomputeJob:
         if not self.teachers:
             raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
         VectorDType(self.dtype)
+        self._check_add_to()
         self._check_reuse()
         backends.check_options(self.backend, self.quantize, self.precision, self.device)
         return ray_options(self.engine, self.ray_address, self.workers, self.gpus_per_worker, self.num_shards,
                            self.shard_index, self.device)
+
+    def _out(self) -> str:
+        """--out as a path: --add-to's store when only that is given; both must name the same store."""
+        out, grow = (None if p is None else os.fspath(p) for p in (self.out, self.add_to))
+        if grow is not None:
+            object.__setattr__(self, "add_to", grow)
+            if out is not None and os.path.abspath(out) != os.path.abspath(grow):
+                raise InputError("--out and --add-to name different stores", f"--out {out}, --add-to {grow}",
+                                 "drop --out: --add-to writes into the store it names")
+        if out is None and grow is None:
+            raise InputError("no --out given", "--out", "pass --out STORE (or --add-to STORE to grow a store)")
+        return out or grow or ""
+
+    def _check_add_to(self) -> None:
+        """--add-to takes the store's inputs, and keeps the store: no inputs, no --overwrite."""
+        if self.add_to is None:
+            if not self.inputs:
+                raise InputError("no input files given", None, "pass one or more files (kd precompute corpus.txt "
+                                 "-o STORE), or --add-to STORE to add outputs or teachers to a store")
+            return
+        if self.inputs:
+            raise InputError("--add-to reuses the store's own inputs, but inputs were given too", "--add-to",
+                             "drop the inputs, or pass them with -o STORE instead of --add-to")
+        if self.overwrite:
+            raise InputError("--overwrite would delete the store --add-to grows", "--add-to", "drop --overwrite")
 
     def _check_reuse(self) -> None:
         if self.reuse is None:
@@ -200,11 +228,12 @@ def require_ray() -> Any:
 
 
 def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Refuse a Ray address where nothing accepts a TCP connection within `timeout` seconds.
+    """Refuse a Ray address that does not answer as Ray within `timeout` seconds (`ray_probe.check`).
 
-    ray.init retries a dead address for many minutes (and only then fails); a connect to HOST:PORT
-    (`ray://HOST:PORT` too, IPv6 in brackets) answers at once when nothing listens and within `timeout`
-    when the host drops packets. `auto` and `local` are left to Ray.
+    ray.init retries a dead address for many minutes, and one that accepts TCP but is not Ray (a web server)
+    for longer; a connect to HOST:PORT (`ray://HOST:PORT` too, IPv6 in brackets) answers at once when nothing
+    listens and within `timeout` when the host drops packets, and one gRPC exchange tells a Ray GCS from
+    anything else. `auto` and `local` are left to Ray.
     """
     if address in ("auto", "local"):
         return
@@ -213,6 +242,10 @@ def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) ->
         raise InputError(f"the Ray address {address!r} is not HOST:PORT", where,
                          "pass the head's HOST:PORT (e.g. 10.0.0.5:6379), auto, or leave it unset")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        ray_probe.check(host.strip("[]"), int(port), timeout, gcs=not address.startswith("ray://"))
     except OSError as e:
         raise KdError(f"no Ray cluster answers at {address} ({e.strerror or e})", where, START_FIX) from None
+    except ray_probe.NotRay as e:
+        raise KdError(f"{address} does not answer as a Ray cluster: {e}", where,
+                      f"check the port (the head's GCS port, 6379 by default; `ray status` on the head shows it); "
+                      f"{START_FIX}") from None

@@ -51,7 +51,9 @@ def write(ctx: Prepared) -> PrecomputeSummary:
             summary.files_written += save_teacher_files(ctx.writer, t)
     todo = plan_units(ctx.existing, ctx.plan, ctx.names, ctx.owned)
     summary.shards_skipped = todo.skipped
+    t = time.perf_counter()
     _encode_and_commit(ctx, todo, summary)
+    summary.encode_seconds = time.perf_counter() - t
     summary.shards_written = len(todo.texts) + len(todo.units)
     ctx.writer.publish()
     summary.seconds = time.perf_counter() - ctx.t0

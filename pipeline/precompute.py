@@ -1,8 +1,10 @@
 """`kd precompute`: run one or more teachers over a corpus once and commit their outputs as shards.
 
 Algorithm (`run`; the job's options were checked when it was built, `job.PrecomputeJob`):
+- --add-to: take the store's recorded inputs and row options (`grow.adopt_store_inputs`);
 - fingerprint the inputs (file hashes + the options that shape the rows) so a store is never mixed with other
-  inputs; load the teachers and decide their outputs;
+  inputs (a store of other ones is refused naming the difference, `grow.check_same_inputs`); load the teachers
+  and decide their outputs;
 - resolve --out once and read its merged manifest once;
 - read + segment + dedup the inputs into the `texts` rows (or reload them from the store when this writer's
   texts shards are already committed: resumes skip spaCy); cut them into shards (`plan.ShardPlan`); this writer
@@ -28,9 +30,11 @@ from typing import Any
 import pyarrow as pa
 
 from kd.common.errors import InputError, StoreError
+from kd.common.layers import parse_layers
 from kd.common.outputs import STORE, claim_output
 from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
+from kd.pipeline.grow import adopt_store_inputs, check_same_inputs
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan, writer_rank
 from kd.pipeline.resolve import resolve_teacher
@@ -43,18 +47,21 @@ from kd.storage import fs
 from kd.storage.manifest import Manifest
 from kd.storage.store import Store, load_manifest, open_writer
 
-__all__ = ["PrecomputeJob", "PrecomputeSummary", "precompute", "run"]
+__all__ = ["PrecomputeJob", "PrecomputeSummary", "corpus_rows", "precompute", "run"]
 
 
-def precompute(inputs: list[str], out: str, teachers: list[str], **options: Any) -> PrecomputeSummary:
+def precompute(inputs: list[str], out: str | None, teachers: list[str], **options: Any) -> PrecomputeSummary:
     """Run `teachers` over `inputs` and write/extend the store at `out`; `options` are `PrecomputeJob`'s fields
-    (the flags of `kd precompute`)."""
+    (the flags of `kd precompute`; `add_to=STORE` with no inputs and out None grows STORE)."""
     return run(PrecomputeJob(inputs, out, teachers, **options))
 
 
 def run(job: PrecomputeJob) -> PrecomputeSummary:
     """Run one checked job (see the module docstring); the summary the CLI prints."""
     t0 = time.perf_counter()
+    grown = job.add_to is not None
+    if grown:  # the store's own inputs and row options (its files must be unchanged: check_same_inputs)
+        job = adopt_store_inputs(job)
     files = inp.expand_inputs(list(job.inputs))
     loc = fs.resolve(job.out)
     if loc.is_local:  # never an input's folder, a student or an export; --overwrite: only a store
@@ -63,8 +70,11 @@ def run(job: PrecomputeJob) -> PrecomputeSummary:
     fingerprint = inputs_header(files, job.input_options(spec))
     index, count = writer_rank(job.num_shards, job.shard_index)
     existing = load_manifest(loc) if fs.exists(loc) else None
+    if existing is not None and not job.overwrite:  # before any teacher loads: name what differs
+        check_same_inputs(existing, fingerprint, job.out, grown)
     teachers = _load_teachers(job, None if job.overwrite else existing)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
+    check_keep_layers(job, teachers)
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
     reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers}) \
@@ -145,6 +155,14 @@ def teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:
     return outs
 
 
+def check_keep_layers(job: PrecomputeJob, teachers: list[Teacher]) -> None:
+    """--keep-layers against each teacher's layer count, before any row is encoded (the init output is written
+    last, after every shard)."""
+    if job.wants("init"):
+        for t in teachers:
+            parse_layers(job.keep_layers, t.num_layers, "--keep-layers")
+
+
 def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> list[Output]:
     """The row outputs the store already holds for teacher `t` (so `--outputs vocab` changes nothing else)."""
     rec = existing.tables.get(f"teachers/{t.name}")
@@ -171,6 +189,12 @@ def _rows(job: PrecomputeJob, files: list[str], spec: inp.ColumnSpec, loc: fs.Lo
     rows = pa.concat_tables([table.slice(plan.bounds(k)[0], plan.size(k)) for k in owned]) if owned \
         else table.slice(0, 0)
     return rows, plan, counts
+
+
+def corpus_rows(job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
+    """The `texts` rows `job` would write (read, segmented, deduplicated, sampled), without a teacher or a store:
+    what `kd distill --dry-run` sizes its plan with."""
+    return _load_rows(inp.expand_inputs(list(job.inputs)), job.columns(), job)
 
 
 def _load_rows(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:

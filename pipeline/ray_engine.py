@@ -29,15 +29,16 @@ What the driver (the `kd precompute` process) does, and what the workers do:
 - The bulk data never goes through the driver (workers read texts and write vectors on the store), so the store
   must be reachable at the same path or URI from every node: a shared disk (NFS, Lustre) or an object store.
 - Settings (precision, backend, fidelity) come from the workers' own teachers: each result carries its meta and
-  must agree with what the table was declared with.
+  must agree with what the table was declared with. --backend auto is decided once, on the driver, for every
+  worker (`auto_choices`: the local rule for the workers' hardware); a worker that cannot run it fails, naming it.
 - A job with no worker encoding and none starting for KD_RAY_START_TIMEOUT seconds (default 600: Ray cannot place
   the actors) stops with a clear error; what was committed stays, and the same command resumes.
-- External processes, bounded: a --ray-address (or RAY_ADDRESS) where nothing accepts a TCP connection within
-  PROBE_TIMEOUT_S is refused before anything is read (ray.init would retry it for many minutes); SIGINT/SIGTERM
-  stop the driver within seconds (a `StopRequest` checked after every reply and every 5 s wait; exit 130 / 143),
-  killing the actors and shutting down the Ray runtime it started; and a local
-  runtime kd started is watched by `ray_reaper.py`, which ends its processes (Ray's agents otherwise outlive a
-  killed driver by a minute or more) as soon as the driver is gone, even killed by SIGKILL.
+- External processes, bounded: a --ray-address (or RAY_ADDRESS) that does not answer as Ray (a TCP connect and
+  one gRPC call, `ray_probe.py`) within PROBE_TIMEOUT_S is refused before anything is read (ray.init would retry
+  it for many minutes); SIGINT/SIGTERM stop the driver within seconds (a `StopRequest` checked after every reply
+  and every WAIT_SLICE_S wait; exit 130 / 143), killing the actors and shutting down the Ray runtime it started;
+  and a local runtime kd started is watched by `ray_reaper.py`, which ends its processes (Ray's agents
+  otherwise outlive a killed driver by a minute or more) as soon as the driver is gone, even killed by SIGKILL.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import pyarrow.parquet as pq
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.progress import Bar
 from kd.common.stop import Stopped, StopRequest
-from kd.pipeline import backends
+from kd.pipeline import backend_choice, backends
 from kd.pipeline.job import START_FIX, RayOptions, require_ray
 from kd.pipeline.plan import Unit, UnitPlan, plan_units
 from kd.pipeline.shards import (
@@ -71,6 +72,7 @@ from kd.pipeline.shards import (
 )
 from kd.pipeline.teacher import Output
 from kd.storage import fs
+from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
 from kd.storage.schema import VectorDType
 from kd.storage.store import Store, shard_file
@@ -84,6 +86,7 @@ FORWARD_ENV = ("KD_CPU_BF16", "KD_RAY_TEST_DIE_ONCE")
 # forever, and the job would hang without a word. Loading a large teacher from a slow disk can take minutes.
 START_TIMEOUT_ENV = "KD_RAY_START_TIMEOUT"
 START_TIMEOUT_S = 600.0
+WAIT_SLICE_S = 1.0  # how long the driver waits for a reply before it looks for a stop request again
 
 
 def driver_load(load: dict) -> dict:
@@ -143,9 +146,13 @@ def plan_workers(cpus: float, gpus: float, opts: RayOptions, backend: str = "tor
 
 # --- the worker -------------------------------------------------------------------------------------------------
 
-def read_texts(loc: fs.Location, rec: ShardRecord) -> pa.Table:
-    """A committed `texts` shard, its bytes checked against the record (size and sha256)."""
-    return pq.read_table(pa.BufferReader(Store(loc, Manifest({})).read_verified(rec)))
+def read_texts(loc: fs.Location, rec: ShardRecord, k: int) -> pa.Table:
+    """Committed `texts` shard k, its bytes checked against the record (size and sha256) and its ids against the
+    digest the record holds (a texts file swapped in under fixed checksums would make every unit encode others)."""
+    data = Store(loc, Manifest({})).read_verified(rec)
+    if rec.ids is not None and shard_digest(data) != rec.ids:
+        raise misaligned("texts", k, loc.path(rec.file), loc.root)
+    return pq.read_table(pa.BufferReader(data))
 
 
 class UnitWorker:
@@ -166,7 +173,7 @@ class UnitWorker:
         if self.held is None or self.held[0] != name:
             self.held = None
             gc.collect()  # the previous teacher goes before the next one loads
-            t = backends.load(self.specs[name], **self.load)
+            t = load_unit_teacher(self.specs[name], name, self.load)
             self.held = (name, t, t.meta([Output(o) for o in self.outputs[name]], self.dtype))
         return self.held[1], self.held[2]
 
@@ -182,14 +189,25 @@ class UnitWorker:
     def encode(self, name: str, k: int, texts: ShardRecord) -> dict:
         """Encode unit (name, k) into a temp file next to its shard; the driver commits it."""
         t, meta = self._teacher(name)
-        shard = read_texts(self.loc, texts)
+        shard = read_texts(self.loc, texts, k)
         table, truncated = encode_shard(t, [Output(o) for o in self.outputs[name]], k, shard, self.pairs,
                                         VectorDType(self.dtype), self.batch_tokens)
         data = fs.parquet_bytes(table)
         tmp = fs.write_temp(self.loc, data, shard_file(f"teachers/{name}", k))
         _die_once()
         return {"teacher": name, "shard": k, "tmp": tmp, "rows": table.num_rows, "bytes": len(data),
-                "sha256": fs.sha256(data), "truncated": truncated, "meta": meta}
+                "sha256": fs.sha256(data), "ids": table_digest(table), "truncated": truncated, "meta": meta}
+
+
+def load_unit_teacher(spec: str, name: str, load: dict) -> Any:
+    """A worker's teacher: with --backend auto, the backend the driver decided for it (`load["choices"]`), and no
+    other; else as the options say."""
+    load = dict(load)
+    choices = load.pop("choices", None)
+    if choices is None:
+        return backends.load(spec, **load)
+    options = {k: load[k] for k in ("device", "precision", "max_length", "threads", "allow_low_fidelity")}
+    return backends.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}", **options)
 
 
 def _die_once() -> None:
@@ -364,9 +382,9 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
     try:
         with StopRequest() as stop:
             res = ray.cluster_resources()
-            wp = plan_workers(res.get("CPU", 0.0), res.get("GPU", 0.0), opts, ctx.job.backend)
+            wp, choices = plan_pool(ctx, res.get("CPU", 0.0), res.get("GPU", 0.0), opts)
             env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
-            pool = _Pool(ray, wp, _worker_args(ctx, wp), {"env_vars": env} if env else None)
+            pool = _Pool(ray, wp, _worker_args(ctx, wp, choices), {"env_vars": env} if env else None)
             _Driver(ray, pool, wp, limit, ctx, todo, summary, stop).run()
     finally:
         if pool is not None:
@@ -376,24 +394,56 @@ def _run_units(ctx: Prepared, opts: RayOptions, todo: UnitPlan, summary: Precomp
         _stop_reaper(reaper)
 
 
-def resolved_backend(ctx: Prepared) -> str:
-    """The backend every worker runs: --backend as given, or what auto resolved to on the driver (torch under
-    Ray, or the backend the store holds), the same for every teacher."""
+def plan_pool(ctx: Prepared, cpus: float, gpus: float, opts: RayOptions) -> tuple[WorkerPlan, dict[str, dict] | None]:
+    """The pool and, with --backend auto, the backend of each teacher on every worker (`auto_choices`)."""
     if ctx.job.backend != "auto":
-        return ctx.job.backend
-    chosen = {t.meta([], "float32")["backend"] for t in ctx.teachers}
-    if len(chosen) > 1:
-        raise KdError(f"--backend auto: the store holds these teachers with different backends ({sorted(chosen)})",
-                      "--engine ray", "pass --backend explicitly, or precompute the teachers in separate runs")
-    return chosen.pop()
+        return plan_workers(cpus, gpus, opts, ctx.job.backend), None
+    driver = {t.name: t.choice for t in ctx.teachers}
+    stored = {t.name: _stored_backend(ctx, t.name) for t in ctx.teachers}
+    on_gpu = opts.device == "cuda" or (opts.device is None and gpus > 0)
+    choices = auto_choices(driver, stored, on_gpu, ctx.job.precision, ctx.job.quantize)
+    exported = sorted({c["backend"] for c in choices.values()} - {"torch"})
+    return plan_workers(cpus, gpus, opts, exported[0] if exported else "torch"), choices
 
 
-def _worker_args(ctx: Prepared, wp: WorkerPlan) -> tuple:
+def auto_choices(driver: dict[str, dict], stored: dict[str, str | None], on_gpu: bool, precision: str,
+                 quantize: str) -> dict[str, dict]:
+    """--backend auto under Ray, decided once, on the driver, for every worker: the rule a local run applies on
+    the workers' hardware (backend_choice.choose), recorded in the manifest as a local run records it.
+
+    CPU workers run what the driver's copy chose on its CPU (the same rule, with its fidelity measured once:
+    a fallback to torch holds for every worker). GPU workers (--device cuda, or a cluster with GPUs) run the
+    CUDA rule, torch, unless a teacher cannot: the store holds it with an exported backend, or --quantize int8
+    was asked; then, without --device cuda, the workers stay on the CPU with the driver's choices.
+    `driver`: each teacher's `Teacher.choice`; `stored`: the backend the store holds it with, or None."""
+    cuda = _cuda_choices(stored, precision, quantize) if on_gpu else None
+    if cuda is not None:
+        return cuda
+    if precision == "fp16":  # the driver's copy ran fp32; only torch offers fp16
+        return {n: backend_choice.choose("cpu", precision, quantize, frozenset(), stored=s).record()
+                for n, s in stored.items()}
+    return dict(driver)
+
+
+def _cuda_choices(stored: dict[str, str | None], precision: str, quantize: str) -> dict[str, dict] | None:
+    """The CUDA rule for every teacher, or None where one of them cannot run torch on a GPU."""
+    if quantize == "int8" or any(s not in (None, "torch") for s in stored.values()):
+        return None
+    return {n: backend_choice.choose("cuda", precision, quantize, frozenset(), stored=s).record()
+            for n, s in stored.items()}
+
+
+def _stored_backend(ctx: Prepared, name: str) -> str | None:
+    rec = ctx.existing.tables.get(f"teachers/{name}") if ctx.existing else None
+    return rec.meta.get("backend", "torch") if rec is not None and rec.meta else None
+
+
+def _worker_args(ctx: Prepared, wp: WorkerPlan, choices: dict[str, dict] | None) -> tuple:
     """UnitWorker's arguments: the store (its URI when remote: each node resolves it), the teachers, how to load
     them on the worker's device, and how to encode."""
     load = ctx.job.load_options()
     worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads,
-                   "backend": resolved_backend(ctx)}
+                   "backend": ctx.job.backend, **({"choices": choices} if choices else {})}
     root = ctx.writer.loc.root if ctx.writer.loc.is_local else ctx.job.out
     specs = dict(zip(ctx.names, ctx.job.teachers))
     outputs = {n: [o.value for o in v] for n, v in ctx.outputs.items()}
@@ -416,6 +466,7 @@ class _Driver:
         self.attempts: Counter[Unit] = Counter()
         self.deaths, self.max_deaths = 0, 2 * wp.count + MAX_ATTEMPTS
         self.declared: dict[str, dict] = {}  # teacher -> the meta its table was declared with
+        self.texts: dict[int, ShardRecord] = {}  # every texts record, once committed: units are bound to them
 
     def run(self) -> None:
         """Start the actors, commit the texts, then until no unit is queued or encoding: give each idle actor
@@ -423,7 +474,7 @@ class _Driver:
         A stop request is honoured between two replies: every committed unit stays, nothing is half-written."""
         for _ in range(self.wp.count):
             self._start()
-        texts = _commit_texts(self.ctx, self.todo, self.summary)
+        texts = self.texts = _commit_texts(self.ctx, self.todo, self.summary)
         since = time.monotonic()
         with Bar(f"precompute ({self.wp.describe()})", self.todo.rows, "rows", self.ctx.job.progress) as bar:
             while self.queue or any(u is not None for _, u in self.inflight.values()):
@@ -431,7 +482,7 @@ class _Driver:
                 while self.idle and self.queue:
                     a, u = self.idle.pop(), self.queue.popleft()
                     self.inflight[a.encode.remote(u.teacher, u.shard, texts[u.shard])] = (a, u)
-                done, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=min(self.limit, 5.0))
+                done, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=min(self.limit, WAIT_SLICE_S))
                 if not done:
                     _check_stalled(self.inflight, since, self.limit, self.wp)
                     continue
@@ -495,7 +546,11 @@ class _Driver:
         if u in self.committed or (got["teacher"], got["shard"]) != (u.teacher, u.shard):
             raise StoreError(f"a Ray worker returned unit {got['teacher']}/{got['shard']} twice or for "
                              f"another unit ({u})", "--engine ray", "rerun the same command")
-        self.ctx.writer.adopt(f"teachers/{u.teacher}", u.shard, got["tmp"], got["rows"], got["bytes"], got["sha256"])
+        want = self.texts[u.shard].ids
+        if want is not None and got.get("ids") != want:  # the worker encoded rows other than texts shard k's
+            raise misaligned(f"teachers/{u.teacher}", u.shard, got["tmp"], self.ctx.writer.loc.root)
+        self.ctx.writer.adopt(f"teachers/{u.teacher}", u.shard, got["tmp"], got["rows"], got["bytes"], got["sha256"],
+                              got.get("ids"))
         self.committed.add(u)
         s = self.summary
         s.shards_written += 1

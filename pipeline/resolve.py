@@ -22,7 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kd.common.errors import KdError
+from kd.common.errors import InputError, KdError
 from kd.storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
@@ -46,7 +46,28 @@ def resolve_teacher(spec: str) -> TeacherRef:
         check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".
     except KdError as e:
         raise KdError(e.what, f"--teacher {spec}", f"name it: --teacher NAME={target} ({e.fix})") from None
-    return TeacherRef(name, _resolve_path(target), target)
+    path = _resolve_path(target)
+    _refuse_pickled_weights(path)
+    return TeacherRef(name, path, target)
+
+
+# What torch.load would unpickle: transformers falls back to such a file (pytorch_model.bin) where a checkpoint
+# has no safetensors weights, and unpickling a received file can run code.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _refuse_pickled_weights(path: str) -> None:
+    """A teacher's weights are read from safetensors only: a folder whose weights are a pickle is refused before
+    transformers could load it (beside safetensors weights a pickle is never read, so it is left alone)."""
+    names = os.listdir(path)
+    if any(n.endswith(".safetensors") for n in names):
+        return
+    pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise InputError(f"the teacher's weights are a pickle ({', '.join(pickles)}), which kd never loads: "
+                         "unpickling a file can run code", path,
+                         "use the checkpoint's model.safetensors; for a pickle you trust, convert it once: "
+                         "AutoModel.from_pretrained(DIR).save_pretrained(DIR) writes model.safetensors")
 
 
 def _default_name(target: str) -> str:

@@ -21,8 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from kd.common.errors import InputError
+from kd.common.errors import InputError, StoreError
+from kd.common.finite import non_finite_rows
+from kd.storage.alignment import ids_digest
+from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import settings
+from kd.storage.schema import table_vectors, vector_shape
 from kd.storage.store import Store
 
 CACHED_SHARDS = 8  # OLD shards kept decoded: a grown corpus in its old order reads each one about once
@@ -103,6 +107,7 @@ def _index(store: Store, name: str) -> ReuseSource:
     ids, shard, row = [], [], []
     for k in sorted(store.table(f"teachers/{name}").shards):
         col = store.read_shard(f"teachers/{name}", k, ["id"], verify=False)["id"].to_numpy()
+        store.check_aligned(f"teachers/{name}", k, ids_digest(col))  # a foreign shard: refused before any encoding
         ids.append(col)
         shard.append(np.full(len(col), k, dtype=np.int32))
         row.append(np.arange(len(col), dtype=np.int64))
@@ -127,8 +132,24 @@ def encode_reusing(source: ReuseSource, shard: pa.Table, columns: list[str],
         where.append(new_rows)
     if known.any():
         old = source.take(pos[known], columns)
+        refuse_non_finite_rows(source, old)
         truncated += int(np.asarray(old["truncated"]).sum())
         parts.append(old.cast(parts[0].schema) if parts else old)  # (Parquet's field names -> the fresh table's)
         where.append(np.nonzero(known)[0])
     table = pa.concat_tables(parts)
     return table.take(pa.array(np.argsort(np.concatenate(where), kind="stable"))), truncated, int(known.sum())
+
+
+def refuse_non_finite_rows(source: ReuseSource, rows: pa.Table) -> None:
+    """Refuse to copy NaN/Inf vectors from the --reuse store (an older kd, another writer): precompute never
+    commits them when it encodes, and a copied row must meet the same bar."""
+    for c in rows.column_names:
+        if not vector_shape(rows.schema.field(c).type) or is_scale_column(c):
+            continue  # (a scale column is checked with its vectors by table_vectors)
+        where = f"{source.store.root} (teachers/{source.teacher}, column {c!r})"
+        bad = non_finite_rows(table_vectors(rows, c, where))
+        if len(bad):
+            raise StoreError(f"--reuse: the store holds {len(bad)} non-finite (NaN/Inf) {c!r} vector(s) of teacher "
+                             f"{source.teacher!r}, first at row id {rows['id'][int(bad[0])].as_py()}; nothing of "
+                             "this shard was committed", where,
+                             "rebuild that store's table (kd validate lists the bad shards), or drop --reuse")

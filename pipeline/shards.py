@@ -25,6 +25,7 @@ import pyarrow as pa
 from kd.common.errors import StoreError
 from kd.common.progress import Bar
 from kd.pipeline.batches import Tokenized, forward_all, input_embeddings, tokenize
+from kd.pipeline.grow import teacher_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.plan import ShardPlan
 from kd.pipeline.reuse import ReuseSource
@@ -48,6 +49,7 @@ class PrecomputeSummary:
     duplicates_dropped: int = 0
     truncated: int = 0
     seconds: float = 0.0
+    encode_seconds: float = 0.0  # of `seconds`, the encoding and committing of rows (the rest: loading, reading)
     bytes_written: int = 0
     teachers: list[str] = field(default_factory=list)
     vocab_written: list[str] = field(default_factory=list)  # teachers whose `vocab` output was computed
@@ -118,8 +120,10 @@ def declare_teacher(ctx: Prepared, t: Teacher, meta: dict) -> None:
     name = f"teachers/{t.name}"
     old = ctx.existing.tables.get(name) if ctx.existing else None
     if old is not None and old.meta and not same_settings(old.meta, meta):
-        raise StoreError(f"the store already has teacher {t.name!r} written with other settings",
-                         ctx.writer.loc.root, "use another name (--teacher NEW=PATH), a new --out, or --overwrite")
+        raise StoreError(f"the store already has teacher {t.name!r} written with other settings "
+                         f"({teacher_differences(old.meta, meta)})", ctx.writer.loc.root,
+                         "pass the store's settings (kd info STORE shows them), another name (--teacher NEW=PATH), "
+                         "or a new --out")
     ctx.writer.declare(name, "teacher", columns(t, ctx.outputs[t.name], ctx.pairs, ctx.job.vdtype), meta)
 
 

@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
+from kd.common.locks import try_lock
 from kd.storage.names import inside, real_inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
@@ -240,18 +241,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def exclusive_lock(path: str):
-    """An exclusive, non-blocking flock on `path` (created if needed), or None when someone holds it.
-
-    The kernel releases a flock when its holder dies, even by SIGKILL, so a killed run leaves no stale
-    lock. Keep the returned file open for as long as the lock is needed.
-    """
-    import fcntl
-
+    """An exclusive lock on `path` (common.locks.try_lock: released when its holder dies), its folder created if
+    needed; None when someone holds it. Keep the returned file open for as long as the lock is needed."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    f = open(path, "w")  # noqa: SIM115 - held by the caller
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
+    return try_lock(path)

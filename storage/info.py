@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from kd.storage.manifest import Manifest
 from kd.storage.store import Store
+from kd.storage.validate import plan_problems
 
 
 def backend_details(meta: dict) -> str:
@@ -23,6 +25,15 @@ def backend_details(meta: dict) -> str:
     return out + (f"; auto: {choice['reason']}" if choice else "")
 
 
+def _rows_line(m: Manifest) -> str:
+    """The row plan, or, where its counts disagree with each other or with the shard records (a damaged or
+    forged manifest), what disagrees: such numbers are never printed as the store's size."""
+    problems = plan_problems(m)
+    if problems:
+        return "[red]unknown: the manifest's counts disagree[/] (" + "; ".join(problems) + "; run kd validate)"
+    return f"{m.inputs.get('num_rows', 0):,} in {m.num_shards} shard(s) of {m.inputs.get('rows_per_shard', 0):,}"
+
+
 def summary_table(store_path: str) -> Group:
     store = Store.open(store_path)
     m = store.manifest
@@ -32,7 +43,7 @@ def summary_table(store_path: str) -> Group:
     head.add_row("format version", str(m.format_version))
     head.add_row("fingerprint", m.fingerprint[:16])
     head.add_row("inputs", ", ".join(f["path"] for f in inputs.get("files", [])))
-    head.add_row("rows", f"{inputs['num_rows']:,} in {m.num_shards} shard(s) of {inputs['rows_per_shard']:,}")
+    head.add_row("rows", _rows_line(m))
     head.add_row("dropped", ", ".join(f"{k}={v}" for k, v in inputs.get("counts", {}).items()))
     head.add_row("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items()))
     tables = Table(title="tables")

@@ -28,6 +28,12 @@ READ_VERSIONS = (1, 2)
 # Readers loop over and allocate per shard (plans, validation): a manifest may not declare more. At the default
 # 20,000 rows per shard that is 2e10 rows.
 MAX_SHARDS = 1_000_000
+# Each table records the ids digest of its shards under this key (`{"0": "<blake2b hex>"}`), checked by every
+# reader (storage/alignment.py). The format version is not bumped for it: a store with digests means to a kd that
+# does not know them exactly what it meant before (that kd ignores an unknown table key and reads every row as
+# before, unchecked), so nothing is misread; bumping would make every new store unreadable by it. A manifest that
+# such a kd rewrites loses the digests, and readers then compare id columns with texts' instead.
+IDS_KEY = "ids"
 DAMAGED_FIX = ("delete this file if other manifests remain (manifest.json is rebuilt from manifests/*.json), "
                "or run `kd validate STORE --repair`")
 
@@ -38,6 +44,13 @@ class ShardRecord:
     rows: int
     bytes: int
     sha256: str
+    ids: str | None = None  # blake2b-128 of the `id` column (storage/alignment.py); None in older stores
+
+    def same_file(self, other: ShardRecord) -> bool:
+        """Whether two records describe the same commit: one written before digests were recorded (ids None)
+        agrees with one that records it."""
+        return (self.file, self.rows, self.bytes, self.sha256) == (other.file, other.rows, other.bytes, other.sha256) \
+            and (self.ids is None or other.ids is None or self.ids == other.ids)
 
 
 @dataclass
@@ -51,12 +64,21 @@ class TableRecord:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["shards"] = {str(k): asdict(v) for k, v in sorted(self.shards.items())}
+        d["shards"] = {str(k): {f: x for f, x in asdict(v).items() if f != "ids"}
+                       for k, v in sorted(self.shards.items())}
+        # The digests sit beside the shard records, not inside them: an older kd builds ShardRecord(**record) and
+        # would refuse an unknown key as a damaged manifest, while it ignores an unknown table key (see IDS_KEY).
+        ids = {str(k): v.ids for k, v in sorted(self.shards.items()) if v.ids is not None}
+        if ids:
+            d[IDS_KEY] = ids
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TableRecord:
         shards = {int(k): ShardRecord(**v) for k, v in d.get("shards", {}).items()}
+        for k, digest in (d.get(IDS_KEY) or {}).items():
+            if int(k) in shards:
+                shards[int(k)].ids = digest
         return cls(kind=d["kind"], columns=d.get("columns", {}), meta=d.get("meta", {}), shards=shards)
 
     def missing(self, num_shards: int, first: int = 5) -> tuple[int, list[int]]:
@@ -124,6 +146,8 @@ class Manifest:
             d = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StoreError(f"the manifest is not valid JSON ({e})", where, fix) from e
+        except RecursionError as e:  # '[' * 100000: json's C parser gives up, and no kd manifest nests so deep
+            raise StoreError("the manifest is nested too deeply to be a kd manifest", where, fix) from e
         if not isinstance(d, dict) or not isinstance(d.get("inputs"), dict) \
                 or not isinstance(d.get("tables", {}), dict) or not isinstance(d.get("extras", {}), dict):
             raise StoreError("this is not a kd store manifest (not a JSON object with inputs and tables)", where, fix)
@@ -183,6 +207,8 @@ def check_shards(name: str, rec: TableRecord, inputs: dict[str, Any], where: str
         _count(shard.bytes, 0, math.inf, f"{field}.bytes", where)
         if not isinstance(shard.sha256, str):
             raise StoreError(f"{field}.sha256 is {shard.sha256!r}, not a checksum", where, DAMAGED_FIX)
+        if shard.ids is not None and not isinstance(shard.ids, str):
+            raise StoreError(f"tables.{name}.{IDS_KEY}.{k} is {shard.ids!r}, not a digest", where, DAMAGED_FIX)
 
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")
@@ -249,10 +275,11 @@ def merge(manifests: list[Manifest], where: str) -> Manifest:
                 have.meta["fidelity"] = _lowest_fidelity(have.meta["fidelity"], rec.meta["fidelity"])
             have.columns = have.columns or dict(rec.columns)
             for k, shard in rec.shards.items():
-                if k in have.shards and have.shards[k] != shard:
+                if k in have.shards and not have.shards[k].same_file(shard):
                     raise StoreError(f"shard {k} of {name!r} has two different records (file, rows, bytes or "
                                      "checksum) in manifest.json and the fragments", where,
                                      "delete manifest.json (it is rebuilt from manifests/), or run `kd validate "
                                      "STORE --repair`")
-                have.shards[k] = shard
+                if k not in have.shards or have.shards[k].ids is None:  # the record with the digest wins
+                    have.shards[k] = shard
     return out

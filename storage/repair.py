@@ -5,6 +5,8 @@ recomputes exactly them.
   dropped, the file it points at is never touched), or unlike its manifest record (size, sha256) is removed
   from `manifest.json` and from every fragment in `manifests/` (the same records, so a later merge
   cannot bring it back), and its file is moved aside to `<file>.damaged` (kept for inspection);
+- so is a shard whose ids are not those of texts shard k (storage/alignment.py: a file from another store whose
+  checksums were changed in the manifest), and a texts shard unlike the ids digest its record holds;
 - a per-teacher file the manifest records a sha256 for (`extras.files`: tokenizer, input embeddings,
   `vocab`, `init`) that is missing, unreadable or unlike its checksum is handled the same way, by the
   unit it was written as: a tokenizer folder or an `init-*` folder as a whole (its files belong
@@ -23,11 +25,13 @@ import contextlib
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.storage import fs
+from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
-from kd.storage.manifest import Manifest
+from kd.storage.manifest import Manifest, merge
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -97,12 +101,8 @@ def repair(store_path: str) -> RepairReport:
     report = RepairReport()
     try:
         load_manifest(loc)
-    except StoreError:
-        # manifest.json is damaged or disagrees: the fragments are the commit record, if they hold up alone
-        if load_manifest(loc, main=False) is None:
-            raise
-        loc.fs.delete_file(loc.path(MANIFEST))
-        report.manifest_rebuilt = True
+    except StoreError as e:
+        _rebuild_record(loc, e, report)
     merged = load_manifest(loc)
     if merged is None:
         raise StoreError("no kd store here", loc.root, "point at a folder written by kd precompute")
@@ -114,6 +114,10 @@ def repair(store_path: str) -> RepairReport:
                 drop.shards.add((name, k))
                 aside.add(shard.file)
                 report.dropped.append((name, k, why))
+    for name, k, file, why in _misaligned(loc, merged, drop):
+        drop.shards.add((name, k))
+        aside.add(file)
+        report.dropped.append((name, k, why))
     _damaged_files(loc, merged, drop, aside, report)
     _damaged_indexes(loc, merged, drop, aside, report)
     if drop:
@@ -123,6 +127,73 @@ def repair(store_path: str) -> RepairReport:
     if drop or report.manifest_rebuilt:
         fs.atomic_write_bytes(loc, load_manifest(loc).to_json().encode(), MANIFEST)
     return report
+
+
+def _rebuild_record(loc: fs.Location, damaged: StoreError, report: RepairReport) -> None:
+    """manifest.json or a fragment is damaged, or they disagree: keep the side that holds up alone.
+
+    The fragments (each writer's commit record) win over manifest.json. Where a fragment is itself damaged and
+    manifest.json (the union of every writer's records) holds up with the others, the damaged fragment is set
+    aside instead: its writer starts a new one on its next run. Where neither holds up, --repair says so
+    rather than failing as `kd validate` did (whose message sent the user here)."""
+    with contextlib.suppress(StoreError):
+        if load_manifest(loc, main=False) is not None:
+            loc.fs.delete_file(loc.path(MANIFEST))
+            report.manifest_rebuilt = True
+            return
+    names = [n for n in fs.list_files(loc, FRAGMENTS) if n.endswith(".json")]
+    parsed = {n: _parsed(loc, FRAGMENTS, n) for n in names}
+    bad = [n for n, m in parsed.items() if m is None]
+    main = _parsed(loc, MANIFEST) if fs.exists(loc, MANIFEST) else None
+    if bad and main is not None:
+        with contextlib.suppress(StoreError):
+            merge([main, *(m for m in parsed.values() if m is not None)], loc.root)
+            for n in bad:
+                _set_aside(loc, f"{FRAGMENTS}/{n}")
+                report.files.append((f"{FRAGMENTS}/{n}", "damaged; manifest.json holds its records"))
+            return
+    raise StoreError(f"--repair cannot rebuild this store's record: {damaged.what}", damaged.where,
+                     "neither manifest.json nor the fragments in manifests/ hold a record that can be trusted: "
+                     "move the store aside and re-run the kd precompute command that wrote it") from damaged
+
+
+def _parsed(loc: fs.Location, *parts: str) -> Manifest | None:
+    """The manifest or fragment at `parts`, or None where it is damaged."""
+    try:
+        return Manifest.from_json(fs.read_bytes(loc, *parts), loc.path(*parts))
+    except StoreError:
+        return None
+
+
+def _misaligned(loc: fs.Location, m: Manifest, drop: _Drop) -> list[tuple[str, int, str, str]]:
+    """(table, shard, file, why) of the sound shards whose ids are not texts shard k's (a file from another store
+    whose checksums were changed in the manifest): texts shard k is held to the digest its record holds, every
+    other table to texts shard k's ids (its file's, or its recorded digest when its file is damaged)."""
+    out, ref = [], {}
+    for k, shard in sorted(m.tables["texts"].shards.items() if "texts" in m.tables else []):
+        got = None if ("texts", k) in drop.shards else _ids_of(loc, shard.file)
+        if got is not None and shard.ids not in (None, got):
+            out.append(("texts", k, shard.file, "ids are not those the store's tables were written for"))
+        ref[k] = shard.ids or got
+    for name, rec in sorted(m.tables.items()):
+        for k, shard in sorted(rec.shards.items()):
+            if name == "texts" or (name, k) in drop.shards:
+                continue
+            want = ref.get(k) or shard.ids
+            if want is not None and _ids_of(loc, shard.file) not in (None, want):
+                out.append((name, k, shard.file, f"ids are not aligned with texts shard {k}"))
+    return out
+
+
+def _ids_of(loc: fs.Location, rel: str) -> str | None:
+    """The ids digest of a shard whose bytes were just checked, reading its `id` column only; None when it has
+    none or cannot be parsed (its checksum held: validate reports what is wrong with it)."""
+    try:
+        with loc.fs.open_input_file(loc.path(rel)) as f:
+            pf = pq.ParquetFile(f)
+            return ids_digest(pf.read(columns=[ID]).column(ID)) if ID in pf.schema_arrow.names else None
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:

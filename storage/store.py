@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.storage import fs
+from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
@@ -65,6 +66,7 @@ class Store:
     loc: fs.Location
     manifest: Manifest
     _verified: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    _texts_ids: dict[int, str] = field(default_factory=dict, repr=False)  # ids digests computed from texts files
 
     @classmethod
     def open(cls, uri: str | os.PathLike) -> Store:
@@ -137,6 +139,41 @@ class Store:
                 f"{rec.bytes}): corrupt or modified", path, REPAIR)
         return data
 
+    def read_checked(self, name: str, k: int) -> bytes:
+        """Shard k of a table, its bytes checked against the manifest (`read_verified`) and its ids against
+        texts shard k's (`check_aligned`): what every reader of a table's rows goes through."""
+        data = self.read_verified(self.shard_record(name, k))
+        self.check_aligned(name, k, shard_digest(data))
+        return data
+
+    def check_aligned(self, name: str, k: int, digest: str | None) -> None:
+        """Refuse shard k of table `name` whose ids (`digest`: of the ids read) are not those of texts shard k.
+
+        The reference is the digest texts shard k recorded at commit; texts shard k itself is held to it too (a
+        texts file swapped in would pair every table with other texts). Without a recorded one (stores written
+        before digests were), texts shard k's id column is read once per Store, and a table without a texts
+        shard k is held to its own record's digest."""
+        rec = self.shard_record(name, k)
+        if name != "texts":
+            want = self.texts_digest(k) or rec.ids
+        else:
+            want = rec.ids
+            if want is None and digest is not None:
+                self._texts_ids[k] = digest  # read anyway: spares the tables a second read of this file
+        if want is not None and digest is not None and digest != want:
+            raise misaligned(name, k, self.loc.path(rec.file), self.root)
+
+    def texts_digest(self, k: int) -> str | None:
+        """The ids digest of texts shard k (None when it is not committed): recorded at commit, else computed
+        from its file once per Store."""
+        texts = self.manifest.tables.get("texts")
+        rec = texts.shards.get(k) if texts is not None else None
+        if rec is None or rec.ids is not None:
+            return rec.ids if rec is not None else None
+        if k not in self._texts_ids:
+            self._texts_ids[k] = shard_digest(self.read_verified(rec))
+        return self._texts_ids[k]
+
     def verify_files(self, name: str) -> list[str]:
         """Check every committed shard of a table against the manifest (once per Store); returns their paths.
 
@@ -146,7 +183,7 @@ class Store:
         rec = self.table(name)
         for k in sorted(rec.shards):
             if (rec.shards[k].file, rec.shards[k].sha256) not in self._verified:
-                self.read_verified(rec.shards[k])
+                self.read_checked(name, k)
                 self._verified.add((rec.shards[k].file, rec.shards[k].sha256))
         return [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
@@ -181,12 +218,13 @@ class Store:
         return data
 
     def read_shard(self, name: str, k: int, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
-        """One shard of a table, its bytes checked against the manifest's sha256 unless `verify=False`."""
+        """One shard of a table, its bytes checked against the manifest's sha256 and its ids against texts shard
+        k (`read_checked`) unless `verify=False`."""
         rec = self.shard_record(name, k)
         path = self.path_of(rec.file)
         try:
             if verify:
-                return pq.read_table(pa.BufferReader(self.read_verified(rec)), columns=columns)
+                return pq.read_table(pa.BufferReader(self.read_checked(name, k)), columns=columns)
             return pq.read_table(path, columns=columns, filesystem=self.loc.fs)
         except StoreError:
             raise
@@ -247,19 +285,21 @@ class StoreWriter:
         data = fs.parquet_bytes(table)
         rel = shard_file(name, k)
         fs.atomic_write_bytes(self.loc, data, rel)
-        return self._record(name, k, ShardRecord(rel, table.num_rows, len(data), fs.sha256(data)))
+        return self._record(name, k, ShardRecord(rel, table.num_rows, len(data), fs.sha256(data), table_digest(table)))
 
-    def adopt(self, name: str, k: int, tmp: str, rows: int, nbytes: int, sha256: str) -> ShardRecord:
+    def adopt(self, name: str, k: int, tmp: str, rows: int, nbytes: int, sha256: str,
+              ids: str | None = None) -> ShardRecord:
         """Commit shard k from a temp file another process wrote with `fs.write_temp` (a Ray worker): renamed
         into place, then recorded in this writer's fragment, as `commit` does. The temp file's size must be
-        `nbytes` (a truncated copy is refused); its sha256 is the one the writing process computed."""
+        `nbytes` (a truncated copy is refused); its sha256 and ids digest are the ones the writing process
+        computed."""
         rel = shard_file(name, k)
         size = self.loc.fs.get_file_info(tmp).size
         if size != nbytes:
             raise StoreError(f"a worker's shard file has {size} bytes, it reported {nbytes}", tmp,
                              "rerun the same command: the shard is recomputed")
         fs.publish_temp(self.loc, tmp, rel)
-        return self._record(name, k, ShardRecord(rel, rows, nbytes, sha256))
+        return self._record(name, k, ShardRecord(rel, rows, nbytes, sha256, ids))
 
     def _record(self, name: str, k: int, rec: ShardRecord) -> ShardRecord:
         self.manifest.tables[name].shards[k] = rec
@@ -358,7 +398,8 @@ def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existin
             raise StoreError(
                 "the output folder holds a store made from other inputs or settings",
                 loc.root,
-                "use a new --out, or pass --overwrite to replace it",
+                "use a new --out, or add outputs or teachers to that store with kd precompute --add-to STORE "
+                "(its own inputs; --overwrite would delete it)",
             )
         _wipe(loc)
         return None

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common import bounds as B
 from kd.common.errors import StoreError
 from kd.storage import fs
+from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
+from kd.storage.manifest import Manifest
 from kd.storage.schema import is_int8, table_vectors, type_name
 from kd.storage.store import Store
 
@@ -42,7 +45,31 @@ def validate(store: Store) -> list[Problem]:
             problems.append(Problem(store.loc.path(name), f"{count} shard(s) missing: {first}"))
         for k, shard in sorted(rec.shards.items()):
             problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
-    return problems + _check_files(store) + _check_teacher_files(store) + _check_indexes(store)
+    plan = [Problem(store.loc.path("manifest.json"), what) for what in plan_problems(m)]
+    return plan + problems + _check_files(store) + _check_teacher_files(store) + _check_indexes(store)
+
+
+def plan_problems(m: Manifest) -> list[str]:
+    """Where the manifest's row plan (num_rows, rows_per_shard, num_shards) disagrees with itself or with the
+    rows its shard records hold: kd precompute cuts num_rows into shards of rows_per_shard (the last one
+    shorter), so any other count is a damaged or forged manifest, not a fact to print or loop over."""
+    rows, per = m.inputs.get("num_rows"), m.inputs.get("rows_per_shard")
+    if not isinstance(rows, int) or not isinstance(per, int):
+        return []  # (their presence and types are Manifest.from_json's check)
+    if per > B.ROWS.hi:
+        return [f"inputs.rows_per_shard is {per:,}, above the largest --shard-rows kd writes ({B.ROWS.hi:,.0f})"]
+    expected = max(1, -(-rows // per))
+    if m.num_shards != expected:
+        return [f"inputs.num_rows {rows:,} in shards of {per:,} make {expected:,} shard(s), the manifest says "
+                f"{m.num_shards:,}"]
+    out = []
+    for name, rec in sorted(m.tables.items()):
+        wrong = [(k, s.rows) for k, s in sorted(rec.shards.items()) if s.rows != min(rows, (k + 1) * per) - k * per]
+        if wrong:
+            k, n = wrong[0]
+            out.append(f"{name}: {len(wrong)} shard record(s) disagree with inputs.num_rows {rows:,} in shards of "
+                       f"{per:,}; shard {k} records {n:,} rows, the plan {min(rows, (k + 1) * per) - k * per:,}")
+    return out
 
 
 def _check_files(store: Store) -> list[Problem]:
@@ -109,12 +136,27 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
             out.append(Problem(path, f"column {col!r} is {have[col]}, manifest says {typ}"))
     out += _non_finite(table, path) + _bad_scales(table, path)
     if "id" in have:
-        ids = table["id"].combine_chunks()
-        if name == "texts":
-            text_ids[k] = ids
-        elif k in text_ids and not ids.equals(text_ids[k]):
-            out.append(Problem(path, f"ids are not aligned with texts shard {k}"))
+        why = _ids_problem(store, name, k, shard, table["id"].combine_chunks(), text_ids)
+        out += [Problem(path, why)] if why else []
     return out
+
+
+def _ids_problem(store: Store, name: str, k: int, shard, ids: pa.Array, text_ids: dict[int, pa.Array]) -> str | None:
+    """Why shard k's ids are not the ones it must hold, or None: texts shard k's ids (its file's, or the digest
+    its record holds when that file is unreadable), and the digest its own record holds (alignment.py)."""
+    digest = ids_digest(ids)
+    if name == "texts":
+        text_ids[k] = ids
+        if shard.ids not in (None, digest):
+            return "ids are not those the store's tables were written for (a texts file from another store?)"
+        return None
+    texts = store.manifest.tables.get("texts")
+    want = texts.shards[k].ids if texts is not None and k in texts.shards else None
+    if (k in text_ids and not ids.equals(text_ids[k])) or (k not in text_ids and want not in (None, digest)):
+        return f"ids are not aligned with texts shard {k}"
+    if shard.ids not in (None, digest):
+        return "ids do not match the digest the manifest records for them"
+    return None
 
 
 def _bad_scales(table: pa.Table, path: str) -> list[Problem]:

@@ -27,7 +27,7 @@ from kd.common import bounds as B
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.finite import non_finite_rows
 from kd.common.hardware import check_device
-from kd.common.outputs import claim_output
+from kd.common.outputs import claim_output, write_file
 from kd.common.progress import Bar
 from kd.storage import fs
 from kd.storage.manifest import Manifest
@@ -86,13 +86,7 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
     vecs = finite_vectors(st.encode(texts, batch_size=batch_size), np.arange(len(texts)), input)
     table = pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int64)), "text": pa.array(texts),
                       "embedding": vectors_to_arrow(vecs, VectorDType.float32)})
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    try:  # temp file + rename: an interrupted run never leaves half a Parquet file under the final name
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, out)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_file(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"), "kd embed")  # whole or not at all
     return EmbedSummary(out, None, len(texts), 1, 0, time.perf_counter() - t0)
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from kd.common import hardware
 from kd.common.errors import KdError
 from kd.student.pca import pca_embeddings
 from kd.student.pooling import Pool, Pooling, masked_mean
@@ -35,7 +36,8 @@ from kd.student.static import StaticEncoder
 from kd.student.transformer_init import TransformerInitEncoder
 
 __all__ = [
-    "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "pca_embeddings",
+    "Arch", "Pooling", "Student", "StudentConfig", "StudentOutput", "build_student", "parameter_count",
+    "pca_embeddings", "require_memory",
 ]
 
 
@@ -345,4 +347,92 @@ class Student(nn.Module):
 
 
 def build_student(cfg: StudentConfig) -> Student:
+    """The student of `cfg`, refused before anything is allocated when its weights cannot fit in memory."""
+    require_memory(cfg, training=False)
     return Student(cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Size before building: a model too large for memory is refused up front, not killed by the kernel after a
+# minute of allocating (a 128-layer, 16,384-wide transformer is ~1.4e11 parameters).
+
+TRAINING_BYTES = 16  # per parameter while training: the fp32 weight, its gradient, AdamW's two moments
+WEIGHT_BYTES = 4  # per parameter of a built (or loaded) model: the fp32 weight
+ACTIVATION_MARGIN = 1.25  # a quarter on top for activations, batches and the allocator's slack
+
+
+def parameter_count(cfg: StudentConfig) -> int:
+    """The number of parameters `build_student(cfg)` creates, computed from the config alone (nothing is
+    allocated); tests/test_bounds.py holds it equal to the built model's count for every arch."""
+    e, w = cfg.embed_dim, cfg.width
+    total = cfg.vocab_size * e + _encoder_parameters(cfg)
+    if cfg.pooling is Pooling.attentive:  # Linear(w, a), ReLU, Linear(a, 1)
+        total += w * cfg.attention_dim + 2 * cfg.attention_dim + 1
+    if cfg.sra_head:
+        total += w * cfg.out_dim
+    elif w != cfg.out_dim:
+        total += w * cfg.out_dim + (cfg.out_dim if cfg.arch is not Arch.static else 0)
+    return total
+
+
+def _encoder_parameters(cfg: StudentConfig) -> int:
+    e, h, n = cfg.embed_dim, cfg.hidden_dim, cfg.num_layers
+    if cfg.arch in (Arch.bilstm, Arch.bigru):
+        gates = 4 if cfg.arch is Arch.bilstm else 3
+        inputs = [e] + [2 * h] * (n - 1)
+        return sum(2 * gates * h * (i + h + 2) for i in inputs)  # two directions; bias_ih and bias_hh
+    if cfg.arch is Arch.cnn:
+        k = len(cfg.kernel_sizes)
+        channels = [h // k + (i < h % k) for i in range(k)]
+        inputs = [e] + [h] * (n - 1)
+        return sum(i * size * c + c for i in inputs for size, c in zip(cfg.kernel_sizes, channels))
+    if cfg.arch is Arch.ffn:
+        widths = [e] + [h] * n
+        return sum(a * b + b for a, b in zip(widths, widths[1:]))
+    if cfg.arch is Arch.transformer:
+        inp = e * h + h if e != h else 0
+        return inp + cfg.max_length * h + 2 * h + n * _attention_layer(h, cfg.ffn_dim)
+    if cfg.arch is Arch.transformer_init:
+        return _bert_parameters(cfg.bert or {})
+    return 0  # static: the token table is the whole model
+
+
+def _attention_layer(d: int, ffn: int) -> int:
+    """One post-LN encoder layer (torch's and BERT's alike): q, k, v and output maps, two feed-forward maps,
+    two LayerNorms, all with biases."""
+    return 4 * (d * d + d) + (d * ffn + ffn) + (ffn * d + d) + 4 * d
+
+
+def _bert_parameters(bert: dict[str, Any]) -> int:
+    """transformer-init's BertModel without its pooler; its word table is a 1-row placeholder (the tokens
+    live in `Student.embed`). Missing keys take BertConfig's defaults."""
+    h = int(bert.get("hidden_size", 768))
+    positions = int(bert.get("max_position_embeddings", 512))
+    per_layer = _attention_layer(h, int(bert.get("intermediate_size", 3072)))
+    embeddings = (1 + positions + int(bert.get("type_vocab_size", 2))) * h + 2 * h
+    return embeddings + int(bert.get("num_hidden_layers", 12)) * per_layer
+
+
+def memory_needed(cfg: StudentConfig, training: bool) -> int:
+    """Bytes the student takes: its weights, or while training also gradients and optimizer state, with
+    ACTIVATION_MARGIN on top."""
+    per = TRAINING_BYTES if training else WEIGHT_BYTES
+    return int(parameter_count(cfg) * per * ACTIVATION_MARGIN)
+
+
+def require_memory(cfg: StudentConfig, training: bool, available: int | None = None,
+                   memory: str = "available memory") -> None:
+    """Refuse a student whose estimate (`memory_needed`) exceeds `available` bytes (default: the host's
+    available memory; None or unknown: no check)."""
+    free = hardware.available_memory() if available is None else available
+    need = memory_needed(cfg, training)
+    if free is None or need <= free:
+        return
+    gib = 1 << 30
+    state = "weights, gradients and AdamW state" if training else "weights"
+    raise KdError(
+        f"the student would need about {need / gib:.1f} GiB ({parameter_count(cfg):,} parameters: {state}, "
+        f"+{ACTIVATION_MARGIN - 1:.0%} for activations), and only {free / gib:.1f} GiB of {memory} is left",
+        f"--arch {cfg.arch.value} --layers {cfg.num_layers} --hidden-dim {cfg.hidden_dim} --embed-dim "
+        f"{cfg.embed_dim} (vocabulary {cfg.vocab_size:,})",
+        "pass a smaller --layers or --hidden-dim (or --embed-dim), or run where more memory is free")

@@ -225,15 +225,28 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
         raise InputError("no trained student here (no config.json)", str(p), fix)
     try:
         info = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"config.json is not valid JSON ({e})", str(cfg_file),
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[' * 100000
+        raise InputError(f"config.json is not valid JSON ({str(e)[:200]})", str(cfg_file),
                          "the student folder is damaged: copy it again, or retrain with --overwrite") from e
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise InputError("config.json is not a kd student config", str(cfg_file), fix)
     if info.get("format_version") != FORMAT_VERSION:
         raise InputError(f"student format version {info.get('format_version')} is not supported "
                          f"(this kd reads {FORMAT_VERSION})", str(cfg_file), "use the kd version that trained it")
+    _check_fields(info, cfg_file)
     return info
+
+
+def _check_fields(info: dict[str, Any], cfg_file: Path) -> None:
+    """The fields loading reads have their types: an edited config.json is refused here, by name, instead of
+    failing with a traceback somewhere in the loading."""
+    fix = "the student folder is damaged or edited: copy it again as kd wrote it, or retrain the student"
+    if not isinstance(info.get("student"), dict):
+        raise InputError("config.json has no student settings (a 'student' object)", str(cfg_file), fix)
+    toks = info.get("tokenizer_sha256") or {}
+    if not isinstance(toks, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in toks.items()):
+        raise InputError("config.json's tokenizer_sha256 is not a map of file names to checksums", str(cfg_file),
+                         fix)
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedStudent:

@@ -26,10 +26,11 @@ import numpy as np
 from torch import nn
 
 from kd.common.errors import InputError, KdError
+from kd.common.hardware import device_kind, gpu_free_memory
 from kd.common.layers import keep_layers, parse_layers
 from kd.storage.store import Store
 from kd.student import data as D
-from kd.student.models import Student, StudentConfig, build_student, pca_embeddings
+from kd.student.models import Student, StudentConfig, build_student, pca_embeddings, require_memory
 from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
 from kd.student.saved import TOKENIZER, fitted_student, read_config, student_tokenizer
@@ -77,9 +78,19 @@ def setup(cfg: TrainConfig) -> Setup:
     kept = None
     if cfg.init:
         student_cfg, kept = init_config(cfg, init_info, tok if own_tok is None else None)
+    check_training_memory(cfg, student_cfg)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     data = _data_config(cfg, objectives, teacher, own_tok)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
+
+
+def check_training_memory(cfg: TrainConfig, student_cfg: StudentConfig) -> None:
+    """Refuse a student whose training state cannot fit where it trains (host memory, or the GPU's), before
+    the model is built: the kernel would otherwise kill the run after minutes of allocating."""
+    if device_kind(cfg.device) == "cuda":
+        require_memory(student_cfg, True, gpu_free_memory(cfg.device), "free GPU memory")
+    else:
+        require_memory(student_cfg, True)
 
 
 def _stored_tokenizer(store: Store, teacher: str, cfg: TrainConfig) -> tuple[Any, np.ndarray | None]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError
+from kd.common.finite import first_non_finite
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
 ST_PREFIX = "sentence_transformers."
@@ -41,9 +42,23 @@ def load_exported(path: str | os.PathLike, device: str = "cpu"):
 
     root = Path(path)
     entries = check_export(root)
-    modules = [_module_class(e["type"]).load(str(root), subfolder=e["path"], local_files_only=True,
-                                             trust_remote_code=False) for e in entries]
+    try:
+        modules = [_module_class(e["type"]).load(str(root), subfolder=e["path"], local_files_only=True,
+                                                 trust_remote_code=False) for e in entries]
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # a module's config is junk
+        raise InputError(f"a module of the export cannot be built from its files ({str(e)[:300]})", str(root),
+                         "copy the export folder again, or export the student again") from e
+    for e, module in zip(entries, modules):
+        _refuse_non_finite(root / e["path"], module)
     return SentenceTransformer(modules=modules, device=device, **_model_settings(root))
+
+
+def _refuse_non_finite(folder: Path, module: Any) -> None:
+    """The bar `kd.student.load` sets: weights holding NaN/Inf (a diverged run) would make every vector NaN."""
+    bad = first_non_finite(module.state_dict())
+    if bad is not None:
+        raise InputError(f"the exported weights hold NaN/Inf values ({bad}): the student's training diverged",
+                         str(folder), "retrain the student with a lower learning rate and export it again")
 
 
 def check_export(root: Path) -> list[dict[str, Any]]:
@@ -118,6 +133,6 @@ def _model_settings(root: Path) -> dict[str, Any]:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path.name} cannot be read ({e})", str(path),
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[' * 100000
+        raise InputError(f"{path.name} cannot be read ({str(e)[:200]})", str(path),
                          "copy the export folder again, or export the student again") from e

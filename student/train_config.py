@@ -40,6 +40,9 @@ ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+TUNED = ("embed_dim", "dropout", "epochs", "batch_size", "lr", "weight_decay")  # the options ARCH_DEFAULTS sets
+
+
 def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[str, Any]:
     """`given` with the arch's defaults filled in for every key whose value is None (with `init` the
     --init student's embed_dim stands, not the arch's)."""
@@ -65,14 +68,14 @@ class TrainConfig:
     init: str | None = None  # a trained student folder to start from (same arch and tokenizer)
     num_layers: int = 1
     pooling: str = "mean"
-    dropout: float = 0.1
+    dropout: float | None = None  # None: the arch's default (ARCH_DEFAULTS, `arch_defaults`)
     max_length: int = 128
     student: dict[str, Any] = field(default_factory=dict)  # other StudentConfig fields
-    epochs: int = 3
+    epochs: int | None = None  # None: the arch's default
     max_steps: int | None = None  # overrides epochs
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
+    batch_size: int | None = None  # None: the arch's default
+    lr: float | None = None  # None: the arch's default
+    weight_decay: float | None = None  # None: the arch's default
     warmup: float = 0.05  # < 1: fraction of the steps; >= 1: steps
     schedule: Schedule = Schedule.cosine
     clip: float = 1.0  # max gradient norm; 0 disables
@@ -106,6 +109,11 @@ class TrainConfig:
                  "progress", "resume", "overwrite")
 
     def __post_init__(self) -> None:
+        # The arch's defaults are filled in here, the one place: the CLI, the demo and the Python API pass None
+        # for what the user left out, so every door trains the same student from the same options.
+        tuned = arch_defaults(self.arch, {k: getattr(self, k) for k in TUNED}, init=self.init is not None)
+        for k, v in tuned.items():
+            setattr(self, k, v)
         self.schedule = Schedule(self.schedule)
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
         self.head_init = HeadInit(self.head_init)

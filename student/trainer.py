@@ -204,9 +204,12 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
     if ckpt.exists() and cfg.resume:
         return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
-        if (out / "config.json").exists() or (out / METRICS).exists():
+        if (out / "config.json").exists():
             raise KdError("the output folder holds a student (and no checkpoint to resume)", str(out),
                           "use a new --out, or pass --overwrite")
+        if (out / METRICS).exists():  # a run that stopped before its first checkpoint (or lost it)
+            raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to resume "
+                          "and no student", str(out), "pass --overwrite to start again, or use a new --out")
     out.mkdir(parents=True, exist_ok=True)
     return out, None
 

@@ -61,17 +61,15 @@ def test_the_rule(device, precision, quantize, available, want):
     assert c.record() == {"asked": "auto", "backend": want, "quantize": quantize, "reason": c.reason}
 
 
-def test_the_rule_keeps_the_stored_backend_and_ray_runs_torch():
+def test_the_rule_keeps_the_stored_backend():
     assert choose("cpu", "auto", "none", BOTH, stored="torch").backend == "torch"
     assert "already holds" in choose("cpu", "auto", "none", BOTH, stored="torch").reason
-    assert choose("cpu", "auto", "none", BOTH, engine="ray").backend == "torch"
 
 
-@pytest.mark.parametrize("device,available,engine", [("cuda", BOTH, "local"), ("cpu", frozenset(), "local"),
-                                                     ("cpu", BOTH, "ray")])
-def test_int8_without_a_cpu_int8_backend_is_a_clear_error(device, available, engine):
+@pytest.mark.parametrize("device,available", [("cuda", BOTH), ("cpu", frozenset())])
+def test_int8_without_a_cpu_int8_backend_is_a_clear_error(device, available):
     with pytest.raises(KdError, match="--quantize int8 needs an exporting backend") as e:
-        choose(device, "auto", "int8", available, engine=engine)
+        choose(device, "auto", "int8", available)
     assert e.value.fix
 
 

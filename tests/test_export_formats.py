@@ -187,7 +187,7 @@ def test_export_refuses_a_non_empty_output_and_writes_nothing_half(students, tmp
     assert res.exit_code == 2 and "sentence-transformers" in res.output and not (tmp_path / "x").exists()
     res = CliRunner().invoke(app, ["export", str(students["ffn"]), "--format", "onnx", "--out", str(tmp_path / "o")])
     assert res.exit_code == 0, res.output
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kd-export-")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial folder, no lock left
 
 
 def test_student_folder_carries_a_model_card(students, store):

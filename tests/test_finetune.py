@@ -223,13 +223,13 @@ def test_cli_finetune_and_errors(data, dse_student, tmp_path):
 
 
 def test_real_task_files_read_as_the_bench_reads_them():
-    from conftest import DATA
+    from conftest import shared_file
 
-    mrpc = read_task(str(DATA / "mrpc" / "msr_paraphrase_train.txt"), Task.pair_classification,
+    mrpc = read_task(str(shared_file("mrpc", "msr_paraphrase_train.txt")), Task.pair_classification,
                      task_columns(Task.pair_classification, pair_columns="#1 String,#2 String",
                                   label_column="Quality"))  # a .txt with a byte-order mark, read by header
     assert len(mrpc) == 4076 and LabelSet.fit(mrpc.labels).names == ("0", "1")
     assert mrpc.texts[0][0].startswith("Amrozi accused his brother")
-    sts = read_task(str(DATA / "stsb" / "sts-dev.csv"), Task.pair_regression,
+    sts = read_task(str(shared_file("stsb", "sts-dev.csv")), Task.pair_regression,
                     task_columns(Task.pair_regression, pair_columns="5,6", label_column="4"))
     assert len(sts) == 1500 and sts.scores()[0] == 5.0

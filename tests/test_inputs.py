@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import DATA
+from conftest import shared_file
 
 from kd.common.errors import InputError
 from kd.common.token_batches import plan_batches
@@ -35,7 +35,7 @@ def test_every_format_reads_the_same_texts(tmp_path):
 
 
 def test_stsb_pairs_by_index_with_ragged_rows():
-    rec = read_inputs([str(DATA / "stsb" / "sts-test.csv")], ColumnSpec(pair=("5", "6"), label="4"))
+    rec = read_inputs([str(shared_file("stsb", "sts-test.csv"))], ColumnSpec(pair=("5", "6"), label="4"))
     assert len(rec.texts) == 1379
     table, counts = build_texts(rec, dedup=False, pairs=True)
     assert table.schema.field("label").type == pa.float64()
@@ -45,7 +45,7 @@ def test_stsb_pairs_by_index_with_ragged_rows():
 
 
 def test_news_segmentation_keeps_doc_and_position():
-    rec = read_inputs([str(DATA / "corpus" / "news_articles.csv")], ColumnSpec(text="text"))
+    rec = read_inputs([str(shared_file("corpus", "news_articles.csv"))], ColumnSpec(text="text"))
     assert len(rec.texts) == 3824
     cut = (x[:20] for x in (rec.texts, rec.labels, rec.doc_ids, rec.sources))
     rec.texts, rec.labels, rec.doc_ids, rec.sources = cut

@@ -14,7 +14,7 @@ import duckdb
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, ROOT
+from conftest import ROOT, shared_file
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -177,7 +177,7 @@ def _committed(store: Path) -> int:
 
 
 def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(tmp_path, tiny_teacher):
-    lines = (DATA / "corpus" / "eng_wikipedia_2016_10K-sentences.txt").read_text().splitlines()[:4000]
+    lines = shared_file("corpus", "eng_wikipedia_2016_10K-sentences.txt").read_text().splitlines()[:4000]
     src = _write_lines(tmp_path / "w.txt", [x.split("\t", 1)[1] for x in lines])
     args = [src, "-t", str(tiny_teacher), "--shard-rows", "200", "--no-progress"]
     full = _kd("precompute", *args, "-o", str(tmp_path / "full"))

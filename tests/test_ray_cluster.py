@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA, ROOT
+from conftest import ROOT, shared_file
 
 import kd
 from kd.pipeline.precompute import precompute
@@ -118,7 +118,7 @@ def cluster():
 
 
 def _corpus(path: Path) -> str:
-    lines = (DATA / "corpus" / "eng_wikipedia_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
+    lines = shared_file("corpus", "eng_wikipedia_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
     path.write_text("\n".join(x.split("\t", 1)[1] for x in lines[:ROWS]) + "\n", encoding="utf-8")
     return str(path)
 
@@ -185,7 +185,7 @@ def test_a_two_node_cluster_losing_a_node_writes_the_one_process_store(cluster, 
     torch.set_num_threads(1)  # as each one-CPU worker
     try:
         precompute([src], str(tmp_path / "one"), [f"tiny={tiny_teacher}"], shard_rows=SHARD_ROWS, progress=False,
-                   backend="torch")  # (auto would pick OpenVINO in one process, torch on Ray workers)
+                   backend="torch")  # as the Ray run above
     finally:
         torch.set_num_threads(n)
     got, want = Store.open(store), Store.open(tmp_path / "one")

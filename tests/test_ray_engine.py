@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, ROOT
+from conftest import ROOT, shared_file
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -37,7 +37,7 @@ ROWS, SHARD_ROWS = 240, 40  # 6 shards: 6 units for 2 workers
 
 
 def _corpus(path: Path, rows: int, name: str = "news") -> str:
-    lines = (DATA / "corpus" / f"eng_{name}_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
+    lines = shared_file("corpus", f"eng_{name}_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
     path.write_text("\n".join(x.split("\t", 1)[1] for x in lines[:rows]) + "\n", encoding="utf-8")
     return str(path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import shared_file
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -21,7 +21,7 @@ def test_minilm_on_stsb_test_matches_sentence_transformers(tmp_path):
     from kd.pipeline.resolve import resolve_teacher
 
     out = tmp_path / "stsb"
-    r = CliRunner().invoke(app, ["precompute", str(DATA / "stsb" / "sts-test.csv"), "--pair-columns", "5,6",
+    r = CliRunner().invoke(app, ["precompute", str(shared_file("stsb", "sts-test.csv")), "--pair-columns", "5,6",
                                  "--label-column", "4", "-t", "minilm", "-o", str(out), "--outputs",
                                  "mean,sentence", "--precision", "fp32", "--no-progress"])
     assert r.exit_code == 0, r.output
@@ -59,7 +59,7 @@ def test_news_corpus_segmented_into_sentences(tmp_path, tiny_teacher):
 
     # The first 800 of the 3,824 articles keep the suite fast; bench/ runs the whole corpus.
     csv.field_size_limit(sys.maxsize)
-    with open(DATA / "corpus" / "news_articles.csv", newline="") as f, open(tmp_path / "news.csv", "w") as g:
+    with open(shared_file("corpus", "news_articles.csv"), newline="") as f, open(tmp_path / "news.csv", "w") as g:
         rows = csv.reader(f)
         csv.writer(g).writerows(row for _, row in zip(range(801), rows))
     s = precompute([str(tmp_path / "news.csv")], str(tmp_path / "news"), [str(tiny_teacher)],

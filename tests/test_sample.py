@@ -60,4 +60,5 @@ def test_sample_outside_zero_one_and_a_changed_fraction_are_refused(tmp_path, ti
     assert CliRunner().invoke(app, ok).exit_code == 0
     # another fraction is another subset: resuming into this store would mix them
     r = CliRunner().invoke(app, ok[:-2] + ["0.6", "--no-progress"])
-    assert r.exit_code == 2 and "overwrite" in r.output.lower(), r.output
+    msg = " ".join(r.output.split())
+    assert r.exit_code == 2 and "--sample: the store has 0.5, this run 0.6" in msg and "--overwrite" not in msg, msg

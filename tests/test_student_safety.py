@@ -197,10 +197,14 @@ def test_embed_never_overwrites_inputs_or_files(trained, tmp_path):
     res = _embed(str(src), "--student", str(trained), "--out", str(tmp_path))
     assert res.exit_code == 2 and "existing folder" in res.output
     res = _embed(str(src), "--student", str(trained), "--out", str(other), "--overwrite")
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 2 and "only replaces a file kd wrote" in res.output and other.read_text() == "not yours"
+    mine = tmp_path / "vectors.parquet"
+    for flags in ([], ["--overwrite"]):  # written, then replaced by kd's own output
+        res = _embed(str(src), "--student", str(trained), "--out", str(mine), *flags)
+        assert res.exit_code == 0, res.output
     import pyarrow.parquet as pq
 
-    assert pq.read_table(other)["text"].to_pylist() == ["the market fell", "the dog runs"]  # BOM dropped
+    assert pq.read_table(mine)["text"].to_pylist() == ["the market fell", "the dog runs"]  # BOM dropped
 
 
 @pytest.mark.parametrize("content,expect", [

@@ -1,17 +1,22 @@
 """The folder an export is written to: claimed before anything is read, swapped in whole at the end.
 
 - `prepare_output`: the gate every kd output goes through (`common.outputs.claim_output`);
-- `replace_folder`: the finished export, built in a temporary folder beside the target, is renamed into
-  place; a previous export is moved aside first and removed after, so no half-written folder remains.
+- `export_folder`: the export held (`common.outputs.locked_output`: a second export into the same folder is
+  refused) and built in a partial folder beside the target (`outputs.partial_folder`: a killed export's is
+  removed by the next one, which needs no `--overwrite`);
+- `replace_folder`: the finished export is renamed into place; a previous export is moved aside first and
+  removed after, so no half-written folder remains.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from kd.common.outputs import EXPORT, claim_output
+from kd.common.outputs import EXPORT, claim_output, locked_output, partial_folder
 
 
 def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
@@ -21,11 +26,26 @@ def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite:
     return claim_output(out, "kd export", (EXPORT,), [source], overwrite=overwrite, fresh=True)
 
 
+@contextmanager
+def export_folder(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Iterator[tuple[Path, Path]]:
+    """(target, scratch): build the export in `scratch / "model"`; when the block ends without an error it
+    replaces the target. The target is claimed again under the lock: another export may just have finished."""
+    with locked_output(prepare_output(out, source, overwrite), "kd export") as target:
+        prepare_output(out, source, overwrite)
+        scratch = partial_folder(target)
+        try:
+            yield target, scratch
+            replace_folder(scratch / "model", target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def replace_folder(src: Path, target: Path) -> None:
-    """Move a finished directory into place; an old one is moved aside first and removed after."""
+    """Move a finished directory into place; an old one is moved aside first and removed after (a kill in
+    between leaves it among the partials the next export removes)."""
     old = None
     if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        old = target.with_name(f".{target.name}.kd-partial-old-{os.getpid()}")
         os.replace(target, old)
     os.replace(src, target)
     if old is not None:

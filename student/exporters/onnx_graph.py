@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from kd.common.onnx_int8 import quantize_int8
 from kd.common.padding import pad_rows, unpadded_truncating
 from kd.common.quiet import quiet
 from kd.common.token_batches import CPU_BATCH_TOKENS, plan_batches
-from kd.student.exporters.folder import prepare_output, replace_folder
+from kd.student.exporters.folder import export_folder
 from kd.student.models import RecurrentEncoder, Student
 
 ONNX, SPEC = "model.onnx", "kd_onnx.json"
@@ -46,11 +45,9 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
     `quantize="int8"`: the matrix products with int8 weights (common/onnx_int8.py; the token table stays fp32)."""
     from kd.student.saved import load
 
-    target = prepare_output(out, student_dir, overwrite)
-    st = load(student_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
-        work = Path(tmp) / "model"
+    with export_folder(out, student_dir, overwrite) as (target, scratch):
+        st = load(student_dir)
+        work = scratch / "model"
         work.mkdir()
         graph = ExportableStudent(st.model).eval()
         ids = torch.tensor([[2, 5, 6, 7, 3], [2, 5, 3, 0, 0]])  # any ids: shapes only, axes are dynamic
@@ -75,7 +72,6 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
                 "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding",
                 "quantize": quantize} | ({"quantization": INT8_METHOD} if quantize == "int8" else {})
         (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
-        replace_folder(work, target)
     return target
 
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from kd.common.errors import KdError
-from kd.student.exporters.folder import prepare_output, replace_folder
+from kd.student.exporters.folder import export_folder
 from kd.student.models import Arch, Student
 from kd.student.saved import LoadedStudent, load
 
@@ -38,13 +37,10 @@ OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), 
 def export_sentence_transformers(student_dir: str | os.PathLike, out: str | os.PathLike,
                                  overwrite: bool = False) -> Path:
     """Write `out` as a sentence-transformers directory whose `encode` reproduces the student's."""
-    target = prepare_output(out, student_dir, overwrite)
-    st = load(student_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".kd-export-", dir=target.parent) as tmp:
-        model = sentence_transformer(st, Path(tmp) / "work")
-        model.save(str(Path(tmp) / "model"), create_model_card=False)
-        replace_folder(Path(tmp) / "model", target)
+    with export_folder(out, student_dir, overwrite) as (target, scratch):
+        st = load(student_dir)
+        model = sentence_transformer(st, scratch / "work")
+        model.save(str(scratch / "model"), create_model_card=False)
     return target
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -59,6 +60,14 @@ class ObjectiveSpec:
         return ":".join([self.name.value, f"{self.weight:g}", *(f"{k}={v}" for k, v in self.options)])
 
 
+def check_weight(weight: float, where: str) -> None:
+    """A weight is a finite number >= 0: a NaN or Inf one makes the first loss non-finite, a negative one
+    maximises its loss."""
+    if not math.isfinite(weight) or weight < 0:
+        what = "negative" if weight < 0 else "not finite"
+        raise KdError(f"the weight {weight:g} is {what}", where, "use a finite weight >= 0, e.g. cosine:0.5")
+
+
 def parse_objective(text: str) -> ObjectiveSpec:
     """"cosine", "cosine:0.5", "contrastive:0.1:tau=0.1:negatives=256" -> ObjectiveSpec."""
     name, *rest = text.strip().split(":")
@@ -73,8 +82,7 @@ def parse_objective(text: str) -> ObjectiveSpec:
             weight = float(rest.pop(0))
         except ValueError:
             raise KdError("the weight is not a number", f"objective spec {text!r}", "write e.g. cosine:0.5") from None
-        if weight < 0:
-            raise KdError("the weight is negative", f"objective spec {text!r}", "use a weight >= 0")
+        check_weight(weight, f"objective spec {text!r}")
     options = []
     for item in rest:
         key, sep, value = item.partition("=")

@@ -21,7 +21,16 @@ from torch import Tensor
 from kd.common.errors import KdError
 from kd.storage.manifest import Manifest
 from kd.student.models import StudentConfig
-from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, ObjectiveSpec, Out, parse_objective
+from kd.student.objectives.base import (
+    Batch,
+    Context,
+    Objective,
+    ObjectiveName,
+    ObjectiveSpec,
+    Out,
+    check_weight,
+    parse_objective,
+)
 from kd.student.objectives.contrastive import Contrastive
 from kd.student.objectives.embedding import Cosine, Mse
 from kd.student.objectives.logits import Label, Logits, MultiTeacher, Pair
@@ -67,9 +76,15 @@ def build_objectives(specs: Sequence[str | ObjectiveSpec], student_cfg: StudentC
     if not specs:
         raise KdError("no objective given", "build_objectives", "e.g. --objective cosine")
     ctx = Context.from_manifest(manifest, student_cfg, target)
+    parsed = [s if isinstance(s, ObjectiveSpec) else parse_objective(s) for s in specs]
+    for spec in parsed:  # (an ObjectiveSpec built in Python skipped the parser's check)
+        check_weight(spec.weight, f"objective spec {str(spec)!r}")
+    if not any(spec.weight > 0 for spec in parsed):
+        raise KdError("every objective has weight 0, so training would change nothing",
+                      f"--objective {' --objective '.join(map(str, parsed))}",
+                      "give at least one objective a positive weight, e.g. --objective cosine")
     objectives = []
-    for s in specs:
-        spec = s if isinstance(s, ObjectiveSpec) else parse_objective(s)
+    for spec in parsed:
         cls = REGISTRY[spec.name]
         obj = cls.build(ctx, spec.weight, **_options(cls, spec))  # type: ignore[attr-defined]
         obj.spec = str(spec)

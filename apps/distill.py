@@ -1,0 +1,298 @@
+"""`kd distill`: one command from a corpus to a served student, following a recipe (apps.recipe).
+
+The run is a list of steps, each one an existing kd job that resumes itself, in OUT:
+    store/             kd precompute: the teacher's targets, then the start model's outputs (init, vocab)
+    exclude.txt        kd leakage: the rows that are also evaluation text, never trained on
+    stages/<name>/     kd train-student, one folder per recipe stage (each starts from the one it names)
+    choice.json        the stage chosen on STS-B dev (dev splits only: test is read once, in the report)
+    model/  onnx/      kd export of the chosen student (sentence-transformers folder with a model card; ONNX)
+    report.json/.md    kd eval's suite: the student beside its teacher and start model
+    distill.json       the options and recipe of this run, and the steps done (written atomically after each)
+
+Kill it anywhere and run the same command again: steps done are skipped, the step that was running resumes
+(precompute by shard, training from its last checkpoint, exactly), so the files and weights equal those of an
+uninterrupted run. Different options on an existing OUT are refused with the option named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kd.apps import recipe as R
+from kd.common.errors import InputError
+from kd.common.outputs import claim_output
+
+STATE = "distill.json"
+CARD = Path(__file__).with_name("templates") / "model_card.md"
+FORMAT = "kd-distill"
+
+
+@dataclass
+class DistillConfig:
+    """Every option of `kd distill` (the CLI builds one; `kd.distill(...)` takes the same keywords)."""
+
+    inputs: list[str]
+    out: str
+    student: str = "tiny6"  # a preset (apps/recipes) or a recipe file
+    recipe: str | None = None  # a recipe file; overrides `student`
+    teacher: str | None = None  # the recipe's teacher, replaced (a packaged name or a checkpoint folder)
+    start: str | None = None  # the recipe's start model, replaced
+    text_column: str | None = None
+    segment: str = "none"
+    dedup: bool = True
+    sample: float | None = None  # the id-hash sample of the rows kept (kd precompute --sample)
+    shard_rows: int = 20_000
+    exclude_leakage: bool = True
+    export: bool = True
+    evaluate: bool = True
+    progress: bool = True
+
+    # options a rerun may change without touching what was computed
+    RESUMABLE = ("export", "evaluate", "progress")
+
+    def __post_init__(self) -> None:
+        self.inputs = [os.fspath(p) for p in self.inputs]
+        self.out = os.fspath(self.out)
+        if not self.inputs:
+            raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
+
+    def plan(self) -> R.Recipe:
+        return R.load(self.recipe or self.student)
+
+    def identity(self, recipe: R.Recipe) -> dict[str, Any]:
+        """What makes two runs the same run: the options and the recipe's text."""
+        opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
+        text = Path(recipe.path).read_bytes()
+        return opts | {"recipe_sha256": hashlib.sha256(text).hexdigest()}
+
+
+@dataclass
+class Step:
+    name: str
+    run: Callable[[], Any]
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    chosen: str
+    model: Path | None
+    report: Any = None  # apps.eval.EvalReport
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _Run:
+    """One distillation: the recipe resolved against the config, and the paths it writes."""
+
+    def __init__(self, cfg: DistillConfig, recipe: R.Recipe) -> None:
+        self.cfg, self.recipe = cfg, recipe
+        self.out = Path(cfg.out).resolve()
+        self.store = self.out / "store"
+        self.exclude = self.out / "exclude.txt"
+        self.specs = {"teacher": cfg.teacher or recipe.teacher, "start": cfg.start or recipe.start}
+        self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
+
+    def teacher_spec(self, role: str) -> str:
+        spec, name = self.specs[role], self.names[role]
+        return spec if spec == name else f"{name}={spec}"
+
+    def stage_dir(self, name: str) -> Path:
+        return self.out / "stages" / name
+
+    def train_config(self, stage: R.Stage, **extra: Any):
+        from kd.student.train_config import TrainConfig
+
+        role = self.recipe.role_of(stage)
+        init = None if stage.source in R.ROLES else str(self.stage_dir(stage.source))
+        return TrainConfig(str(self.store), str(self.stage_dir(stage.name)), init=init, init_teacher=self.names[role],
+                           target=f"{self.names['teacher']}.{self.recipe.target}",
+                           exclude_ids=str(self.exclude) if self.cfg.exclude_leakage else None,
+                           progress=self.cfg.progress, **(stage.options | extra))
+
+
+def _table_name(spec: str, role: str) -> str:
+    """A packaged teacher keeps its name (mpnet, minilm); a folder is named by its role."""
+    from kd.pipeline.resolve import HF_NAMES
+
+    return spec if spec in ("minilm", "mpnet", *HF_NAMES) else role
+
+
+def distill(cfg: DistillConfig) -> DistillResult:
+    """Run every step of the recipe not yet done in cfg.out (see the module docstring)."""
+    recipe = cfg.plan()
+    run = _Run(cfg, recipe)
+    state = _claim(run)
+    steps = _steps(run)
+    seconds: dict[str, float] = {}
+    for i, step in enumerate(steps, 1):
+        if step.name in state["done"]:
+            continue
+        _say(cfg, f"[{i}/{len(steps)}] {step.name}")
+        t = time.perf_counter()
+        step.run()
+        seconds[step.name] = time.perf_counter() - t
+        state["done"].append(step.name)
+        _save_state(run, state)
+    choice = json.loads((run.out / "choice.json").read_text())["chosen"]
+    report = _read_report(run) if cfg.evaluate else None
+    return DistillResult(run.out, choice, run.out / "model" if cfg.export else None, report, seconds)
+
+
+def _say(cfg: DistillConfig, line: str) -> None:
+    if cfg.progress:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _claim(run: _Run) -> dict[str, Any]:
+    """Check OUT (never an input, never another kd output) and read or start its state; a rerun with other
+    options is refused naming the first that differs."""
+    claim_output(run.out, "kd distill", (), run.cfg.inputs)
+    path = run.out / STATE
+    if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
+        raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
+    ident = run.cfg.identity(run.recipe)
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        old = state.get("identity", {})
+        for key in sorted(set(ident) | set(old)):
+            if old.get(key) != ident.get(key):
+                raise InputError(f"--out holds a kd distill run with other settings: {key} was {old.get(key)!r}, "
+                                 f"now {ident.get(key)!r}", str(run.out),
+                                 "run with the same options to resume it, or pass a new --out")
+        return state
+    run.out.mkdir(parents=True, exist_ok=True)
+    state = {"format": FORMAT, "identity": ident, "done": []}
+    _save_state(run, state)
+    return state
+
+
+def _save_state(run: _Run, state: dict[str, Any]) -> None:
+    tmp = run.out / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+    os.replace(tmp, run.out / STATE)
+
+
+def _steps(run: _Run) -> list[Step]:
+    steps = [Step("precompute the teacher", lambda: _precompute(run, "teacher"))]
+    if run.specs["start"] and run.recipe.outputs["start"]:
+        steps.append(Step("precompute the start model", lambda: _precompute(run, "start")))
+    if run.cfg.exclude_leakage:
+        steps.append(Step("leave out evaluation text", lambda: _leakage(run)))
+    for stage in run.recipe.stages:
+        steps.append(Step(f"train stage {stage.name}", lambda s=stage: _train(run, s)))
+    steps.append(Step("choose on STS-B dev", lambda: _choose(run)))
+    if run.cfg.export:
+        steps.append(Step("export", lambda: _export(run)))
+    if run.cfg.evaluate:
+        steps.append(Step("evaluate the suite", lambda: _evaluate(run)))
+    return steps
+
+
+def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
+    return dict(text_column=cfg.text_column, segment=cfg.segment, dedup=cfg.dedup, sample=cfg.sample,
+                shard_rows=cfg.shard_rows, progress=cfg.progress)
+
+
+def _precompute(run: _Run, role: str, store: Path | None = None, inputs: list[str] | None = None) -> None:
+    from kd.pipeline.precompute import precompute
+
+    outputs = run.recipe.outputs[role]
+    keep = run.recipe.keep_layers if "init" in outputs else None
+    opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
+    precompute(inputs or run.cfg.inputs, str(store or run.store), [run.teacher_spec(role)], outputs=outputs, **opts)
+
+
+def _leakage(run: _Run) -> None:
+    from kd.apps.leakage import check_store
+
+    check_store(str(run.store), exclude_out=str(run.exclude), overwrite=True)
+
+
+def _train(run: _Run, stage: R.Stage) -> None:
+    from kd.student.trainer import train
+
+    folder = run.stage_dir(stage.name)
+    if (folder / "config.json").is_file() and not (folder / "checkpoint.pt").exists():
+        return  # finished before a kill that came ahead of the state's update
+    train(run.train_config(stage))
+
+
+def _choose(run: _Run) -> None:
+    """The stage whose student scores best on STS-B dev (never test)."""
+    from kd.apps import metrics, tasks
+    from kd.student.saved import load
+
+    dev = tasks.load_stsb("dev")
+    scores = {}
+    for stage in run.recipe.stages:
+        model = load(run.stage_dir(stage.name))
+        scores[stage.name] = metrics.sts_spearman(model.encode(dev.a), model.encode(dev.b), dev.scores)
+    chosen = max(scores, key=lambda n: scores[n])
+    tmp = run.out / ".choice.json.tmp"
+    tmp.write_text(json.dumps({"chosen": chosen, "sts_dev": scores}, indent=1), encoding="utf-8")
+    os.replace(tmp, run.out / "choice.json")
+
+
+def chosen_dir(run: _Run) -> Path:
+    return run.stage_dir(json.loads((run.out / "choice.json").read_text())["chosen"])
+
+
+def _export(run: _Run) -> None:
+    from kd.student.exporters import export_student
+
+    export_student(chosen_dir(run), "sentence-transformers", run.out / "model", overwrite=True)
+    export_student(chosen_dir(run), "onnx", run.out / "onnx", overwrite=True)
+
+
+def _evaluate(run: _Run) -> None:
+    """The suite: the chosen student beside its teacher and, when it is another sentence encoder, the start model
+    (the model the student replaces); then the model card."""
+    from kd.apps.eval import EvalConfig, Measure, evaluate, write_outputs
+
+    common = dict(measures=[Measure.suite], baseline=False, progress=run.cfg.progress)
+    cfg = EvalConfig(students=[str(chosen_dir(run))], store=str(run.store), teacher=run.names["teacher"],
+                     json_path=str(run.out / "report.json"), markdown_path=str(run.out / "report.md"), overwrite=True,
+                     **common)
+    report = evaluate(cfg)
+    if run.specs["start"] and run.specs["start"] != run.specs["teacher"]:
+        start = evaluate(EvalConfig(teacher=run.specs["start"], **common)).models[0]
+        start.name, start.kind = f"{start.name} (start)", "start model"
+        report.models.insert(1, start)
+        write_outputs(report, cfg)
+    if run.cfg.export:
+        _model_card(run, report)
+
+
+def _model_card(run: _Run, report: Any) -> None:
+    from string import Template
+
+    choice = json.loads((run.out / "choice.json").read_text())
+    stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.stages)
+    start = run.specs["start"]
+    text = Template(CARD.read_text(encoding="utf-8")).substitute(
+        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"],
+        start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
+        chosen=choice["chosen"], table=report.markdown(), recipe_text="```toml\n" +
+        Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
+    tmp = run.out / "model" / ".README.md.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, run.out / "model" / "README.md")
+
+
+def _rows(run: _Run) -> str:
+    from kd.storage.store import Store
+
+    return f"{Store.open(run.store).manifest.inputs['num_rows']:,}"
+
+
+def _read_report(run: _Run) -> dict[str, Any] | None:
+    path = run.out / "report.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

@@ -1,0 +1,215 @@
+"""`kd distill --dry-run`: the plan, with the time each step will take on this machine, from a short measured
+calibration rather than constants. Nothing is written to --out.
+
+The calibration runs the real steps on a small sample of the corpus in a temporary folder:
+- the corpus is read, segmented and deduplicated for real (its cost is the first step's, and it gives the rows);
+- the teacher encodes a sample of those rows: its load time and rows/s (`PrecomputeSummary.encode_seconds`);
+  the start model writes its per-model outputs (init, vocab) the same way;
+- every stage trains CALIBRATION_STEPS steps on the sample store, from the stage it names: rows/s from its
+  metrics (the last window, after warm-up) and the set-up time around them;
+- the chosen student is exported in both formats, and encodes STS-B dev sentences (the choice, the suite).
+Each step's estimate is then its fixed cost plus its rows over its measured rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kd.apps import recipe as R
+from kd.apps.distill import DistillConfig, _precompute, _Run, corpus_options
+from kd.common.outputs import claim_output
+
+SAMPLE_ROWS = 512
+CALIBRATION_STEPS = 12
+# The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
+# pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).
+VOCAB_SPEEDUP = 2.5
+
+
+@dataclass
+class PlannedStep:
+    name: str
+    seconds: float
+    detail: str
+
+
+@dataclass
+class Plan:
+    recipe: R.Recipe
+    rows: int
+    steps: list[PlannedStep] = field(default_factory=list)
+    calibration_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def table(self):  # -> rich.table.Table
+        from rich.table import Table
+
+        t = Table(title=f"kd distill: recipe {self.recipe.name}, {self.rows:,} rows "
+                        f"(calibrated in {self.calibration_seconds:.0f} s)")
+        for col in ("step", "estimate", "what"):
+            t.add_column(col)
+        for s in self.steps:
+            t.add_row(s.name, _minutes(s.seconds), s.detail)
+        t.add_row("total", _minutes(self.seconds), "")
+        return t
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def estimate(cfg: DistillConfig) -> Plan:
+    """The plan of `cfg` with every step's estimated time (see the module docstring); writes nothing to --out."""
+    t0 = time.perf_counter()
+    recipe = cfg.plan()
+    run = _Run(cfg, recipe)
+    claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
+    with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
+        rows, read_s, sample = _corpus(run, Path(tmp))
+        cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), text_column=None, segment="none",
+                           sample=None, exclude_leakage=False, progress=False), recipe)
+        cal.out.mkdir()
+        plan = Plan(recipe, rows)
+        steps, teacher = _precompute_steps(cal, rows, read_s)
+        plan.steps += steps
+        if cfg.exclude_leakage:
+            plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
+        stage_s, encode_rate = _stages(cal, rows, plan)
+        plan.steps += stage_s
+        dev = 2 * 1500  # STS-B dev: 1,500 pairs
+        plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.stages) * dev / encode_rate,
+                                      f"{len(recipe.stages)} students x {dev:,} sentences"))
+        if cfg.export:
+            plan.steps.append(_export(cal))
+        if cfg.evaluate:
+            plan.steps.append(_evaluate(teacher, encode_rate))
+    plan.calibration_seconds = time.perf_counter() - t0
+    return plan
+
+
+def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
+    """The corpus rows, read for real (their count and cost), and an evenly spread sample written as text."""
+    from kd.pipeline.precompute import PrecomputeJob, corpus_rows
+
+    t = time.perf_counter()
+    opts = {k: v for k, v in corpus_options(run.cfg).items() if k not in ("shard_rows", "progress")}
+    table, _ = corpus_rows(PrecomputeJob(run.cfg.inputs, str(tmp / "none"), [run.teacher_spec("teacher")], **opts))
+    read_s = time.perf_counter() - t
+    texts = table.column("text").to_pylist()
+    every = max(1, len(texts) // SAMPLE_ROWS)
+    sample = tmp / "sample.txt"
+    sample.write_text("\n".join(" ".join(x.split()) for x in texts[::every][:SAMPLE_ROWS]) + "\n", encoding="utf-8")
+    return len(texts), read_s, sample
+
+
+@dataclass
+class _Teacher:
+    load_s: float  # loading and set-up, around the encoding
+    rate: float  # rows/s
+
+
+def _precompute_steps(cal: _Run, rows: int, read_s: float) -> tuple[list[PlannedStep], _Teacher]:
+    from kd.storage.store import Store
+
+    t = time.perf_counter()
+    teacher = replace(cal.recipe, outputs=cal.recipe.outputs | {
+        "teacher": [o for o in cal.recipe.outputs["teacher"] if o != "vocab"]})
+    s = _summary(cal, teacher, "teacher")
+    wall = time.perf_counter() - t
+    rate = s.rows_computed / max(s.encode_seconds, 1e-9)
+    secs = read_s + (wall - s.encode_seconds) + rows / rate
+    detail = f"{rows:,} rows at {rate:,.0f} rows/s"
+    if "vocab" in cal.recipe.outputs["teacher"]:
+        vocab = len(Store.open(cal.store).load_tokenizer(cal.names["teacher"]))
+        tokens = _mean_tokens(cal.store, cal.names["teacher"])
+        secs += vocab * 3 / (rate * tokens * VOCAB_SPEEDUP)
+        detail += f"; vocab: {vocab:,} tokens"
+    steps = [PlannedStep("precompute the teacher", secs, detail)]
+    if cal.specs["start"] and cal.recipe.outputs["start"]:
+        t = time.perf_counter()
+        _precompute(cal, "start")
+        steps.append(PlannedStep("precompute the start model", time.perf_counter() - t,
+                                 ", ".join(cal.recipe.outputs["start"])))
+    if "vocab" in cal.recipe.outputs["teacher"]:  # the stages start from it: the sample store needs it too
+        _precompute(cal, "teacher")
+    return steps, _Teacher(wall - s.encode_seconds, rate)
+
+
+def _summary(cal: _Run, recipe: R.Recipe, role: str):
+    from kd.pipeline.precompute import precompute
+
+    outputs = recipe.outputs[role]
+    return precompute(cal.cfg.inputs, str(cal.store), [cal.teacher_spec(role)], outputs=outputs,
+                      **corpus_options(cal.cfg))
+
+
+def _mean_tokens(store_path: Path, teacher: str) -> float:
+    from kd.storage.store import Store
+
+    t = Store.open(store_path).read_table(f"teachers/{teacher}", ["n_tokens"])
+    return max(1.0, float(t.column("n_tokens").to_numpy().mean()))
+
+
+def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]:
+    """Each stage trained CALIBRATION_STEPS steps on the sample store: (planned steps, the last student's
+    encode rate in sentences/s)."""
+    from kd.student.train_config import TrainConfig
+    from kd.student.trainer import train
+
+    out = []
+    for stage in cal.recipe.stages:
+        probe = dict(max_steps=CALIBRATION_STEPS, log_every=4, checkpoint_every=10_000, val_percent=0.0, patience=0)
+        cfg = cal.train_config(stage, **probe)
+        t = time.perf_counter()
+        train(cfg)
+        wall = time.perf_counter() - t
+        rps = [json.loads(line)["rows_per_s"] for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()
+               if "rows_per_s" in line]
+        rate = rps[-1]
+        full = TrainConfig(str(cal.store), "o", **stage.options)
+        steps = full.max_steps or full.epochs * math.ceil(rows * (1 - full.val_percent / 100) / full.batch_size)
+        train_s = steps * full.batch_size / rate
+        fixed = max(0.0, wall - CALIBRATION_STEPS * cfg.batch_size / rate)
+        val = min(rows * full.val_percent / 100, full.max_val_rows) * (full.epochs if not full.max_steps else 1)
+        out.append(PlannedStep(f"train stage {stage.name}", fixed + train_s + val / (3 * rate),
+                               f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
+    return out, _encode_rate(cal)
+
+
+def _encode_rate(cal: _Run) -> float:
+    from kd.apps import tasks
+    from kd.student.saved import load
+
+    model = load(cal.stage_dir(cal.recipe.stages[-1].name))
+    dev = tasks.load_stsb("dev").a[:512]
+    model.encode(dev[:32])  # warm-up
+    t = time.perf_counter()
+    model.encode(dev)
+    return len(dev) / (time.perf_counter() - t)
+
+
+def _export(cal: _Run) -> PlannedStep:
+    from kd.student.exporters import export_student
+
+    src = cal.stage_dir(cal.recipe.stages[-1].name)
+    t = time.perf_counter()
+    export_student(src, "sentence-transformers", cal.out / "model")
+    export_student(src, "onnx", cal.out / "onnx")
+    return PlannedStep("export", time.perf_counter() - t, "sentence-transformers folder, ONNX")
+
+
+def _evaluate(teacher: _Teacher, encode_rate: float) -> PlannedStep:
+    """The suite's texts through the teacher (its load, then its measured rate) and the student."""
+    from kd.apps.suite_tasks import suite_text_count
+
+    n = suite_text_count()
+    secs = teacher.load_s + n / teacher.rate + n / encode_rate
+    return PlannedStep("evaluate the suite", secs, f"{n:,} texts through the student and the teacher")

@@ -1,0 +1,228 @@
+"""Distillation recipes: data, not code. A TOML file names the teacher, the model the student starts from, what
+the store must hold, and the training stages in order; `kd distill` runs it (apps.distill).
+
+    description = "..."
+    teacher = "mpnet"          # whose vectors the student learns
+    start = "minilm"           # optional: whose tokenizer, embeddings and layers it starts from
+    target = "sentence"        # the teacher output the student matches
+
+    [outputs]                  # what kd precompute stores for each role
+    teacher = ["sentence"]
+    start = ["init"]
+    keep_layers = "0,1,2,3,4,5"
+
+    [[stage]]                  # one kd train-student run each, in order
+    name = "cosine"
+    from = "start"             # start | teacher (their stored outputs) | an earlier stage (its student)
+    arch = "transformer-init"
+    objectives = ["cosine"]    # any other key is a kd train-student option (TrainConfig field)
+    epochs = 1
+
+The presets ship in apps/recipes/ (`PRESETS`); `--recipe FILE` reads a user's own. Every check runs when the
+file is read, before anything is computed: a bad recipe costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kd.common.errors import InputError, KdError
+from kd.common.layers import parse_layers
+from kd.student.objectives.base import parse_objective
+from kd.student.train_config import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESET_DIR = Path(__file__).with_name("recipes")
+PRESETS = tuple(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
+ROLES = ("teacher", "start")
+# TrainConfig fields a stage may not set: kd distill decides them (the store, the folders, the start, the target,
+# the leakage exclusion, resumption and output).
+DECIDED = ("store", "out", "init", "init_teacher", "target", "exclude_ids", "resume", "overwrite", "progress")
+STAGE_OPTIONS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in DECIDED)
+ROW_OUTPUTS = ("cls", "mean", "layers", "sentence", "logits")
+OUTPUTS = (*ROW_OUTPUTS, "vocab", "init")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    source: str  # "start", "teacher" or an earlier stage's name (TOML key `from`)
+    options: dict[str, Any]  # TrainConfig fields
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: str
+    description: str
+    teacher: str
+    start: str | None
+    target: str
+    outputs: dict[str, list[str]]  # role -> outputs kd precompute stores for it
+    keep_layers: str | None
+    stages: tuple[Stage, ...] = field(default_factory=tuple)
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+    def role_of(self, stage: Stage) -> str:
+        """The role (teacher or start) whose tokenizer a stage's student has: its first stage's source."""
+        while stage.source not in ROLES:
+            stage = self.stage(stage.source)
+        return stage.source
+
+
+def find(spec: str) -> Path:
+    """A preset name or a recipe file's path."""
+    if spec in PRESETS:
+        return PRESET_DIR / f"{spec}.toml"
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise InputError("recipe file not found", str(path), f"pass a TOML file, or a preset: {', '.join(PRESETS)}")
+        return path
+    raise InputError(f"unknown student preset {spec!r}", "--student", f"use one of {', '.join(PRESETS)}, or "
+                     "--recipe FILE for your own")
+
+
+def load(spec: str) -> Recipe:
+    """Read and check a recipe (a preset name or a file); every error names the file, the stage and the key."""
+    path = find(spec)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"the recipe is not valid TOML: {e}", str(path), "fix the file (toml.io)") from None
+    return _recipe(raw, path)
+
+
+def _recipe(raw: dict[str, Any], path: Path) -> Recipe:
+    where = str(path)
+    _only(raw, ("description", "teacher", "start", "target", "outputs", "stage"), where, "top-level key")
+    outputs = raw.get("outputs", {})
+    _only(outputs, (*ROLES, "keep_layers"), f"{where} [outputs]", "key")
+    r = Recipe(name=path.stem, path=where, description=_str(raw, "description", where, ""),
+               teacher=_str(raw, "teacher", where), start=raw.get("start"),
+               target=_str(raw, "target", where, "sentence"),
+               outputs={role: _outputs(outputs, role, where) for role in ROLES},
+               keep_layers=outputs.get("keep_layers"), stages=tuple(_stages(raw.get("stage"), where)))
+    if r.keep_layers is not None:
+        parse_layers(str(r.keep_layers), 1024, f"{where} [outputs] keep_layers")
+    if r.target not in ROW_OUTPUTS:
+        raise InputError(f"target {r.target!r} is not a row output", where, f"use one of {', '.join(ROW_OUTPUTS)}")
+    if r.target not in r.outputs["teacher"]:
+        raise InputError(f"the target {r.target!r} is not among the teacher's outputs", f"{where} [outputs] teacher",
+                         f"add {r.target!r} to it")
+    for stage in r.stages:
+        _check_inputs(r, stage)
+    return r
+
+
+def _only(table: Any, allowed: tuple[str, ...], where: str, what: str) -> None:
+    if not isinstance(table, dict):
+        raise InputError(f"expected a table, got {type(table).__name__}", where, "see apps/recipes/*.toml")
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise InputError(f"unknown {what} {unknown[0]!r}", where, f"use one of {', '.join(allowed)}")
+
+
+def _str(raw: dict, key: str, where: str, default: str | None = None) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise InputError(f"{key!r} must be a non-empty string", where, f'e.g. {key} = "..."')
+    return value
+
+
+def _outputs(outputs: dict, role: str, where: str) -> list[str]:
+    value = outputs.get(role, [])
+    if not isinstance(value, list) or not all(isinstance(o, str) and o in OUTPUTS for o in value):
+        raise InputError(f"[outputs] {role} must be a list of outputs", where, f"choose from {', '.join(OUTPUTS)}")
+    return value
+
+
+def _stages(raw: Any, where: str) -> list[Stage]:
+    if not isinstance(raw, list) or not raw:
+        raise InputError("the recipe has no [[stage]]", where, "add at least one [[stage]] table")
+    stages: list[Stage] = []
+    for i, table in enumerate(raw, 1):
+        name = table.get("name") if isinstance(table, dict) else None
+        at = f"{where} [[stage]] {i} ({name or 'unnamed'})"
+        _only(table, ("name", "from", *STAGE_OPTIONS), at, "stage option")
+        if not isinstance(name, str) or not name or name in ROLES or "/" in name:
+            raise InputError("a stage needs a name that is not a role or a path", at, 'e.g. name = "cosine"')
+        if name in {s.name for s in stages}:
+            raise InputError(f"two stages are named {name!r}", at, "give each stage its own name")
+        source = table.get("from", "start")
+        if source not in ROLES and source not in {s.name for s in stages}:
+            raise InputError(f"stage {name!r} starts from {source!r}, which is neither a role nor an earlier stage",
+                             at, f"from is one of {', '.join([*ROLES, *(s.name for s in stages)])}")
+        options = {k: v for k, v in table.items() if k not in ("name", "from")}
+        _check_options(options, at)
+        stages.append(Stage(name, source, options))
+    return stages
+
+
+def _check_options(options: dict[str, Any], at: str) -> None:
+    """Objectives parse and every option is in range: TrainConfig's own checks, run now on a placeholder."""
+    objectives = options.get("objectives", ["cosine"])
+    if not isinstance(objectives, list) or not objectives:
+        raise InputError("objectives must be a non-empty list", at, 'e.g. objectives = ["cosine"]')
+    try:
+        for spec in objectives:
+            parse_objective(str(spec))
+        TrainConfig("store", "out", **options)
+    except KdError as e:
+        raise InputError(e.what, f"{at}: {e.where}" if e.where else at, e.fix) from None
+    except (TypeError, ValueError) as e:
+        raise InputError(f"a stage option has the wrong type or value: {e}", at,
+                         "see kd train-student --help") from None
+
+
+def _check_inputs(r: Recipe, stage: Stage) -> None:
+    """What a stage starts from is there: the role and the outputs its start needs, and one tokenizer."""
+    at = f"{r.path} [[stage]] {stage.name}"
+    if stage.source == "start" and r.start is None:
+        raise InputError(f"stage {stage.name!r} starts from the start model, and the recipe names none", at,
+                         'add start = "minilm" (or another model), or from = "teacher"')
+    if stage.source in ROLES:
+        needs = _needed_outputs(stage.options)
+        missing = [o for o in needs if o not in r.outputs[stage.source]]
+        if missing:
+            raise InputError(f"stage {stage.name!r} needs the {stage.source}'s {', '.join(missing)} output, which the "
+                             f"recipe does not store", at, f"add {missing} to [outputs] {stage.source}")
+    else:
+        _check_continuation(r, stage, at)
+
+
+def _check_continuation(r: Recipe, stage: Stage, at: str) -> None:
+    """A stage that starts from an earlier stage's student keeps its arch, and so its tokenizer: a
+    transformer-init stage reads the start model's tokenizer and layers, which a student rooted in the teacher's
+    tokenizer (a static or recurrent one from `from = "teacher"`) does not have."""
+    arch, before = stage.options.get("arch", "bilstm"), r.stage(stage.source).options.get("arch", "bilstm")
+    if arch == before:
+        return
+    root = r.role_of(stage)
+    wants = "start" if arch == "transformer-init" and r.start else root
+    if wants != root:
+        raise InputError(f"stage {stage.name!r} ({arch}) would start from stage {stage.source!r}, a student with "
+                         f"another tokenizer (the {root}'s, not the {wants}'s)", at,
+                         f'start it from = "{wants}", or from a {arch} stage')
+    raise InputError(f"stage {stage.name!r} continues stage {stage.source!r} ({before}) as {arch}", at,
+                     "a stage that starts from a student keeps its arch")
+
+
+def _needed_outputs(options: dict[str, Any]) -> list[str]:
+    arch = options.get("arch", "bilstm")
+    if arch == "transformer-init":
+        return ["init"]
+    if options.get("init_embeddings") == "vocab":
+        return ["vocab"]
+    return []
+

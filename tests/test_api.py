@@ -1,0 +1,79 @@
+"""The Python API (`kd.precompute`, `kd.train_student`) runs the same jobs as the CLI: same options, same
+defaults per arch, same records; it returns the store and the trained student."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from typer.testing import CliRunner
+
+import kd
+from kd.cli import app
+from kd.common.errors import KdError
+from kd.storage.store import Store
+from kd.student.saved import LoadedStudent
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sentences):
+    path = tmp_path_factory.mktemp("api") / "news.txt"
+    path.write_text("\n".join(sentences[:40]) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def api_store(corpus, tiny_teacher) -> Store:
+    return kd.precompute(corpus, corpus.parent / "store", teachers=[f"tiny={tiny_teacher}"], shard_rows=20,
+                         progress=False)
+
+
+def test_import_kd_stays_cheap():
+    """`kd.precompute` is resolved on first use: importing kd loads neither torch nor the pipeline."""
+    code = "import sys, kd; print('torch' in sys.modules, 'kd.pipeline' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_precompute_returns_the_store_the_cli_writes(api_store, corpus, tiny_teacher, tmp_path):
+    assert isinstance(api_store, Store) and api_store.manifest.inputs["num_rows"] == 40
+    cli_out = tmp_path / "cli-store"
+    res = CliRunner().invoke(app, ["precompute", str(corpus), "-o", str(cli_out), "-t", f"tiny={tiny_teacher}",
+                                   "--shard-rows", "20", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    cli_store = Store.open(cli_out)
+    a, b = api_store.read_table("teachers/tiny"), cli_store.read_table("teachers/tiny")
+    assert a.column("id").to_pylist() == b.column("id").to_pylist()
+    assert np.array_equal(np.stack(a.column("mean").to_numpy(zero_copy_only=False)),
+                          np.stack(b.column("mean").to_numpy(zero_copy_only=False)))
+
+
+@pytest.mark.parametrize("arch", ["static", "bilstm"])
+def test_train_student_uses_the_cli_defaults_of_each_arch(api_store, tmp_path, arch):
+    """The options left out get the arch's defaults in both doors (static: lr 5e-3, batch 256, no dropout)."""
+    small = dict(hidden_dim=8, max_steps=2, checkpoint_every=2)
+    model = kd.train_student(api_store, tmp_path / "api", arch=arch, progress=False, **small)
+    assert isinstance(model, LoadedStudent)
+    vecs = model.encode(["the cat sat", "stock prices fell"])
+    assert vecs.shape[0] == 2 and np.isfinite(vecs).all()
+    res = CliRunner().invoke(app, ["train-student", "-s", api_store.root, "-o", str(tmp_path / "cli"), "--arch", arch,
+                                   "--hidden-dim", "8", "--max-steps", "2", "--checkpoint-every", "2",
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    api_args = json.loads((tmp_path / "api" / "training_args.json").read_text())
+    cli_args = json.loads((tmp_path / "cli" / "training_args.json").read_text())
+    differ = {k for k in api_args if api_args[k] != cli_args.get(k)}
+    assert differ == {"out"}, differ
+    expect = {"static": (5e-3, 256, 0.0), "bilstm": (1e-3, 64, 0.1)}[arch]
+    assert (api_args["lr"], api_args["batch_size"], api_args["dropout"]) == expect
+
+
+def test_api_errors_are_kd_errors(api_store, tmp_path):
+    with pytest.raises(KdError, match="--layers"):
+        kd.train_student(api_store, tmp_path / "bad", num_layers=0)
+    with pytest.raises(KdError):
+        kd.precompute(tmp_path / "missing.txt", tmp_path / "s", teachers=["minilm"], progress=False)

@@ -1,0 +1,162 @@
+"""Bounds before work (issue 41, item 3): what can only be checked against memory, the store or the teacher is
+checked before the first row is encoded, the first step is trained or the model is built."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from student_stores import make_store, tiny_bert_config
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.common import hardware
+from kd.common.errors import InputError, KdError
+from kd.student import models
+from kd.student import trainer as T
+from kd.student.models import StudentConfig, build_student, parameter_count
+
+SMALL = ["--embed-dim", "8", "--hidden-dim", "8", "--batch-size", "8", "--max-steps", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bounds")
+    return make_store(root / "store", rows=40, shards=2, tmp=root)
+
+
+def _train(store: Path, out: Path, *args: str):
+    return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), *SMALL, *args])
+
+
+@pytest.fixture()
+def no_build(monkeypatch):
+    """Any attempt to build a student fails the test (so a refusal is proven to come before it)."""
+    def refuse(self, cfg):
+        raise AssertionError("a student was built")
+
+    monkeypatch.setattr(models.Student, "__init__", refuse)
+
+
+# --- (a) model size against memory ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["bilstm", "bigru", "cnn", "ffn", "transformer", "static", "transformer-init"])
+@pytest.mark.parametrize(("pooling", "out_dim", "embed_dim"), [("mean", 24, 16), ("attentive", 32, 32)])
+def test_the_estimate_is_the_built_models_parameter_count(arch, pooling, out_dim, embed_dim):
+    cfg = StudentConfig(arch=arch, vocab_size=90, embed_dim=embed_dim, hidden_dim=32, num_layers=3, pooling=pooling,
+                        out_dim=out_dim, max_length=20, ffn_dim=40, kernel_sizes=(2, 3, 5),
+                        bert=tiny_bert_config(hidden=32, layers=2, vocab=90) if arch == "transformer-init" else None)
+    assert parameter_count(cfg) == build_student(cfg).num_parameters()
+
+
+def test_a_student_too_large_for_memory_is_refused_before_it_is_built(store_path, tmp_path, monkeypatch, no_build):
+    monkeypatch.setattr(hardware, "available_memory", lambda: 1024)  # 1 KiB left: less than any student
+    with pytest.raises(KdError) as e:
+        T.train(T.TrainConfig(str(store_path), str(tmp_path / "api"), arch="ffn", embed_dim=8, hidden_dim=8,
+                              max_steps=1, progress=False))
+    assert "GiB" in e.value.what and "parameters" in e.value.what and "--layers" in e.value.where
+    assert "--hidden-dim" in e.value.fix
+    assert not (tmp_path / "api").exists()
+    res = _train(store_path, tmp_path / "cli", "--arch", "ffn")
+    assert res.exit_code == 2 and "0.0 GiB of available memory" in res.output, res.output
+    assert not (tmp_path / "cli").exists()
+
+
+def test_the_issue_case_is_refused_by_its_size(store_path, tmp_path, no_build):
+    """`--layers 128 --hidden-dim 16384`: ~1.4e11 parameters, terabytes to train, on any machine."""
+    res = _train(store_path, tmp_path / "huge", "--arch", "transformer", "--layers", "128", "--hidden-dim", "16384")
+    assert res.exit_code == 2 and "GiB" in res.output and "--layers 128 --hidden-dim 16384" in res.output, res.output
+
+
+def test_building_or_loading_checks_the_weights_alone(monkeypatch):
+    cfg = StudentConfig(arch="ffn", vocab_size=1000, embed_dim=100, hidden_dim=100, out_dim=100)
+    need = models.memory_needed(cfg, training=False)
+    assert need == int(parameter_count(cfg) * 4 * models.ACTIVATION_MARGIN) < models.memory_needed(cfg, True)
+    monkeypatch.setattr(hardware, "available_memory", lambda: need)
+    build_student(cfg)  # fits exactly
+    monkeypatch.setattr(hardware, "available_memory", lambda: need - 1)
+    with pytest.raises(KdError, match="weights"):
+        build_student(cfg)
+
+
+# --- (b) manifest counts against the shards ------------------------------------------------------------------
+
+
+def _forge(store: Path, **inputs: int) -> None:
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["inputs"].update(inputs)
+        m.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("forged", [{"num_rows": 10**12}, {"rows_per_shard": 10**15},
+                                    {"num_rows": 10**12, "rows_per_shard": 10**15}])
+def test_forged_counts_are_reported_by_validate_and_not_printed_by_info(store_path, tmp_path, forged):
+    import shutil
+
+    store = Path(shutil.copytree(store_path, tmp_path / "store"))
+    _forge(store, **forged)
+    res = CliRunner().invoke(app, ["validate", str(store)])
+    assert res.exit_code == 1 and "problem" in res.output and "manifest.json" in res.output, res.output
+    assert any(f"{v:,}" in res.output for v in forged.values())
+    res = CliRunner().invoke(app, ["info", str(store)])
+    assert res.exit_code == 0 and re.search(r"rows +unknown: the manifest's counts disagree", res.output), res.output
+
+
+def test_a_sound_store_has_no_count_problem(store_path):
+    res = CliRunner().invoke(app, ["validate", str(store_path)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["info", str(store_path)])
+    assert "40 in 2 shard(s) of 20" in res.output and "disagree" not in res.output
+
+
+# --- (c) options checked against the store and the teacher before any work -----------------------------------
+
+
+def test_keep_layers_beyond_the_teacher_is_refused_before_encoding(tiny_teacher, tmp_path, monkeypatch):
+    from kd.pipeline import local_engine
+    from kd.pipeline.precompute import precompute
+
+    def no_rows(*a, **kw):
+        raise AssertionError("the rows were encoded")
+
+    monkeypatch.setattr(local_engine, "write", no_rows)
+    src = tmp_path / "in.txt"
+    src.write_text("the cat runs\nthe dog sees a bird\n", encoding="utf-8")
+    with pytest.raises(InputError, match="--keep-layers '99': layers are numbered 0..1"):
+        precompute([str(src)], str(tmp_path / "store"), [f"tiny={tiny_teacher}"], outputs=["mean", "init"],
+                   keep_layers="99", backend="torch", progress=False)
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize(("spec", "expect"), [("cosine:nan", "not finite"), ("cosine:inf", "not finite"),
+                                              ("cosine:-1", "negative"), ("cosine:0", "every objective has weight 0")])
+def test_bad_objective_weights_are_refused_before_any_step(store_path, tmp_path, spec, expect):
+    res = _train(store_path, tmp_path / "s", "--arch", "ffn", "--objective", spec)
+    assert res.exit_code == 2 and expect in res.output and spec in res.output, res.output
+    assert not (tmp_path / "s").exists()  # no empty student folder left behind
+
+
+def test_a_zero_weight_beside_a_positive_one_trains(store_path, tmp_path):
+    res = _train(store_path, tmp_path / "s", "--arch", "ffn", "--objective", "cosine", "--objective", "mse:0")
+    assert res.exit_code == 0, res.output
+
+
+def test_the_parser_refuses_a_non_finite_weight():
+    from kd.student.objectives import parse_objective
+
+    for text in ("mse:nan", "mse:-inf", "mse:1e999"):
+        with pytest.raises(KdError, match="not finite|negative"):
+            parse_objective(text)
+
+
+@pytest.mark.parametrize("args", [("--objective", "logits"), ("--target", "tiny.nope"), ("--target", "other.mean")])
+def test_objective_and_column_names_are_checked_against_the_store_before_training(store_path, tmp_path, args,
+                                                                                  no_build):
+    res = _train(store_path, tmp_path / "s", "--arch", "ffn", *args)
+    assert res.exit_code == 2 and any(w in res.output for w in ("available", "teachers in the store")), res.output
+    assert not (tmp_path / "s").exists()

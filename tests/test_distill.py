@@ -1,0 +1,218 @@
+"""`kd distill`: recipes are checked before anything runs, a run killed between or inside stages resumes to
+byte-identical weights, and `--dry-run` writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import build_tiny_bert
+from typer.testing import CliRunner
+
+from kd.apps import recipe as R
+from kd.apps.distill import DistillConfig, distill
+from kd.cli import app
+from kd.common.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_recipe(path: Path, teacher: Path, stages: str, start: Path | None = None, outputs: str = "") -> Path:
+    start_line = f'start = "{start}"\n' if start else ""
+    outputs = outputs or ('[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,1"\n' if start
+                          else '[outputs]\nteacher = ["mean"]\n')
+    path.write_text(f'description = "test"\nteacher = "{teacher}"\n{start_line}target = "mean"\n\n'
+                    f"{outputs}\n{stages}", encoding="utf-8")
+    return path
+
+
+# Two stages: a 2-layer student from the start model's layers, then a 1-layer copy of it with a relational term.
+STAGES = """
+[[stage]]
+name = "two"
+from = "start"
+arch = "transformer-init"
+init_layers = "0,1"
+objectives = ["cosine"]
+max_steps = {steps}
+batch_size = 8
+checkpoint_every = 5
+val_percent = 10
+
+[[stage]]
+name = "one"
+from = "two"
+arch = "transformer-init"
+init_layers = "1"
+objectives = ["cosine", "relational:25:mode=kl"]
+max_steps = {steps}
+batch_size = 8
+checkpoint_every = 5
+val_percent = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sentences) -> Path:
+    path = tmp_path_factory.mktemp("distill") / "corpus.txt"
+    path.write_text("\n".join(sentences[:160]) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def recipe_file(tmp_path_factory, tiny_teacher) -> Path:
+    return write_recipe(tmp_path_factory.mktemp("recipe") / "r.toml", tiny_teacher, STAGES.format(steps=30),
+                        start=tiny_teacher)
+
+
+def _refused(tmp_path: Path, teacher: Path, stages: str, match: str, **kw) -> None:
+    path = write_recipe(tmp_path / "bad.toml", teacher, stages, **kw)
+    with pytest.raises(InputError, match=match) as e:
+        R.load(str(path))
+    assert str(path) in str(e.value)  # the file is named
+    res = CliRunner().invoke(app, ["distill", "x.txt", "-o", str(tmp_path / "o"), "--recipe", str(path)])
+    assert res.exit_code == 2 and match.split("(")[0][:20] in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
+    one = STAGES.format(steps=3).split("[[stage]]")[1]
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace('"cosine"]', '"cosinus"]'),
+             "unknown objective 'cosinus'", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace('from = "start"', 'from = "later"'),
+             "neither a role nor an earlier stage", start=tiny_teacher)
+    # the stage needs the start model's init output, which the recipe does not store
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one, "needs the start's init output", start=tiny_teacher,
+             outputs='[outputs]\nteacher = ["mean"]\nstart = ["vocab"]\n')
+    # a stage that would continue a student of another tokenizer: a static student (teacher's vocabulary)
+    # handed on to a Transformer that reads the start model's
+    static = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\n'
+    _refused(tmp_path, tiny_teacher, static + "[[stage]]" + one.replace('from = "start"', 'from = "s"'),
+             "another tokenizer", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace("max_steps", "max_stepz"),
+             "unknown stage option 'max_stepz'", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace("batch_size = 8", "batch_size = 0"), "--batch-size",
+             start=tiny_teacher)
+
+
+def test_presets_load():
+    assert {"tiny6", "tiny3", "static", "bilstm"} <= set(R.PRESETS)
+    tiny3 = R.load("tiny3")
+    epochs = sum(s.options.get("epochs", 0) for s in tiny3.stages)
+    assert [s.source for s in tiny3.stages] == ["start", "six-layer", "three-layer"] and epochs <= 3
+    assert sum(s.options.get("epochs", 0) for s in R.load("tiny6").stages) <= 2
+
+
+def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
+    return DistillConfig([str(corpus)], str(out), recipe=str(recipe), evaluate=False, export=False, progress=False,
+                         **kw)
+
+
+def _weights(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("stages/*/model.safetensors"))}
+
+
+def _args(corpus: Path, out: Path, recipe: Path) -> list[str]:
+    return [str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-evaluate", "--no-export", "--no-progress"]
+
+
+def _kd(args: list[str]) -> subprocess.Popen:
+    """`kd distill` in a process of its own: every run compared here has the same threads and environment."""
+    env = os.environ | {"PYTHONPATH": str(ROOT.parent)}
+    return subprocess.Popen([sys.executable, "-m", "kd", "distill", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus, recipe_file) -> Path:
+    out = tmp_path_factory.mktemp("whole") / "run"
+    proc = _kd(_args(corpus, out, recipe_file))
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    state = json.loads((out / "distill.json").read_text())
+    assert state["done"][-1] == "choose on STS-B dev" and (out / "exclude.txt").is_file()
+    return out
+
+
+def test_a_second_run_is_a_no_op_and_other_options_are_refused(uninterrupted, corpus, recipe_file):
+    before = _weights(uninterrupted)
+    distill(_cfg(corpus, uninterrupted, recipe_file))
+    assert _weights(uninterrupted) == before
+    with pytest.raises(InputError, match="sample was None, now 0.5"):
+        distill(_cfg(corpus, uninterrupted, recipe_file, sample=0.5))
+
+
+def _run_until(args: list[str], done: callable, timeout: float = 120.0) -> None:
+    """Start `kd distill` and kill -9 it once `done()` holds."""
+    proc = _kd(args)
+    t0 = time.monotonic()
+    while not done() and proc.poll() is None and time.monotonic() - t0 < timeout:
+        time.sleep(0.01)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("where", ["between stages", "inside a stage"])
+def test_killed_run_resumes_to_identical_weights(tmp_path, uninterrupted, corpus, recipe_file, where):
+    out = tmp_path / "run"
+    args = _args(corpus, out, recipe_file)
+    if where == "between stages":
+        def done() -> bool:
+            p = out / "distill.json"
+            return p.is_file() and "train stage two" in json.loads(p.read_text() or "{}").get("done", [])
+    else:
+        def done() -> bool:
+            return (out / "stages" / "one" / "checkpoint.pt").exists()
+    _run_until(args, done)
+    assert not (out / "choice.json").exists(), "the run finished before it was killed: nothing was tested"
+    proc = _kd(args)
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert _weights(out) == _weights(uninterrupted) and len(_weights(out)) == 2
+    assert json.loads((out / "choice.json").read_text()) == json.loads((uninterrupted / "choice.json").read_text())
+
+
+def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe_file):
+    out = tmp_path / "planned"
+    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*"))
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe_file),
+                                   "--dry-run", "--no-evaluate"])
+    assert res.exit_code == 0, res.output
+    assert not out.exists() and set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*")) == before
+    text = " ".join(res.output.split())
+    for step in ("precompute the teacher", "precompute the start model", "train stage two", "train stage one",
+                 "choose on STS-B dev", "export"):
+        assert step in text, text
+
+
+def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, corpus, tiny_teacher):
+    """Export and evaluation included: the sentence-transformers folder encodes like the chosen student, its
+    card carries the suite table, and the report has a row per model with every suite column."""
+    stages = STAGES.format(steps=10).split("[[stage]]")[1]
+    start = build_tiny_bert(tmp_path / "start", seed=3)  # another model of the same tokenizer
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, "[[stage]]" + stages, start=start)
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(tmp_path / "run"), "--recipe", str(recipe),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "run"
+    report = json.loads((out / "report.json").read_text())
+    names = [m["name"] for m in report["models"]]
+    assert len(names) == 3 and names[1].endswith("(start)"), names
+    keys = {c["key"] for c in report["columns"]}
+    assert {"sts_spearman", "lee_pearson", "retrieval_recall", "probe_accuracy"} <= keys, keys
+    card = (out / "model" / "README.md").read_text()
+    assert "| two | start |" in card and "Chosen: **two**" in card and "$" not in card.split("## Training")[0]
+    from sentence_transformers import SentenceTransformer
+
+    from kd.student.saved import load
+
+    texts = ["the market fell", "a dog runs in the park"]
+    served = SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
+    mine = load(out / "stages" / "two").encode(texts)
+    assert abs(served - mine).max() < 1e-4
+    assert (out / "onnx").is_dir()
