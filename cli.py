@@ -6,8 +6,14 @@ Heavy imports (torch, transformers) happen inside commands so `kd --help` stays 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import sys
+import types
+import typing
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer needs it on py3.10 annotations)
 
@@ -17,7 +23,11 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from kd.common import bounds as B
+from kd.common import options
 from kd.common.errors import KdError, as_kd_error
+from kd.common.options import Option
+from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
+from kd.student.train_config import TrainConfig  # (the same)
 
 
 def _debug(ctx: Any = None) -> bool:
@@ -84,11 +94,95 @@ def _fail(e: KdError) -> None:
     raise typer.Exit(e.exit_code)
 
 
+def _cli_default(f: dataclasses.Field) -> Any:
+    """A field's default as typer shows and parses it (a list for a sequence; None for an empty one)."""
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    elif f.default is dataclasses.MISSING:
+        return inspect.Parameter.empty  # required
+    else:
+        value = f.default
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return list(value) or None
+    return value
+
+
+def _cli_type(hint: Any, opt: Option) -> Any:
+    """The value type typer parses: the choices' Literal, str for a comma list, list[X] for a sequence."""
+    if opt.choices is not None:
+        return opt.choices
+    if opt.comma:
+        return str
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return _cli_type(args[0], opt)
+    return list[args[0]] if typing.get_origin(hint) in (tuple, list) else hint
+
+
+def _parameter(f: dataclasses.Field, opt: Option, hint: Any) -> inspect.Parameter:
+    """One typer parameter of a config field: its flag(s), help, bounds, choices and default, as declared."""
+    default, kind = _cli_default(f), _cli_type(hint, opt)
+    if default is None:
+        kind = kind | None
+    if opt.argument:
+        info = typer.Argument(help=opt.help)
+    else:
+        name = options.flag_of(f.name, opt)
+        decls = [f"{name}/--no-{name[2:]}" if kind is bool else name] + ([opt.short] if opt.short else [])
+        extra = _in(opt.range) if opt.range else _device("auto" in opt.devices) if opt.devices else {}
+        info = typer.Option(*decls, help=opt.help or None, **extra)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, info])
+
+
+def _values(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """The config's keywords from parsed options: None (not given) leaves the field's own default."""
+    kwargs = {}
+    for f, opt in options.declared(cls):
+        value = given.get(f.name)
+        if opt.comma:
+            value = value.split(",") if value else None
+        if value is not None:
+            kwargs[f.name] = value
+    return kwargs
+
+
+def _declared_by(cls: type) -> Callable[[Callable[[Any], None]], Callable[..., None]]:
+    """The command's parameters are `cls`'s declared options (`kd.common.options`: flag, help, range and choices
+    live on the fields); its body gets the config built from them, and a config's refusal exits 2."""
+    hints = typing.get_type_hints(cls)
+    params = [_parameter(f, opt, hints[f.name]) for f, opt in options.declared(cls) if opt.cli]
+
+    def wrap(body: Callable[[Any], None]) -> Callable[..., None]:
+        def command(**given: Any) -> None:
+            try:
+                config = cls(**_values(cls, given))
+            except KdError as e:
+                _fail(e)
+            except ValueError as e:  # bad enum values (a Python caller's, or one typer let through)
+                _fail(KdError(str(e)))
+            body(config)
+
+        # typer reads the signature (inspect.signature) and the annotations (get_type_hints) of `command`
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        command.__name__, command.__qualname__, command.__doc__ = body.__name__, body.__qualname__, body.__doc__
+        return command
+
+    return wrap
+
+
 @app.callback()
 def _options(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", envvar="KD_DEBUG", help="Show the Python traceback of an error")] = False,  # noqa: E501
+    verbose: Annotated[bool, typer.Option("--verbose", envvar="KD_VERBOSE", help="Show transformers' and Hugging Face's own logs, warnings and progress bars")] = False,  # noqa: E501
 ) -> None:
+    from kd.common.quiet import set_verbose
+
+    set_verbose(verbose)  # before any command imports transformers: they read it then
     ctx.obj = {"debug": debug}
 
 
@@ -106,57 +200,15 @@ def main() -> None:  # pragma: no cover - console entry for `python -m kd`
 # --- stage one: precompute, info, validate --------------------------------------------------------
 # (precompute commands)
 @app.command()
-def precompute(
-    inputs: Annotated[list[str] | None, typer.Argument(help="Input files or globs: .txt, .jsonl, .csv/.tsv, .parquet (none with --add-to)")] = None,  # noqa: E501
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Store folder or pyarrow filesystem URI")] = None,
-    teacher: Annotated[list[str], typer.Option("--teacher", "-t", help="minilm | mpnet | bert-base | DIR | NAME=DIR")] = ["minilm"],  # noqa: E501, B006 (typer copies defaults)
-    outputs: Annotated[str | None, typer.Option(help="Comma list of cls,mean,layers,sentence,logits,vocab,init (default: all but vocab, init)")] = None,  # noqa: E501
-    segment: Annotated[B.Segment, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
-    spacy_model: Annotated[str | None, typer.Option(help="Installed spaCy pipeline for --segment sentences")] = None,
-    text_column: Annotated[str | None, typer.Option(help="Column with the text (name, or 0-based index without header)")] = None,  # noqa: E501
-    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b holding sentence pairs")] = None,
-    label_column: Annotated[str | None, typer.Option(help="Optional label column")] = None,
-    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
-    dedup: Annotated[bool, typer.Option(help="Drop exact duplicate texts")] = False,
-    sample: Annotated[float | None, typer.Option(help="Keep this fraction of the rows, chosen by content-hash id: the same subset for every teacher and run", **_in(B.SAMPLE))] = None,  # noqa: E501
-    batch_tokens: Annotated[int | None, typer.Option(help="Token budget per batch (padded length x rows; default: 4096 on CPU, 16384 on GPU)", **_in(B.BATCH_TOKENS))] = None,  # noqa: E501
-    max_length: Annotated[int | None, typer.Option(help="Truncate texts to this many tokens", **_in(B.TOKENS))] = None,
-    shard_rows: Annotated[int, typer.Option(help="Rows per shard (the unit of resume and scale-out)", **_in(B.ROWS))] = 20000,  # noqa: E501
-    num_shards: Annotated[int | None, typer.Option(help="Number of writers (default: torchrun WORLD_SIZE or 1)", **_in(B.SHARDS))] = None,  # noqa: E501
-    shard_index: Annotated[int | None, typer.Option(help="This writer's 0-based index (default: torchrun RANK or 0)", **_in(B.SHARD_INDEX))] = None,  # noqa: E501
-    dtype: Annotated[B.VectorDType, typer.Option(help="float32 | float16 | int8 for stored vectors (int8: per-vector scale, read back as float32; logits stay float32)")] = "float32",  # noqa: E501
-    precision: Annotated[B.Precision, typer.Option(help="auto | fp32 | bf16 | fp16 forward precision; auto: fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")] = "auto",  # noqa: E501
-    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)", **_device(False))] = None,  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace a store made from other inputs/settings")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-    keep_layers: Annotated[str | None, typer.Option(help="Layers the init output keeps, e.g. 2,5 (default: half, evenly spaced, ending with the last)")] = None,  # noqa: E501
-    backend: Annotated[B.Backend, typer.Option(help="auto | torch | onnx | openvino: what runs the teacher's forward pass (onnx/openvino: exported once to $KD_CACHE, CPU); auto: openvino on a CPU where installed (torch if its fidelity is too low), else torch")] = "auto",  # noqa: E501
-    quantize: Annotated[B.Quantize, typer.Option(help="none | int8 (onnx: dynamic quantization; openvino: static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")] = "none",  # noqa: E501
-    allow_low_fidelity: Annotated[bool, typer.Option(help="Keep a backend whose cosine to torch fp32 is below the threshold")] = False,  # noqa: E501
-    engine: Annotated[B.Engine, typer.Option(help="local (this process) | ray (a pool of Ray workers; pip install 'kd\\[ray]')")] = "local",  # noqa: E501
-    ray_address: Annotated[str | None, typer.Option(help="--engine ray: auto | HOST:PORT of a running cluster (default: RAY_ADDRESS, else a local Ray runtime)")] = None,  # noqa: E501
-    workers: Annotated[int | None, typer.Option(help="--engine ray: workers (default: one per GPU, else one per CPU)", **_in(B.RAY_WORKERS))] = None,  # noqa: E501
-    gpus_per_worker: Annotated[float | None, typer.Option(help="--engine ray: GPUs each worker reserves (default 1; 0.5: two per GPU)", **_in(B.GPU_SHARE))] = None,  # noqa: E501
-    reuse: Annotated[str | None, typer.Option(help="Store whose rows of the same teachers (same settings) are copied instead of encoded again: a grown corpus costs only its new rows")] = None,  # noqa: E501
-    add_to: Annotated[str | None, typer.Option(help="Grow this store in place with only the new options (-t, --outputs): no inputs, its recorded input files (unchanged, same sha256) and row options are reused; its rows are not encoded again")] = None,  # noqa: E501
-) -> None:
+@_declared_by(PrecomputeJob)
+def precompute(job: PrecomputeJob) -> None:
     """Run teachers over a corpus once and write their outputs to a Parquet store.
 
     Grow a store with only the new options: kd precompute --add-to STORE -t mpnet --outputs vocab,init
     """
-    from kd.pipeline.job import PrecomputeJob
     from kd.pipeline.precompute import run
 
     try:
-        job = PrecomputeJob(
-            inputs or [], out, teacher, outputs=outputs.split(",") if outputs else None, segment=segment,
-            spacy_model=spacy_model, text_column=text_column, pair_columns=pair_columns, label_column=label_column,
-            delimiter=delimiter, dedup=dedup, sample=sample, batch_tokens=batch_tokens, max_length=max_length,
-            shard_rows=shard_rows,
-            num_shards=num_shards, shard_index=shard_index, dtype=dtype, precision=precision, device=device,
-            overwrite=overwrite, progress=progress, keep_layers=keep_layers, backend=backend, quantize=quantize,
-            allow_low_fidelity=allow_low_fidelity, engine=engine, ray_address=ray_address, workers=workers,
-            gpus_per_worker=gpus_per_worker, reuse=reuse, add_to=add_to)
         s = run(job)
     except KdError as e:
         _fail(e)
@@ -222,67 +274,12 @@ def validate(
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)
 @app.command("train-student")
-def train_student(
-    shards: Annotated[str, typer.Option("--shards", "-s", help="Store written by kd precompute")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the student (and checkpoints)")],
-    arch: Annotated[B.Arch, typer.Option(help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")] = "bilstm",  # noqa: E501
-    objective: Annotated[list[str] | None, typer.Option("--objective", help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, logits, pair, multi-teacher, relational, label")] = None,  # noqa: E501
-    target: Annotated[str | None, typer.Option(help="teacher.column the embedding matches (default: the teacher's default_target)")] = None,  # noqa: E501
-    embed_dim: Annotated[int | None, typer.Option(help="Token embedding width (default: min(300, teacher width); static 256)", **_in(B.WIDTH))] = None,  # noqa: E501
-    hidden_dim: Annotated[int | None, typer.Option(help="Encoder width (per direction for RNNs)", **_in(B.WIDTH))] = None,  # noqa: E501
-    out_dim: Annotated[int | None, typer.Option(help="Embedding width (default: the target's; no target: the encoder's)", **_in(B.WIDTH))] = None,  # noqa: E501
-    init: Annotated[str | None, typer.Option(help="Start from this trained student folder (same --arch and tokenizer; its shape stands)")] = None,  # noqa: E501
-    layers: Annotated[int, typer.Option(help="Encoder layers", **_in(B.LAYERS))] = 1,
-    pooling: Annotated[B.Pooling, typer.Option(help="mean | max | attentive | cls")] = "mean",
-    dropout: Annotated[float | None, typer.Option(help="[default: 0.1; static 0]", **_in(B.DROPOUT))] = None,
-    max_length: Annotated[int, typer.Option(help="Student tokens per text", **_in(B.TOKENS))] = 128,
-    epochs: Annotated[int | None, typer.Option(help="[default: 3]", **_in(B.EPOCHS))] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
-    batch_size: Annotated[int | None, typer.Option(help="[default: 64; static 256]", **_in(B.BATCH))] = None,
-    lr: Annotated[float | None, typer.Option(help="[default: 1e-3; static 5e-3]; 0: weights stay as initialised", **_in(B.STUDENT_LR))] = None,  # noqa: E501
-    weight_decay: Annotated[float | None, typer.Option(help="[default: 0.01; static 0]", **_in(B.WEIGHT_DECAY))] = None,  # noqa: E501
-    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none", **_in(B.WARMUP))] = 0.05,  # noqa: E501
-    schedule: Annotated[B.Schedule, typer.Option(help="cosine | plateau | constant")] = "cosine",
-    clip: Annotated[float, typer.Option(help="Max gradient norm (0: off)", **_in(B.CLIP))] = 1.0,
-    patience: Annotated[int, typer.Option(help="Evaluations without improvement before stopping (0: never)", **_in(B.PATIENCE))] = 3,  # noqa: E501
-    eval_every: Annotated[int | None, typer.Option(help="Validate every N steps (default: each epoch)", **_in(B.STEPS))] = None,  # noqa: E501
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps", **_in(B.STEPS))] = 500,
-    log_every: Annotated[int, typer.Option(help="Metrics record every N steps", **_in(B.STEPS))] = 20,
-    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
-    workers: Annotated[int, typer.Option(help="DataLoader worker processes (read + tokenize; 0: in this process)", **_in(B.LOADER_WORKERS))] = 0,  # noqa: E501
-    shuffle_buffer: Annotated[int, typer.Option(help="Rows in the shuffle buffer", **_in(B.ROWS))] = 10000,
-    val_percent: Annotated[float, typer.Option(help="Held-out percent of rows (by id hash; 0: no validation)", **_in(B.PERCENT))] = 2.0,  # noqa: E501
-    init_embeddings: Annotated[B.EmbeddingInit, typer.Option(help="auto | teacher | vocab | random")] = "auto",
-    token_weights: Annotated[B.TokenWeights, typer.Option(help="Static students: sif | none")] = "sif",
-    head_init: Annotated[B.HeadInit, typer.Option(help="The head onto a wider target: auto (lstsq for transformer-init) | lstsq (least squares from the start model's vectors) | random")] = "auto",  # noqa: E501
-    exclude_ids: Annotated[str | None, typer.Option(help="File of row ids to leave out (kd leakage --exclude-out)")] = None,  # noqa: E501
-    init_layers: Annotated[str | None, typer.Option(help="transformer-init: which stored init output, e.g. 2,5; with --init, which of that student's layers to keep (a smaller copy)")] = None,  # noqa: E501
-    init_teacher: Annotated[str | None, typer.Option(help="Stored teacher whose tokenizer, embeddings and vocab/init outputs the student starts from (default: the target's; transformer-init: the teacher with an init output)")] = None,  # noqa: E501
-    bucket: Annotated[bool, typer.Option(help="Batches of similar length inside the shuffle buffer (less padding)")] = True,  # noqa: E501
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N", **_device(True))] = "auto",
-    amp: Annotated[bool, typer.Option(help="Mixed precision: CUDA; bf16 for Transformer students on CPUs with native bf16")] = True,  # noqa: E501
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out")] = True,
-    overwrite: Annotated[bool, typer.Option(help="Discard a previous run in --out")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-) -> None:
+@_declared_by(TrainConfig)
+def train_student(cfg: TrainConfig) -> None:
     """Train a student from a store's teacher outputs (the teacher is never loaded). DDP under torchrun."""
-    from kd.student.train_config import TrainConfig
     from kd.student.trainer import train
 
     try:
-        tuned = dict(embed_dim=embed_dim, dropout=dropout, epochs=epochs, batch_size=batch_size, lr=lr,
-                     weight_decay=weight_decay)  # None: the arch's default, filled in by TrainConfig
-        cfg = TrainConfig(
-            shards, out, arch=arch, objectives=objective or ["cosine"], target=target, hidden_dim=hidden_dim,
-            out_dim=out_dim, init=init,
-            num_layers=layers, pooling=pooling, max_length=max_length, max_steps=max_steps, **tuned, warmup=warmup,
-            schedule=schedule, clip=clip, patience=patience, eval_every=eval_every, checkpoint_every=checkpoint_every,
-            log_every=log_every, seed=seed, num_workers=workers, shuffle_buffer=shuffle_buffer,
-            val_percent=val_percent, init_embeddings=init_embeddings, token_weights=token_weights, head_init=head_init,
-            exclude_ids=exclude_ids, init_layers=init_layers, init_teacher=init_teacher, bucket=bucket, device=device,
-            amp=amp, resume=resume,
-            overwrite=overwrite, progress=progress,
-        )
         path = train(cfg)
     except KdError as e:
         _fail(e)
@@ -350,10 +347,12 @@ def export_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
 ) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors; --quantize int8: close)."""
+    from kd.common.progress import step
     from kd.student.exporters import export_student
 
     try:
-        path = export_student(student, format, out, overwrite, quantize)
+        with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
+            path = export_student(student, format, out, overwrite, quantize)
     except KdError as e:
         _fail(e)
     term.print(f"{format} export written to {path}")

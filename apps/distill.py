@@ -7,7 +7,7 @@ The run is a list of steps, each one an existing kd job that resumes itself, in 
     choice.json        the stage chosen on STS-B dev (dev splits only: test is read once, in the report)
     model/  onnx/      kd export of the chosen student (sentence-transformers folder with a model card; ONNX)
     report.json/.md    kd eval's suite: the student beside its teacher and start model
-    distill.json       the options and recipe of this run, and the steps done (written atomically after each)
+    distill.json       the options and recipe of this run, the steps done and their seconds (rewritten after each)
 
 Kill it anywhere and run the same command again: steps done are skipped, the step that was running resumes
 (precompute by shard, training from its last checkpoint, exactly), so the files and weights equal those of an
@@ -140,6 +140,7 @@ def distill(cfg: DistillConfig) -> DistillResult:
         step.run()
         seconds[step.name] = time.perf_counter() - t
         state["done"].append(step.name)
+        state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
     choice = json.loads((run.out / "choice.json").read_text())["chosen"]
     report = _read_report(run) if cfg.evaluate else None
@@ -201,13 +202,14 @@ def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
                 shard_rows=cfg.shard_rows, progress=cfg.progress)
 
 
-def _precompute(run: _Run, role: str, store: Path | None = None, inputs: list[str] | None = None) -> None:
+def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
+    """One role's `kd precompute` into the run's store (`outputs`: the recipe's, unless given); its summary."""
     from kd.pipeline.precompute import precompute
 
-    outputs = run.recipe.outputs[role]
+    outputs = run.recipe.outputs[role] if outputs is None else outputs
     keep = run.recipe.keep_layers if "init" in outputs else None
     opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
-    precompute(inputs or run.cfg.inputs, str(store or run.store), [run.teacher_spec(role)], outputs=outputs, **opts)
+    return precompute(run.cfg.inputs, str(run.store), [run.teacher_spec(role)], outputs=outputs, **opts)
 
 
 def _leakage(run: _Run) -> None:

@@ -7,7 +7,8 @@ The calibration runs the real steps on a small sample of the corpus in a tempora
   the start model writes its per-model outputs (init, vocab) the same way;
 - every stage trains CALIBRATION_STEPS steps on the sample store, from the stage it names: rows/s from its
   metrics (the last window, after warm-up) and the set-up time around them;
-- the chosen student is exported in both formats, and encodes STS-B dev sentences (the choice, the suite).
+- the chosen student is exported in both formats, and encodes STS-B dev sentences (the choice, the suite);
+- the teacher and the start model, loaded as `kd eval` loads them (fp32 reference models), encode 240 rows.
 Each step's estimate is then its fixed cost plus its rows over its measured rate.
 """
 
@@ -24,8 +25,9 @@ from kd.apps import recipe as R
 from kd.apps.distill import DistillConfig, _precompute, _Run, corpus_options
 from kd.common.outputs import claim_output
 
-SAMPLE_ROWS = 512
-CALIBRATION_STEPS = 12
+# The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
+SAMPLE_ROWS = 1024
+CALIBRATION_STEPS = 20  # rows/s from the last 5 steps: the first ones pay oneDNN plans and allocator warm-up
 # The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
 # pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).
 VOCAB_SPEEDUP = 2.5
@@ -78,8 +80,7 @@ def estimate(cfg: DistillConfig) -> Plan:
                            sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
         plan = Plan(recipe, rows)
-        steps, teacher = _precompute_steps(cal, rows, read_s)
-        plan.steps += steps
+        plan.steps += _precompute_steps(cal, rows, read_s)
         if cfg.exclude_leakage:
             plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
         stage_s, encode_rate = _stages(cal, rows, plan)
@@ -90,7 +91,7 @@ def estimate(cfg: DistillConfig) -> Plan:
         if cfg.export:
             plan.steps.append(_export(cal))
         if cfg.evaluate:
-            plan.steps.append(_evaluate(teacher, encode_rate))
+            plan.steps.append(_evaluate(cal, encode_rate))
     plan.calibration_seconds = time.perf_counter() - t0
     return plan
 
@@ -111,44 +112,44 @@ def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
 
 
 @dataclass
-class _Teacher:
+class _Rate:
     load_s: float  # loading and set-up, around the encoding
     rate: float  # rows/s
 
+    def seconds(self, rows: int) -> float:
+        return self.load_s + rows / self.rate
 
-def _precompute_steps(cal: _Run, rows: int, read_s: float) -> tuple[list[PlannedStep], _Teacher]:
+
+def _precompute_steps(cal: _Run, rows: int, read_s: float) -> list[PlannedStep]:
+    """The teacher's step (reading the corpus, its load, its rows at its measured rate, its vocab output) and the
+    start model's (the same without the reading: its texts come back from the store)."""
     from kd.storage.store import Store
 
-    t = time.perf_counter()
-    teacher = replace(cal.recipe, outputs=cal.recipe.outputs | {
-        "teacher": [o for o in cal.recipe.outputs["teacher"] if o != "vocab"]})
-    s = _summary(cal, teacher, "teacher")
-    wall = time.perf_counter() - t
-    rate = s.rows_computed / max(s.encode_seconds, 1e-9)
-    secs = read_s + (wall - s.encode_seconds) + rows / rate
-    detail = f"{rows:,} rows at {rate:,.0f} rows/s"
+    teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
+    secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
     if "vocab" in cal.recipe.outputs["teacher"]:
         vocab = len(Store.open(cal.store).load_tokenizer(cal.names["teacher"]))
         tokens = _mean_tokens(cal.store, cal.names["teacher"])
-        secs += vocab * 3 / (rate * tokens * VOCAB_SPEEDUP)
+        secs += vocab * 3 / (teacher.rate * tokens * VOCAB_SPEEDUP)
         detail += f"; vocab: {vocab:,} tokens"
+        _precompute(cal, "teacher")  # the stages start from it: the sample store needs it too
     steps = [PlannedStep("precompute the teacher", secs, detail)]
     if cal.specs["start"] and cal.recipe.outputs["start"]:
-        t = time.perf_counter()
-        _precompute(cal, "start")
-        steps.append(PlannedStep("precompute the start model", time.perf_counter() - t,
-                                 ", ".join(cal.recipe.outputs["start"])))
-    if "vocab" in cal.recipe.outputs["teacher"]:  # the stages start from it: the sample store needs it too
-        _precompute(cal, "teacher")
-    return steps, _Teacher(wall - s.encode_seconds, rate)
+        # a model new to the store encodes its default row outputs beside its init/vocab outputs
+        start = _timed(cal, "start", cal.recipe.outputs["start"])
+        steps.append(PlannedStep("precompute the start model", start.seconds(rows),
+                                 f"{', '.join(cal.recipe.outputs['start'])}; {rows:,} rows at {start.rate:,.0f} "
+                                 "rows/s"))
+    return steps
 
 
-def _summary(cal: _Run, recipe: R.Recipe, role: str):
-    from kd.pipeline.precompute import precompute
-
-    outputs = recipe.outputs[role]
-    return precompute(cal.cfg.inputs, str(cal.store), [cal.teacher_spec(role)], outputs=outputs,
-                      **corpus_options(cal.cfg))
+def _timed(cal: _Run, role: str, outputs: list[str]) -> _Rate:
+    """One role's precompute of the sample: its fixed cost (load, set-up, per-model outputs) and rows/s."""
+    t = time.perf_counter()
+    s = _precompute(cal, role, outputs)
+    wall = time.perf_counter() - t
+    rate = s.rows_computed / s.encode_seconds if s.rows_computed else float("inf")
+    return _Rate(wall - s.encode_seconds, rate)
 
 
 def _mean_tokens(store_path: Path, teacher: str) -> float:
@@ -166,7 +167,7 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
 
     out = []
     for stage in cal.recipe.stages:
-        probe = dict(max_steps=CALIBRATION_STEPS, log_every=4, checkpoint_every=10_000, val_percent=0.0, patience=0)
+        probe = dict(max_steps=CALIBRATION_STEPS, log_every=5, checkpoint_every=10_000, val_percent=0.0, patience=0)
         cfg = cal.train_config(stage, **probe)
         t = time.perf_counter()
         train(cfg)
@@ -206,10 +207,34 @@ def _export(cal: _Run) -> PlannedStep:
     return PlannedStep("export", time.perf_counter() - t, "sentence-transformers folder, ONNX")
 
 
-def _evaluate(teacher: _Teacher, encode_rate: float) -> PlannedStep:
-    """The suite's texts through the teacher (its load, then its measured rate) and the student."""
+def _evaluate(cal: _Run, encode_rate: float) -> PlannedStep:
+    """The suite's texts through every model of its table: the student at its measured rate, and the teacher and
+    the start model as `kd eval` runs them (fp32 reference models, not the store's backend): loaded and timed
+    here on the sample."""
     from kd.apps.suite_tasks import suite_text_count
 
     n = suite_text_count()
-    secs = teacher.load_s + n / teacher.rate + n / encode_rate
-    return PlannedStep("evaluate the suite", secs, f"{n:,} texts through the student and the teacher")
+    secs = n / encode_rate
+    roles = ["teacher"] + (["start"] if cal.specs["start"] and cal.specs["start"] != cal.specs["teacher"] else [])
+    for role in roles:
+        load_s, rate = _reference_rate(cal, role)
+        secs += load_s + n / rate
+    return PlannedStep("evaluate the suite", secs, f"{n:,} texts through the student and {', '.join(roles)}")
+
+
+def _reference_rate(cal: _Run, role: str) -> tuple[float, float]:
+    """(load seconds, texts/s) of a role's model as kd eval loads it, on the calibration sample."""
+    import torch
+
+    from kd.apps.models import teacher_model
+    from kd.apps.speed import pick_threads
+
+    torch.set_num_threads(pick_threads(None))  # as kd eval does
+    texts = Path(cal.cfg.inputs[0]).read_text(encoding="utf-8").splitlines()[:256]
+    t = time.perf_counter()
+    model = teacher_model(cal.teacher_spec(role))
+    model.encode(texts[:16])  # loads, and warms up
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    model.encode(texts[16:])
+    return load_s, (len(texts) - 16) / (time.perf_counter() - t)

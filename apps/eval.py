@@ -39,7 +39,7 @@ from kd.apps.store_teacher import StoreTeacher
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
-from kd.common.progress import Bar
+from kd.common.progress import Bar, showing
 
 
 class Measure(str, Enum):
@@ -325,7 +325,8 @@ def evaluate(cfg: EvalConfig) -> EvalReport:
     before = torch.get_num_threads()
     torch.set_num_threads(pick_threads(cfg.threads))
     try:
-        return _evaluate(cfg)
+        with showing(cfg.progress):  # loading a teacher is a step line, silent with progress off
+            return _evaluate(cfg)
     finally:
         torch.set_num_threads(before)
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from kd.common.finite import check_loss
 from kd.common.progress import Bar
 from kd.common.tasks import LabelSet, Task, TaskRows, parse_task, read_splits
+from kd.common.token_batches import run_batches
 
 Best = tuple[float, int, dict]  # (main dev metric, epoch, CPU state dict)
 
@@ -152,15 +153,10 @@ def predict_in_order(model: nn.Module, lengths: np.ndarray, batch_size: int,
     was_training = model.training
     model.eval()
     order = np.argsort(lengths, kind="stable")
-    out = None
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
-        z = forward(idx).float().cpu().numpy()
-        if out is None:
-            out = np.zeros((len(order), z.shape[1]), dtype=np.float32)
-        out[idx] = z
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    out = run_batches(len(order), batches, lambda idx: forward(idx).float().cpu().numpy(), 1)
     model.train(was_training)
-    return out if out is not None else np.zeros((0, 1), dtype=np.float32)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,22 +1,18 @@
-"""Token-id rows of different lengths padded into one int64 block, and the Rust tokenizer set up to give them.
+"""Token-id rows of different lengths padded into one int64 block: the one padder of kd.
 
-Shared by the teacher pass (pipeline/fast_tokenizer), a trained student's `encode` (student/saved) and the
-exported ONNX graph's encoder (student/exporters/onnx_graph): all three call the Rust `tokenizers.Tokenizer`
-directly, because transformers' `tokenizer.pad` over a list of dicts costs more than a small model's forward.
+Shared by every path from text to a model (common/fast_tokenizer.py gives the rows): the teacher pass, a student's
+training batches, its `encode`, its sentence-transformers module and the exported ONNX graph's encoder. Padding
+here, in numpy, because transformers' `tokenizer.pad` over a list of dicts costs more than a small model's forward.
 
 - `pad_rows`: one numpy block filled with the pad id, each row written at the left (right padding) or at the
-  right (left padding), and the attention mask that marks the written cells.
-- `unpadded_truncating`: a Rust tokenizer that never pads (the block above does) and truncates to the
-  model's max length; a copy by default, so a tokenizer shared with the caller keeps its own settings
-  (`own=True` for one the caller has just loaded: the copy costs more than the load, 38 vs 27 ms for
-  BERT's 30k vocabulary).
+  right (left padding), and the attention mask that marks the written cells. Students always pad right (the
+  default): their packed recurrences and position embeddings assume the real tokens come first, whatever side
+  the tokenizer they share with a teacher pads on.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -33,14 +29,3 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, side: str = "right",
         mask[i, cols] = 1
     return ids, mask
 
-
-def unpadded_truncating(backend: Any, max_length: int | None, own: bool = False) -> Any:
-    """The `tokenizers.Tokenizer` `backend` with no padding, truncating at `max_length` (None: never): a copy,
-    or `backend` itself set up so when `own` (the caller's alone)."""
-    tok = backend if own else copy.deepcopy(backend)
-    tok.no_padding()
-    if max_length is None:
-        tok.no_truncation()
-    else:
-        tok.enable_truncation(max_length)
-    return tok

@@ -4,13 +4,19 @@
   fields (e.g. the loss) the job passes to `update`.
 - Elsewhere (a log file, CI, `nohup`): rich would print nothing until the end, so a plain line is
   written every `every` seconds instead. A job started in the background is never silent for long.
+- `step("unpacking mpnet")`: the same for a step with nothing to count (unpacking, exporting a graph, loading a
+  teacher): a spinner on a terminal, a start and a done line elsewhere; `showing(False)` turns steps off for a
+  job whose progress is off.
 It lives in `storage` because both stages use it and must not import each other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from rich.console import Console
@@ -98,3 +104,43 @@ class Bar:
             self._rich.__exit__(*exc)
         elif self.enabled and self.done != self.start_done:
             self._log()
+
+
+# Steps run deep inside library calls (resolve, export, load) that have no progress flag of their own, so the
+# job that owns one says once, with `showing`, whether they print. On by default, as the bars are.
+_STEPS: ContextVar[bool] = ContextVar("kd_progress_steps", default=True)
+SLOW_S = 2.0  # a spinner's step ending sooner leaves no line behind: a quick load is not news
+
+
+@contextlib.contextmanager
+def showing(enabled: bool) -> Iterator[None]:
+    """Steps inside this block print only when `enabled` (a job's `progress` option)."""
+    token = _STEPS.set(enabled)
+    try:
+        yield
+    finally:
+        _STEPS.reset(token)
+
+
+@contextlib.contextmanager
+def step(label: str, enabled: bool | None = None) -> Iterator[None]:
+    """One line for a step with nothing to count: `with step("unpacking mpnet"): ...`.
+
+    On a terminal a spinner while it runs, then `label: 12.3 s` if it took over SLOW_S; in a log `label ...`
+    at the start (a killed job shows where it was) and `label: done in 12.3 s` at the end (none if it
+    failed: the error says why). Nothing when `enabled` is False or, left None, inside `showing(False)`.
+    """
+    if not (_STEPS.get() if enabled is None else enabled):
+        yield
+        return
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    if console.is_terminal:
+        with console.status(label):
+            yield
+        if time.perf_counter() - t0 >= SLOW_S:
+            console.print(f"{label}: {time.perf_counter() - t0:.1f} s", highlight=False, markup=False)
+        return
+    print(f"{label} ...", file=sys.stderr, flush=True)
+    yield
+    print(f"{label}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -6,9 +6,17 @@ teacher pass and by a student's `encode`, CPU and GPU alike).
   every batch costs about the same.
 - The budget, when not given, depends on where the forward pass runs (`default_batch_tokens`): small on a CPU,
   where activations that stay in cache beat big matrix products, large on a GPU.
+- `scatter_batches` runs the batches and writes each result back at its rows, so the output is in input order
+  whatever the batching (`run_batches`: one output, no batch in flight); `run_sorted` is the whole loop (sort,
+  cut, run, scatter). Every forward pass over rows of mixed lengths runs through them: the teacher pass
+  (pipeline/batches), a student's `encode` (student/saved), the ONNX encoder (student/exporters/onnx_graph) and
+  the fine-tuned models' predictions (common/finetune).
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -37,3 +45,43 @@ def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) 
         batches.append(order[start : start + size])
         start += size
     return batches
+
+
+def scatter_batches(rows: int, batches: list[np.ndarray],
+                    launch: Callable[[np.ndarray], Callable[[], Mapping[str, np.ndarray]]], in_flight: int = 1,
+                    on_batch: Callable[[np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
+    """float32 [rows, ...] per output name, in input order: `launch(idx)` starts batch `idx` and returns what fetches
+    its outputs. Up to `in_flight` batches are started before the oldest is fetched (a GPU runs the next while the
+    host scatters the last); `on_batch(idx)` follows each fetch."""
+    out: dict[str, np.ndarray] = {}
+    pending: deque = deque()
+
+    def collect(idx: np.ndarray, fetch: Callable[[], Mapping[str, np.ndarray]]) -> None:
+        for name, v in fetch().items():
+            if name not in out:
+                out[name] = np.empty((rows, *v.shape[1:]), dtype=np.float32)
+            out[name][idx] = v
+        if on_batch:
+            on_batch(idx)
+
+    for idx in batches:
+        pending.append((idx, launch(idx)))
+        if len(pending) >= in_flight:
+            collect(*pending.popleft())
+    while pending:
+        collect(*pending.popleft())
+    return out
+
+
+def run_batches(rows: int, batches: list[np.ndarray], run: Callable[[np.ndarray], np.ndarray],
+                width: int) -> np.ndarray:
+    """float32 [rows, run's width]: `run(idx)` of each batch written at its rows (`width`: an empty result's)."""
+    out = scatter_batches(rows, batches, lambda idx: lambda: {"": run(idx)})
+    return out.get("", np.zeros((0, width), dtype=np.float32))
+
+
+def run_sorted(lengths: np.ndarray, batch_tokens: int, run: Callable[[np.ndarray], np.ndarray], width: int,
+               max_batch: int = 1024) -> np.ndarray:
+    """float32 [len(lengths), run's width]: `run(idx)` over token-budget batches (`plan_batches`), in input order
+    (`width`: an empty result's)."""
+    return run_batches(len(lengths), plan_batches(lengths, batch_tokens, max_batch), run, width)

@@ -42,6 +42,7 @@ import numpy as np
 
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import default_threads, device_kind, native_bf16, native_int8
+from kd.common.progress import step
 from kd.pipeline import backend_choice, fidelity_cache, signal_stack
 from kd.pipeline.calibration import FIDELITY_ROWS, fidelity_sentences
 from kd.pipeline.resolve import TeacherRef, cache_dir, resolve_teacher
@@ -160,7 +161,8 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
         folder = exported(teacher, b, q)
         runner = _open(folder, b, q, compute, threads, device)
         teacher.backend = runner
-        runner.fidelity = _measure(teacher, folder)
+        with step(f"checking {teacher.name} on {b.value} against torch ({FIDELITY_ROWS} sentences)"):
+            runner.fidelity = _measure(teacher, folder)
         teacher.tokenizer = clean
         fidelity_cache.write(folder, _cache_key(folder, ref, sha, b, q, compute, max_length), teacher, runner.fidelity)
     check_fidelity(teacher, allow_low_fidelity)
@@ -374,7 +376,9 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
         raise KdError(f"the export cache cannot be written ({e})", str(final.parent),
                       "point KD_CACHE at a writable folder, or remove the file in its place") from e
     try:
-        spec = {**want, **_export(teacher, b, q, tmp)}
+        with step(f"exporting {teacher.name} for {b.value}" + ("" if q is Quantize.none else f" {q.value}")
+                  + " (once: kept in the kd cache)"):
+            spec = {**want, **_export(teacher, b, q, tmp)}
         spec["files"] = {f: fs.file_sha256(tmp / f) for f in sorted(os.listdir(tmp))}
         (tmp / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
         if _sound(final, want):

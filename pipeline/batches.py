@@ -1,27 +1,26 @@
 """Run a teacher over a list of texts: tokenize, length-sorted token-budget batches, restore order.
 
 - `tokenize`: the texts tokenized once untruncated (the `n_tokens` / `truncated` columns); only those longer
-  than max_length again, truncated, for the forward pass (`pipeline/fast_tokenizer.py`: the Rust tokenizer
+  than max_length again, truncated, for the forward pass (`common/fast_tokenizer.py`: the Rust tokenizer
   itself), and cut into batches (`common.token_batches.plan_batches`). Pure CPU work with no model, so
   precompute runs it for the next shard on another thread while this one's forward runs (local_engine).
 - `forward_all`: each batch padded and handed to the teacher; on a GPU the next batch is launched before the
   last one's vectors are copied back (`Teacher.launch`), so the device never waits for the host's padding and
-  scattering. Results are scattered back to input order, so the output is independent of batching (up to
-  float rounding).
+  scattering. Results are scattered back to input order (`common.token_batches.scatter_batches`), so the output
+  is independent of batching (up to float rounding).
 - Pairs go through the tokenizer jointly (cross-encoders); bi-encoders on pair inputs encode each
   side separately and get `_a` / `_b` column suffixes.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kd.common.token_batches import default_batch_tokens, plan_batches
+from kd.common.token_batches import default_batch_tokens, plan_batches, scatter_batches
 
 if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teacher.encode), not back
     from kd.pipeline.teacher import Output, Teacher
@@ -89,24 +88,14 @@ def forward_all(teacher: Teacher, tokens: Tokenized, outputs: list[Output],
     """The outputs of every row of `tokens`, float32 in input order (`<output><suffix>` keys). Progress counts a
     bi-encoder pair once both its sides are done."""
     share = 1 / len(tokens.sides)
+    progress = None if on_batch is None else (lambda idx: on_batch(len(idx) * share))
     result: dict[str, np.ndarray] = {}
     for side in tokens.sides:
-        def collect(idx: np.ndarray, fetch: Callable[[], dict[str, np.ndarray]], suffix: str = side.suffix) -> None:
-            for k, v in fetch().items():
-                key = k + suffix
-                if key not in result:
-                    result[key] = np.empty((tokens.rows, *v.shape[1:]), dtype=np.float32)
-                result[key][idx] = v
-            if on_batch:
-                on_batch(len(idx) * share)
+        def launch(idx: np.ndarray, side: Side = side) -> Callable[[], dict[str, np.ndarray]]:
+            return teacher.launch(teacher.fast.pad(side.enc, idx), outputs)
 
-        in_flight: deque = deque()
-        for idx in side.batches:
-            in_flight.append((idx, teacher.launch(teacher.fast.pad(side.enc, idx), outputs)))
-            if len(in_flight) >= IN_FLIGHT:
-                collect(*in_flight.popleft())
-        while in_flight:
-            collect(*in_flight.popleft())
+        done = scatter_batches(tokens.rows, side.batches, launch, IN_FLIGHT, progress)
+        result.update({k + side.suffix: v for k, v in done.items()})
     return result
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from kd.common import hardware
-from kd.pipeline.fast_tokenizer import FastTokenizer, TokenizerSettings
+from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.pipeline.resolve import TeacherRef
 from kd.pipeline.teacher import Teacher, read_st_pooling
 from kd.storage import fs

@@ -40,6 +40,7 @@ from kd.common.finetune import task_loss  # by name: the tests replace this modu
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import check_device, resolve_device
 from kd.common.outputs import TEACHER
+from kd.common.quiet import hush_libraries
 from kd.common.tasks import LabelSet, Task, fresh_output, task_metrics
 from kd.pipeline.resolve import resolve_teacher
 
@@ -129,10 +130,8 @@ class Encoded:
 
 def _load(cfg: TeacherFinetuneConfig, labels: LabelSet | None):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # "newly initialized classifier" is the point, not a warning
-    hf_logging.disable_progress_bar()
+    hush_libraries()  # "newly initialized classifier" is the point, not a warning
     ref = resolve_teacher(cfg.base)
     n = 1 if labels is None else len(labels)
     id2label = {0: "score"} if labels is None else dict(enumerate(labels.names))

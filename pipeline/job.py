@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import check_device
-from kd.pipeline import backends, ray_probe
+from kd.common.options import bounded, check_ranges, option
+from kd.common.options import flag as option_flag
 from kd.pipeline import inputs as inp
-from kd.storage.schema import VectorDType
+from kd.pipeline import ray_probe
+
+if TYPE_CHECKING:
+    from kd.storage.schema import VectorDType
 
 ENGINES = B.choices(B.Engine)
 PER_TEACHER = ("vocab", "init")  # outputs computed once per teacher, not per row
@@ -37,42 +41,68 @@ class RayOptions:
 
 @dataclass(frozen=True)
 class PrecomputeJob:
-    """Every option of `kd precompute` (the CLI's flags, same names and defaults); checked when built."""
+    """Every option of `kd precompute`, each declared once (flag, help, range: `kd.common.options`); the CLI's
+    parameters are built from these fields. Checked when built."""
 
-    inputs: tuple[str, ...]
-    out: str  # (None from Python callers with add_to: the store it names)
-    teachers: tuple[str, ...]
-    outputs: tuple[str, ...] | None = None  # row outputs and/or vocab, init; None: the teacher's defaults
-    segment: str = "none"
-    spacy_model: str | None = None
-    text_column: str | None = None
-    pair_columns: str | None = None
-    label_column: str | None = None
-    delimiter: str | None = None
-    dedup: bool = False
-    sample: float | None = None  # keep this fraction of the rows, chosen by id (common.ids.in_sample)
-    batch_tokens: int | None = None
-    max_length: int | None = None
-    shard_rows: int = 20000
-    num_shards: int | None = None
-    shard_index: int | None = None
-    dtype: str = "float32"
-    precision: str = "auto"
-    device: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    keep_layers: str | None = None
-    backend: str = "auto"  # pipeline/backend_choice.py
-    quantize: str = "none"
-    threads: int | None = None
-    allow_low_fidelity: bool = False
-    engine: str = "local"
-    ray_address: str | None = None
-    workers: int | None = None
-    gpus_per_worker: float | None = None
-    reuse: str | None = None  # a store whose rows (same teacher, same settings) are copied, not encoded (reuse.py)
-    # a store to grow in place: its recorded inputs and row options are used (no inputs given; grow.py), out = it
-    add_to: str | None = None
+    inputs: tuple[str, ...] = option((), argument=True, help="Input files or globs: .txt, .jsonl, .csv/.tsv, "
+                                                             ".parquet (none with --add-to)")
+    # None from Python callers with add_to: the store it names
+    out: str = option(None, short="-o", help="Store folder or pyarrow filesystem URI")
+    teachers: tuple[str, ...] = option(("minilm",), flag="--teacher", short="-t",
+                                       help="minilm | mpnet | bert-base | DIR | NAME=DIR")
+    # row outputs and/or vocab, init; None: the teacher's defaults
+    outputs: tuple[str, ...] | None = option(None, comma=True, help="Comma list of cls,mean,layers,sentence,logits,"
+                                                                    "vocab,init (default: all but vocab, init)")
+    segment: str = option("none", choices=B.Segment, help="none (whole documents) | sentences (spaCy)")
+    spacy_model: str | None = option(None, help="Installed spaCy pipeline for --segment sentences")
+    text_column: str | None = option(None, help="Column with the text (name, or 0-based index without header)")
+    pair_columns: str | None = option(None, help="Two columns a,b holding sentence pairs")
+    label_column: str | None = option(None, help="Optional label column")
+    delimiter: str | None = option(None, help="Field delimiter for .csv/.tsv (default: sniffed)")
+    dedup: bool = option(False, help="Drop exact duplicate texts")
+    # chosen by id: common.ids.in_sample
+    sample: float | None = option(None, range=B.SAMPLE, help="Keep this fraction of the rows, chosen by "
+                                  "content-hash id: the same subset for every teacher and run")
+    batch_tokens: int | None = option(None, range=B.BATCH_TOKENS, help="Token budget per batch (padded length x "
+                                      "rows; default: 4096 on CPU, 16384 on GPU)")
+    max_length: int | None = option(None, range=B.TOKENS, help="Truncate texts to this many tokens")
+    shard_rows: int = option(20000, range=B.ROWS, help="Rows per shard (the unit of resume and scale-out)")
+    num_shards: int | None = option(None, range=B.SHARDS, help="Number of writers (default: torchrun WORLD_SIZE "
+                                                               "or 1)")
+    shard_index: int | None = option(None, range=B.SHARD_INDEX, help="This writer's 0-based index (default: "
+                                                                     "torchrun RANK or 0)")
+    dtype: str = option("float32", choices=B.VectorDType, help="float32 | float16 | int8 for stored vectors (int8: "
+                        "per-vector scale, read back as float32; logits stay float32)")
+    precision: str = option("auto", choices=B.Precision, help="auto | fp32 | bf16 | fp16 forward precision; auto: "
+                            "fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")
+    device: str | None = option(None, devices=B.DEVICES[1:], help="cpu | cuda | cuda:N (default: cuda when present)")
+    overwrite: bool = option(False, help="Replace a store made from other inputs/settings")
+    progress: bool = option(True, help="Show a progress bar")
+    keep_layers: str | None = option(None, help="Layers the init output keeps, e.g. 2,5 (default: half, evenly "
+                                                "spaced, ending with the last)")
+    # the rule: pipeline/backend_choice.py
+    backend: str = option("auto", choices=B.Backend, help="auto | torch | onnx | openvino: what runs the teacher's "
+                          "forward pass (onnx/openvino: exported once to $KD_CACHE, CPU); auto: openvino on a CPU "
+                          "where installed (torch if its fidelity is too low), else torch")
+    quantize: str = option("none", choices=B.Quantize, help="none | int8 (onnx: dynamic quantization; openvino: "
+                           "static int8 on CPUs with VNNI/AMX, int8 weights elsewhere)")
+    threads: int | None = bounded(None, B.THREADS)
+    allow_low_fidelity: bool = option(False, help="Keep a backend whose cosine to torch fp32 is below the threshold")
+    engine: str = option("local", choices=B.Engine, help="local (this process) | ray (a pool of Ray workers; "
+                         "pip install 'kd\\[ray]')")
+    ray_address: str | None = option(None, help="--engine ray: auto | HOST:PORT of a running cluster (default: "
+                                                "RAY_ADDRESS, else a local Ray runtime)")
+    workers: int | None = option(None, range=B.RAY_WORKERS, help="--engine ray: workers (default: one per GPU, "
+                                                                 "else one per CPU)")
+    gpus_per_worker: float | None = option(None, range=B.GPU_SHARE, help="--engine ray: GPUs each worker reserves "
+                                                                         "(default 1; 0.5: two per GPU)")
+    # copied, not encoded: reuse.py
+    reuse: str | None = option(None, help="Store whose rows of the same teachers (same settings) are copied "
+                                          "instead of encoded again: a grown corpus costs only its new rows")
+    # out = this store; grow.py
+    add_to: str | None = option(None, help="Grow this store in place with only the new options (-t, --outputs): "
+                                           "no inputs, its recorded input files (unchanged, same sha256) and row "
+                                           "options are reused; its rows are not encoded again")
     # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
     ray: RayOptions | None = field(init=False, default=None, repr=False)
 
@@ -90,11 +120,12 @@ class PrecomputeJob:
         the inputs against --add-to, --reuse, the backend combination, the engine flags (`ray_options`, which
         returns the Ray engine's options).
         Reads nothing but `os.path.isfile(out)` (and, for a Ray address, connects to it once)."""
-        B.check("kd precompute options", ("--shard-rows", self.shard_rows, B.ROWS), ("--sample", self.sample, B.SAMPLE),
-                ("--batch-tokens", self.batch_tokens, B.BATCH_TOKENS), ("--max-length", self.max_length, B.TOKENS),
-                ("--num-shards", self.num_shards, B.SHARDS), ("--shard-index", self.shard_index, B.SHARD_INDEX),
-                ("--threads", self.threads, B.THREADS), ("--workers", self.workers, B.RAY_WORKERS),
-                ("--gpus-per-worker", self.gpus_per_worker, B.GPU_SHARE))
+        # imported here, not at the top: the CLI reads this module's fields for `kd --help`, which must not
+        # load numpy/pyarrow
+        from kd.pipeline import backends
+        from kd.storage.schema import VectorDType
+
+        check_ranges(self, "kd precompute options")
         if self.engine == "local":
             check_device(self.device)
         if os.path.isfile(self.out):
@@ -119,7 +150,7 @@ class PrecomputeJob:
                 raise InputError("--out and --add-to name different stores", f"--out {out}, --add-to {grow}",
                                  "drop --out: --add-to writes into the store it names")
         if out is None and grow is None:
-            raise InputError("no --out given", "--out", "pass --out STORE (or --add-to STORE to grow a store)")
+            raise InputError("no --out given", _flag("out"), "pass --out STORE (or --add-to STORE to grow a store)")
         return out or grow or ""
 
     def _check_add_to(self) -> None:
@@ -130,23 +161,25 @@ class PrecomputeJob:
                                  "-o STORE), or --add-to STORE to add outputs or teachers to a store")
             return
         if self.inputs:
-            raise InputError("--add-to reuses the store's own inputs, but inputs were given too", "--add-to",
+            raise InputError("--add-to reuses the store's own inputs, but inputs were given too", _flag("add_to"),
                              "drop the inputs, or pass them with -o STORE instead of --add-to")
         if self.overwrite:
-            raise InputError("--overwrite would delete the store --add-to grows", "--add-to", "drop --overwrite")
+            raise InputError("--overwrite would delete the store --add-to grows", _flag("add_to"), "drop --overwrite")
 
     def _check_reuse(self) -> None:
         if self.reuse is None:
             return
         if self.engine != "local":
-            raise InputError("--reuse runs with the local engine only", "--reuse",
+            raise InputError("--reuse runs with the local engine only", _flag("reuse"),
                              "drop --engine ray, or --reuse (the Ray workers encode every row)")
         if os.path.abspath(self.reuse) == os.path.abspath(self.out):
-            raise InputError("--reuse names the output store itself", "--reuse",
+            raise InputError("--reuse names the output store itself", _flag("reuse"),
                              "drop --reuse: a rerun into the same store already skips every committed shard")
 
     @property
     def vdtype(self) -> VectorDType:
+        from kd.storage.schema import VectorDType
+
         return VectorDType(self.dtype)
 
     @property
@@ -184,13 +217,18 @@ class PrecomputeJob:
                     engine=self.engine)
 
 
+def _flag(name: str) -> str:
+    """A job option's flag, for a refusal's `where` (declared once, on the field)."""
+    return option_flag(PrecomputeJob, name)
+
+
 def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_worker: float | None,
                 num_shards: int | None, shard_index: int | None, device: str | None) -> RayOptions | None:
     """Check the engine flags before anything is read or loaded; None for the one-process engine."""
     if engine not in ENGINES:
-        raise InputError(f"unknown --engine {engine!r}", "--engine", "use local (one process) or ray")
-    given = [f for f, v in (("--ray-address", address), ("--workers", workers),
-                            ("--gpus-per-worker", gpus_per_worker)) if v is not None]
+        raise InputError(f"unknown --engine {engine!r}", _flag("engine"), "use local (one process) or ray")
+    given = [_flag(name) for name, v in (("ray_address", address), ("workers", workers),
+                                         ("gpus_per_worker", gpus_per_worker)) if v is not None]
     if engine == "local":
         if given:
             raise InputError(f"{', '.join(given)} only applies to --engine ray", given[0],
@@ -204,12 +242,11 @@ def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_
         raise InputError("--engine ray runs one driver; this process is one rank of a torchrun job "
                          f"(WORLD_SIZE={os.environ['WORLD_SIZE']})", "--engine ray",
                          "start kd precompute --engine ray once, without torchrun")
-    B.check("--engine ray", ("--workers", workers, B.RAY_WORKERS), ("--gpus-per-worker", gpus_per_worker, B.GPU_SHARE))
     if device not in (None, "cpu", "cuda"):
         raise InputError(f"--device {device} cannot be used with --engine ray: Ray gives each worker its own GPU",
-                         "--device", "use --device cuda (each worker on its GPU), --device cpu, or leave it unset")
+                         _flag("device"), "use --device cuda (each worker on its GPU), --device cpu, or leave it unset")
     if device == "cpu" and gpus_per_worker is not None:
-        raise InputError("--gpus-per-worker with --device cpu", "--gpus-per-worker",
+        raise InputError("--gpus-per-worker with --device cpu", _flag("gpus_per_worker"),
                          "drop --gpus-per-worker, or use --device cuda")
     require_ray()
     env = os.environ.get("RAY_ADDRESS")

@@ -32,6 +32,7 @@ import pyarrow as pa
 from kd.common.errors import InputError, StoreError
 from kd.common.layers import parse_layers
 from kd.common.outputs import STORE, claim_output
+from kd.common.progress import showing
 from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
 from kd.pipeline.grow import adopt_store_inputs, check_same_inputs
@@ -58,6 +59,11 @@ def precompute(inputs: list[str], out: str | None, teachers: list[str], **option
 
 def run(job: PrecomputeJob) -> PrecomputeSummary:
     """Run one checked job (see the module docstring); the summary the CLI prints."""
+    with showing(job.progress):  # the steps before the bar (unpacking, loading, exporting) follow --progress
+        return _run(job)
+
+
+def _run(job: PrecomputeJob) -> PrecomputeSummary:
     t0 = time.perf_counter()
     grown = job.add_to is not None
     if grown:  # the store's own inputs and row options (its files must be unchanged: check_same_inputs)

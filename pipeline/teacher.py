@@ -26,8 +26,10 @@ import numpy as np
 
 from kd.common.attention import varying_shape_attention
 from kd.common.errors import KdError
+from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.hardware import native_bf16, resolve_device
-from kd.pipeline.fast_tokenizer import FastTokenizer
+from kd.common.progress import step
+from kd.common.quiet import hush_libraries
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
 
 if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
@@ -132,7 +134,7 @@ class Teacher:
     embedding: dict | None = None  # {file, key}: the input embeddings in a .safetensors file (model not loaded)
     choice: dict | None = None  # --backend auto: what it chose and why (pipeline/backend_choice.py)
     model_type: str = ""  # config.model_type (recorded in the manifest)
-    fast: FastTokenizer | None = None  # what precompute tokenizes with (pipeline/fast_tokenizer.py)
+    fast: FastTokenizer | None = None  # what precompute tokenizes with (common/fast_tokenizer.py)
     tokenizer_folder: str | None = None  # the tokenizer's saved files, when loaded from the cache record
     _sha: str | None = field(default=None, repr=False)
 
@@ -311,6 +313,7 @@ def pool_numpy(states: list[np.ndarray], logits: np.ndarray | None, attention_ma
 def model_class(has_head: bool) -> type:
     from transformers import AutoModel, AutoModelForSequenceClassification
 
+    hush_libraries()  # load reports and weight-loading bars would drown our own progress (not with KD_VERBOSE=1)
     return AutoModelForSequenceClassification if has_head else AutoModel
 
 
@@ -322,7 +325,8 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     dev = resolve_device(device)
     cfg = _config(ref)
     try:
-        model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
+        with step(f"loading teacher {ref.name}"):
+            model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
     except (OSError, ValueError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({e})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
@@ -336,10 +340,7 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
 
 def _config(ref: TeacherRef) -> Any:
     from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # load reports and weight-loading bars would drown our own progress
-    hf_logging.disable_progress_bar()
     return AutoConfig.from_pretrained(ref.path)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
-from kd.storage.manifest import Manifest
+from kd.storage.manifest import Manifest, TableRecord
 from kd.storage.store import Store
 from kd.storage.validate import plan_problems
 
@@ -35,28 +36,52 @@ def _rows_line(m: Manifest) -> str:
 
 
 def summary_table(store_path: str) -> Group:
+    """The store (key: value lines), a table of its tables, then each table's columns and teacher on lines of
+    their own: a table name is never cut and no cell wraps over many lines, even at 80 columns."""
     store = Store.open(store_path)
     m = store.manifest
+    return Group(_head(store.root, m), _tables(m), *(_details(name, rec) for name, rec in sorted(m.tables.items())))
+
+
+def _head(root: str, m: Manifest) -> Table:
     inputs = m.inputs
     head = Table.grid(padding=(0, 2))
-    head.add_row("store", store.root)
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")  # a long path folds rather than being cut
+    head.add_row("store", root)
     head.add_row("format version", str(m.format_version))
     head.add_row("fingerprint", m.fingerprint[:16])
     head.add_row("inputs", ", ".join(f["path"] for f in inputs.get("files", [])))
     head.add_row("rows", _rows_line(m))
     head.add_row("dropped", ", ".join(f"{k}={v}" for k, v in inputs.get("counts", {}).items()))
     head.add_row("versions", ", ".join(f"{k} {v}" for k, v in m.versions.items()))
+    return head
+
+
+def _tables(m: Manifest) -> Table:
+    """Only short cells: the name column is as wide as the longest name and never wraps."""
     tables = Table(title="tables")
-    for col in ("table", "kind", "shards", "rows", "MB", "columns", "details"):
-        tables.add_column(col)
+    tables.add_column("table", no_wrap=True, min_width=max((len(n) for n in m.tables), default=5))
+    for col in ("kind", "shards", "rows", "MB"):
+        tables.add_column(col, no_wrap=True, justify="left" if col == "kind" else "right")
     for name, rec in sorted(m.tables.items()):
         rows = sum(s.rows for s in rec.shards.values())
         mb = sum(s.bytes for s in rec.shards.values()) / 1e6
-        details = ""
-        if rec.kind == "teacher":
-            details = (f"{rec.meta.get('architecture')} L={rec.meta.get('num_layers')} d={rec.meta.get('dim')} "
-                       f"max_len={rec.meta.get('max_length')} {rec.meta.get('dtype')}")
-            details += backend_details(rec.meta)
-        cols = ", ".join(c for c in rec.columns if c not in ("id",))
-        tables.add_row(name, rec.kind, f"{len(rec.shards)}/{m.num_shards}", f"{rows:,}", f"{mb:.1f}", cols, details)
-    return Group(head, tables)
+        tables.add_row(name, rec.kind, f"{len(rec.shards)}/{m.num_shards}", f"{rows:,}", f"{mb:.1f}")
+    return tables
+
+
+def _details(name: str, rec: TableRecord) -> Group:
+    """A table's name, then its columns and (a teacher) its model and backend, each on its own line."""
+    lines = Table.grid(padding=(0, 2))
+    lines.add_column(no_wrap=True)
+    lines.add_column()
+    lines.add_row("  columns", ", ".join(c for c in rec.columns if c != "id"))
+    if rec.kind == "teacher":
+        meta = rec.meta
+        lines.add_row("  model", f"{meta.get('architecture')} L={meta.get('num_layers')} d={meta.get('dim')} "
+                      f"max_len={meta.get('max_length')} {meta.get('dtype')}")
+        backend = backend_details(meta).strip()
+        if backend:
+            lines.add_row("  backend", backend)
+    return Group(Text(name, style="bold"), lines)

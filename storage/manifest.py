@@ -34,6 +34,7 @@ MAX_SHARDS = 1_000_000
 # before, unchecked), so nothing is misread; bumping would make every new store unreadable by it. A manifest that
 # such a kd rewrites loses the digests, and readers then compare id columns with texts' instead.
 IDS_KEY = "ids"
+TEACHERS = "teachers/"  # a teacher's table is this prefix and its name (`teacher_table`)
 DAMAGED_FIX = ("delete this file if other manifests remain (manifest.json is rebuilt from manifests/*.json), "
                "or run `kd validate STORE --repair`")
 
@@ -118,8 +119,11 @@ class Manifest:
         rec = self.tables.get(table)
         return rec is not None and rec.missing(self.num_shards, 0)[0] == 0
 
-    def teachers(self) -> list[str]:
-        return [t.split("/", 1)[1] for t, r in self.tables.items() if r.kind == "teacher"]
+    def teachers(self, column: str | None = None) -> list[str]:
+        """The store's teachers by name (the one place that reads them off the tables); `column`: only those whose
+        table has that column."""
+        return [t.removeprefix(TEACHERS) for t, r in self.tables.items()
+                if r.kind == "teacher" and (column is None or column in r.columns)]
 
     def required_version(self) -> int:
         """The lowest format version that can hold these tables: 2 when any column is int8, else 1."""
@@ -175,6 +179,11 @@ class Manifest:
         for rel in (d.get("extras") or {}).get("files") or {}:
             check_relative(rel, where, "extras.files")
         return cls(d["inputs"], tables, d.get("versions", {}), d.get("extras", {}), version)
+
+
+def teacher_table(name: str) -> str:
+    """The table of teacher `name`."""
+    return TEACHERS + name
 
 
 def _count(value: object, low: int, high: float, field: str, where: str) -> int:

@@ -16,7 +16,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
-from kd.storage.manifest import Manifest
+from kd.storage.manifest import Manifest, teacher_table
 from kd.storage.schema import is_int8, table_vectors, type_name
 from kd.storage.store import Store
 
@@ -87,9 +87,8 @@ def _check_teacher_files(store: Store) -> list[Problem]:
     """The tokenizer folder and input-embedding file each teacher's table names (its meta) are present:
     `--repair` sets a damaged one aside, and training needs them back before it can start."""
     out = []
-    for name, rec in sorted(store.manifest.tables.items()):
-        if rec.kind != "teacher":
-            continue
+    for name in map(teacher_table, sorted(store.manifest.teachers())):
+        rec = store.manifest.tables[name]
         for what in ("tokenizer", "input_embeddings"):
             rel = rec.meta.get(what)
             if rel and not fs.exists(store.loc, *rel.split("/")):

@@ -7,9 +7,21 @@ Never imports `pipeline` or any transformers model class: a student trains from 
     vectors = model.encode(["a sentence", "another one"])
     st_model = student.load_exported("runs/bilstm-st")  # a `kd export --format sentence-transformers`
                                                         # folder, without trust_remote_code (student.st_load)
+
+The names below load on first use (PEP 562): `kd --help` reads `kd.student.train_config`'s fields, which must not
+pull in torch.
 """
 
-from kd.student.saved import LoadedStudent, load
-from kd.student.st_load import load_exported
+from __future__ import annotations
 
-__all__ = ["LoadedStudent", "load", "load_exported"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"LoadedStudent": "kd.student.saved", "load": "kd.student.saved", "load_exported": "kd.student.st_load"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kd.student' has no attribute {name!r}")

@@ -30,8 +30,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kd.common.errors import InputError, StoreError
+from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import non_finite_rows
+from kd.common.padding import pad_rows
 from kd.storage.int8 import is_scale_column
+from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
 
@@ -63,7 +66,7 @@ class Columns:
 
     texts: tuple[str, ...]  # "text" or ("text_a", "text_b")
     label: bool
-    teachers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> columns
+    teachers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # teacher name -> columns
     label_names: tuple[str, ...] | None = None  # string labels -> index in a teacher's label_names
     pos: bool = False  # add POS: every row's ordinal in the store (0 .. num_rows - 1)
 
@@ -72,17 +75,15 @@ class Columns:
         return len(self.texts) == 2
 
     def tables(self) -> list[str]:
-        return ["texts", *self.teachers]
+        return ["texts", *map(teacher_table, self.teachers)]
 
 
 def available_columns(store: Store) -> list[str]:
     """Every "<teacher>.<column>" a store offers (vector columns only), plus "label" when present."""
     out = []
-    for name, rec in sorted(store.manifest.tables.items()):
-        if rec.kind == "teacher":
-            teacher = name.split("/", 1)[1]
-            out += [f"{teacher}.{c}" for c in rec.columns
-                    if c not in ("id", "n_tokens", "truncated") and not is_scale_column(c)]
+    for teacher in sorted(store.manifest.teachers()):
+        out += [f"{teacher}.{c}" for c in store.table(teacher_table(teacher)).columns
+                if c not in ("id", "n_tokens", "truncated") and not is_scale_column(c)]
     if LABEL in store.table("texts").columns:
         out.append(LABEL)
     return out
@@ -107,16 +108,16 @@ def resolve_columns(store: Store, specs: list[str]) -> Columns:
             label = True
             continue
         teacher, _, col = spec.partition(".")
-        rec = store.manifest.tables.get(f"teachers/{teacher}")
+        rec = store.manifest.tables.get(teacher_table(teacher))
         if not col or rec is None or col not in rec.columns:
             raise InputError(
                 f"the store has no column {spec!r}",
                 store.root,
                 f"available: {', '.join(available_columns(store)) or 'none'}",
             )
-        teachers.setdefault(f"teachers/{teacher}", []).append(col)
-    names = next((tuple(store.table(t).meta["label_names"]) for t in teachers
-                  if store.table(t).meta.get("label_names")), None)
+        teachers.setdefault(teacher, []).append(col)
+    names = next((tuple(store.table(teacher_table(t)).meta["label_names"]) for t in teachers
+                  if store.table(teacher_table(t)).meta.get("label_names")), None)
     return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names, pos)
 
 
@@ -216,10 +217,10 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     counts = np.zeros((n_shards, stripes), dtype=np.int64)
     num_val = 0
     for k in range(n_shards):
-        for t in cols.tables()[1:]:
-            need = ["id", *cols.teachers[t]]
-            _check_footer(store, t, k, need)
-            _check_finite(store, t, k, need, cfg.chunk_rows)
+        for teacher, names in cols.teachers.items():
+            need = ["id", *names]
+            _check_footer(store, teacher_table(teacher), k, need)
+            _check_finite(store, teacher_table(teacher), k, need, cfg.chunk_rows)
         ids = _open(store, "texts", k).read(columns=["id"]).column("id").to_numpy()
         train, val = split_rows(ids, cfg)
         num_val += int(val.sum())
@@ -282,7 +283,7 @@ def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterat
     """
     tables = cols.tables()
     wanted = {"texts": ["id", *cols.texts, *([LABEL] if cols.label else [])]}
-    wanted.update({t: ["id", *c] for t, c in cols.teachers.items()})
+    wanted.update({teacher_table(t): ["id", *c] for t, c in cols.teachers.items()})
     iters = {t: _batches(store, t, k, wanted[t], chunk_rows) for t in tables}
     row0 = sum(store.table("texts").shards[j].rows for j in range(k))  # POS of the next row
     pending: dict[str, pa.RecordBatch | None] = dict.fromkeys(tables)
@@ -314,12 +315,12 @@ def _zip_chunk(store: Store, cols: Columns, k: int, parts: dict[str, pa.RecordBa
         chunk[c] = parts["texts"].column(c).to_numpy(zero_copy_only=False)
     if cols.label:
         chunk[LABEL] = _labels(parts["texts"].column(LABEL), cols.label_names, store, k)
-    for t, names in cols.teachers.items():
+    for teacher, names in cols.teachers.items():
+        t = teacher_table(teacher)
         other = parts[t].column("id").to_numpy()
         if not np.array_equal(other, ids):
             row = int(np.nonzero(other != ids)[0][0])
             raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
-        teacher = t.split("/", 1)[1]
         for c in names:
             chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
     return chunk
@@ -433,6 +434,7 @@ class Tokenize:
         """`tokenizer`: the one training set-up loaded from `tokenizer_dir` (then not loaded again)."""
         self.dir, self.max_length = tokenizer_dir, max_length
         self._tok = tokenizer
+        self._fast: FastTokenizer | None = None
 
     @property
     def tokenizer(self):
@@ -444,9 +446,12 @@ class Tokenize:
         return self._tok
 
     def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt", return_token_type_ids=False)
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        """The student's batch: the ids its `encode` gives these texts (common/fast_tokenizer.py), right-padded."""
+        if self._fast is None:
+            self._fast = FastTokenizer.from_transformers(self.tokenizer, self.dir)
+        rows = self._fast.encode(texts, max_length=self.max_length)["input_ids"]
+        ids, mask = pad_rows(rows, self._fast.settings.pad_id)
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
     def __call__(self, rows: dict[str, np.ndarray], cols: Columns) -> dict[str, torch.Tensor]:
         batch: dict[str, torch.Tensor] = {"id": torch.from_numpy(np.ascontiguousarray(rows["id"]))}

@@ -38,10 +38,12 @@ from torch import Tensor, nn
 from kd.common import bounds as B
 from kd.common import finetune as ft
 from kd.common.errors import InputError, KdError
+from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import non_finite_rows, require_finite_weights
 from kd.common.hardware import check_device, resolve_device
 from kd.common.ids import text_id, text_key
 from kd.common.outputs import FINETUNE
+from kd.common.padding import pad_rows
 from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, task_metrics
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
@@ -145,22 +147,21 @@ class TaskModel(nn.Module):
 
 
 class Tokenized:
-    """Rows tokenized once with the student's tokenizer; `batch(idx)` pads [a rows; b rows] for pairs.
-    A row's length is its longer side's."""
+    """Rows tokenized once as the student was trained (common/fast_tokenizer.py); `batch(idx)` pads [a rows; b rows]
+    for pairs, on the right like every student batch. A row's length is its longer side's."""
 
     def __init__(self, tokenizer, texts: list, max_length: int) -> None:
-        self.tok = tokenizer
-        self.sides = [tokenizer(s, truncation=True, max_length=max_length, return_token_type_ids=False,
-                                verbose=False)["input_ids"] for s in ft.split_pairs(texts)]
+        fast = FastTokenizer.from_transformers(tokenizer, "the student's tokenizer")
+        self.pad_id = fast.settings.pad_id
+        self.sides = [fast.encode(s, max_length=max_length)["input_ids"] for s in ft.split_pairs(texts)]
         self.lengths = np.array([max(len(s[i]) for s in self.sides) for i in range(len(self))])
 
     def __len__(self) -> int:
         return len(self.sides[0])
 
     def batch(self, idx: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
-        feats = [{"input_ids": side[i]} for side in self.sides for i in idx]
-        enc = self.tok.pad(feats, return_tensors="pt")
-        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        ids, mask = pad_rows([side[i] for side in self.sides for i in idx], self.pad_id)
+        return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,8 +169,7 @@ class Tokenized:
 
 
 def teacher_with_logits(store: Store, name: str | None) -> str:
-    have = [t.split("/", 1)[1] for t, rec in store.manifest.tables.items()
-            if t.startswith("teachers/") and "logits" in rec.columns]
+    have = store.manifest.teachers(column="logits")
     if name is not None:
         if name not in have:
             raise KdError(f"teacher {name!r} has no logits in the store (teachers with logits: {have or 'none'})",

@@ -31,10 +31,11 @@ from torch import nn
 
 from kd.common.attention import varying_shape_attention
 from kd.common.errors import InputError
+from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
-from kd.common.padding import pad_rows, unpadded_truncating
-from kd.common.token_batches import default_batch_tokens, plan_batches
+from kd.common.padding import pad_rows
+from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
@@ -108,7 +109,7 @@ class LoadedStudent:
 
     def __init__(self, path: Path, model: Student, tokenizer, info: dict[str, Any], device: torch.device) -> None:
         self.path, self.model, self.tokenizer, self.info, self.device = path, model, tokenizer, info, device
-        self._backend = None  # the tokenizer's Rust backend with this student's truncation (lazy)
+        self._fast: FastTokenizer | None = None  # the tokenizer as training ran it (lazy)
 
     @property
     def config(self) -> StudentConfig:
@@ -153,15 +154,10 @@ class LoadedStudent:
 
 
     def _token_ids(self, texts: list[str]) -> list[list[int]]:
-        """Token ids with the tokenizer's special tokens, truncated to max_length. The Rust backend is called
-        directly when there is one: the Python wrapper costs more than a static student's whole forward."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            return self.tokenizer(texts, truncation=True, max_length=self.config.max_length,
-                                  return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
-        if self._backend is None:  # our truncation settings, not the shared tokenizer's
-            self._backend = unpadded_truncating(backend, self.config.max_length)
-        return [e.ids for e in self._backend.encode_batch(texts)]
+        """The ids training gave these texts (common/fast_tokenizer.py): special tokens, truncated to max_length."""
+        if self._fast is None:  # a copy: our truncation settings, not the shared tokenizer's
+            self._fast = FastTokenizer.from_transformers(self.tokenizer, str(self.path))
+        return self._fast.encode(texts, max_length=self.config.max_length)["input_ids"]
 
     def _static_arrays(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A static student on the CPU as numpy arrays: (token table, head matrix [width, out] or None).
@@ -195,15 +191,17 @@ class LoadedStudent:
 
     @torch.inference_mode()
     def _encode_padded(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:
+        def run(idx: np.ndarray) -> np.ndarray:
+            block, mask = pad_rows([ids[i] for i in idx], self.config.pad_id)
+            emb = self.model(torch.from_numpy(block).to(self.device), torch.from_numpy(mask).to(self.device),
+                             layers=False).embedding
+            return emb.float().cpu().numpy()
+
         # Token-budget batches of similar lengths, at most batch_size rows: a CPU runs 4,096-token batches faster
         # than one batch of 256 padded to its longest (docs/results.md, the frontier run of issue 26)
         budget = default_batch_tokens(self.device.type)
         with varying_shape_attention(self.device.type):  # (common/attention.py: no per-shape cuDNN plans)
-            for idx in plan_batches(lengths, budget, max_batch=batch_size):
-                block, mask = pad_rows([ids[i] for i in idx], self.config.pad_id)
-                emb = self.model(torch.from_numpy(block).to(self.device), torch.from_numpy(mask).to(self.device),
-                                 layers=False).embedding
-                out[idx] = emb.float().cpu().numpy()
+            out[:] = run_sorted(lengths, budget, run, self.dim, max_batch=batch_size)
 
     @torch.inference_mode()
     def _encode_bags(self, ids: list[list[int]], lengths: np.ndarray, batch_size: int, out: np.ndarray) -> None:

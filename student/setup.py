@@ -28,6 +28,7 @@ from torch import nn
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import device_kind, gpu_free_memory
 from kd.common.layers import keep_layers, parse_layers
+from kd.storage.manifest import teacher_table
 from kd.storage.store import Store
 from kd.student import data as D
 from kd.student.models import Student, StudentConfig, build_student, pca_embeddings, require_memory
@@ -115,7 +116,7 @@ def own_tokenizer(store: Store, cfg: TrainConfig, init_info: dict[str, Any] | No
     recorded those checksums."""
     if init_info is None or cfg.init_teacher is not None or not init_info.get("tokenizer_sha256"):
         return None
-    teachers = {name.split("/", 1)[1] for name in store.manifest.tables if name.startswith("teachers/")}
+    teachers = store.manifest.teachers()
     name = init_info.get("tokenizer")
     return str(Path(cfg.init) / TOKENIZER) if name and name not in teachers else None
 
@@ -173,7 +174,8 @@ def input_embeddings(store: Store, teacher: str, wanted: bool = True) -> np.ndar
 def init_teachers(store: Store) -> list[str]:
     """Teachers of the store with a stored `init` output (embeddings + kept layers)."""
     files = store.manifest.extras.get("files", {})
-    return sorted({rel.split("/")[1] for rel in files if rel.startswith("teachers/") and "/init-" in rel})
+    return sorted(t for t in store.manifest.teachers() if any(rel.startswith(f"{teacher_table(t)}/init-")
+                                                               for rel in files))
 
 
 def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig, init_info: dict[str, Any] | None = None) -> str:
@@ -188,7 +190,7 @@ def source_teacher(store: Store, target_teacher: str, cfg: TrainConfig, init_inf
     - transformer-init: the one teacher with an `init` output; with several, `--init-teacher` picks;
     - otherwise the target's teacher (the behaviour of single-teacher stores).
     """
-    teachers = sorted(t.split("/", 1)[1] for t, r in store.manifest.tables.items() if r.kind == "teacher")
+    teachers = sorted(store.manifest.teachers())
     if cfg.init_teacher is not None:
         if cfg.init_teacher not in teachers:
             raise KdError(f"--init-teacher {cfg.init_teacher!r} is not a teacher of the store", store.root,

@@ -21,6 +21,8 @@ import torch
 from sentence_transformers.base.modules.input_module import InputModule
 from torch import nn
 
+from kd.common.fast_tokenizer import FastTokenizer
+from kd.common.padding import pad_rows
 from kd.student.models import StudentConfig, build_student
 
 
@@ -38,6 +40,7 @@ class KdTokenEncoder(InputModule):
         self.model = build_student(self.cfg)
         self.model.head = nn.Identity()  # the head is the Dense module that follows
         self.tokenizer = tokenizer
+        self._fast: FastTokenizer | None = None  # its Rust copy, made on the first call
 
     @property
     def max_seq_length(self) -> int:
@@ -47,11 +50,15 @@ class KdTokenEncoder(InputModule):
         return self.cfg.width
 
     def preprocess(self, inputs: list[str], prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
-        """The student's tokenization: special tokens added, truncated to its max_length, right-padded."""
+        """The ids the student trained on (common/fast_tokenizer.py: special tokens, truncated to its max_length on
+        its tokenizer's side), right-padded."""
         if prompt:
             inputs = self._prepend_prompt(inputs, prompt)
-        return dict(self.tokenizer(list(inputs), padding=True, truncation=True, max_length=self.cfg.max_length,
-                                   return_tensors="pt", return_token_type_ids=False))
+        if self._fast is None:
+            self._fast = FastTokenizer.from_transformers(self.tokenizer, "the exported student's tokenizer")
+        rows = self._fast.encode(list(inputs), max_length=self.cfg.max_length)["input_ids"]
+        ids, mask = pad_rows(rows, self.cfg.pad_id)
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
     def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
         mask = features["attention_mask"].bool()

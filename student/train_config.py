@@ -1,5 +1,6 @@
-"""The options of `kd train-student`: `TrainConfig` (saved as training_args.json), checked when built, and the
-per-arch defaults the CLI and the demo fill in where the user gave no value."""
+"""The options of `kd train-student`: `TrainConfig` (saved as training_args.json), each declared once on its field
+(the CLI's parameters are built from them), checked when built, with the per-arch defaults filled in where no
+value was given."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.hardware import check_device
+from kd.common.options import bounded, check_ranges, flag, option
 
 
 class Schedule(str, Enum):
@@ -55,54 +57,72 @@ def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[
 
 @dataclass
 class TrainConfig:
-    """Every option of `kd train-student`; saved as training_args.json."""
+    """Every option of `kd train-student`, each declared once (flag, help, range: `kd.common.options`); saved as
+    training_args.json. The CLI's parameters are built from these fields."""
 
-    store: str
-    out: str
-    arch: str = "bilstm"
-    objectives: list[str] = field(default_factory=lambda: ["cosine"])
-    target: str | None = None  # "<teacher>.<column>"; default: the teacher's default_target
-    embed_dim: int | None = None  # default: min(300, the teacher's input-embedding width)
-    hidden_dim: int | None = None  # None: StudentConfig's default
-    out_dim: int | None = None  # embedding width; None: the target's width (no target: the encoder's width)
-    init: str | None = None  # a trained student folder to start from (same arch and tokenizer)
-    num_layers: int = 1
-    pooling: str = "mean"
-    dropout: float | None = None  # None: the arch's default (ARCH_DEFAULTS, `arch_defaults`)
-    max_length: int = 128
-    student: dict[str, Any] = field(default_factory=dict)  # other StudentConfig fields
-    epochs: int | None = None  # None: the arch's default
-    max_steps: int | None = None  # overrides epochs
-    batch_size: int | None = None  # None: the arch's default
-    lr: float | None = None  # None: the arch's default
-    weight_decay: float | None = None  # None: the arch's default
-    warmup: float = 0.05  # < 1: fraction of the steps; >= 1: steps
-    schedule: Schedule = Schedule.cosine
-    clip: float = 1.0  # max gradient norm; 0 disables
-    patience: int = 3  # evaluations without improvement before stopping; 0: never stop early
-    eval_every: int | None = None  # steps; None: at each epoch end
-    checkpoint_every: int = 500
-    log_every: int = 20
-    seed: int = 0
-    num_workers: int = 0
-    shuffle_buffer: int = 10_000
-    val_percent: float = 2.0
-    max_val_rows: int = 2_000
-    device: str = "auto"
-    amp: bool = True  # autocast on CUDA only (bf16 where supported, else fp16 + GradScaler)
-    init_embeddings: EmbeddingInit = EmbeddingInit.auto
-    head_init: HeadInit = HeadInit.auto
-    token_weights: str = "sif"  # static students: sif (frequent tokens count less) | none
-    exclude_ids: str | None = None  # file of row ids never trained or validated on (`kd leakage --exclude-out`)
-    init_layers: str | None = None  # transformer-init: which stored init output ("2,5"); default: the only one.
-    # With --init: which of that student's layers the new one keeps (a smaller copy); default: all
-    # stored teacher whose tokenizer, embeddings, vocab/init outputs the student starts from (`source_teacher`);
-    # None: the target's teacher, or for transformer-init the one teacher with an init output
-    init_teacher: str | None = None
-    bucket: bool = True  # length-bucketed batches inside the shuffle buffer (student.data._bucketed)
-    resume: bool = True
-    overwrite: bool = False
-    progress: bool = True
+    store: str = option(flag="--shards", short="-s", help="Store written by kd precompute")
+    out: str = option(short="-o", help="Output folder for the student (and checkpoints)")
+    arch: str = option("bilstm", choices=B.Arch,
+                       help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")
+    objectives: list[str] = option(factory=lambda: ["cosine"], flag="--objective",
+                                   help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, "
+                                        "logits, pair, multi-teacher, relational, label")
+    target: str | None = option(None, help="teacher.column the embedding matches (default: the teacher's "
+                                           "default_target)")
+    embed_dim: int | None = option(None, range=B.WIDTH, help="Token embedding width (default: min(300, teacher "
+                                                              "width); static 256)")
+    hidden_dim: int | None = option(None, range=B.WIDTH, help="Encoder width (per direction for RNNs)")
+    out_dim: int | None = option(None, range=B.WIDTH, help="Embedding width (default: the target's; no target: "
+                                                           "the encoder's)")
+    init: str | None = option(None, help="Start from this trained student folder (same --arch and tokenizer; its "
+                                         "shape stands)")
+    num_layers: int = option(1, flag="--layers", range=B.LAYERS, help="Encoder layers")
+    pooling: str = option("mean", choices=B.Pooling, help="mean | max | attentive | cls")
+    # None: the arch's default (ARCH_DEFAULTS, `arch_defaults`), as for epochs, batch_size, lr, weight_decay
+    dropout: float | None = option(None, range=B.DROPOUT, help="[default: 0.1; static 0]")
+    max_length: int = option(128, range=B.TOKENS, help="Student tokens per text")
+    student: dict[str, Any] = field(default_factory=dict)  # other StudentConfig fields (library only)
+    epochs: int | None = option(None, range=B.EPOCHS, help="[default: 3]")
+    max_steps: int | None = option(None, range=B.STEPS, help="Stop after this many steps (overrides --epochs)")
+    batch_size: int | None = option(None, range=B.BATCH, help="[default: 64; static 256]")
+    lr: float | None = option(None, range=B.STUDENT_LR,
+                              help="[default: 1e-3; static 5e-3]; 0: weights stay as initialised")
+    weight_decay: float | None = option(None, range=B.WEIGHT_DECAY, help="[default: 0.01; static 0]")
+    warmup: float = option(0.05, range=B.WARMUP, help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none")
+    schedule: Schedule = option(Schedule.cosine, choices=B.Schedule, help="cosine | plateau | constant")
+    clip: float = option(1.0, range=B.CLIP, help="Max gradient norm (0: off)")
+    patience: int = option(3, range=B.PATIENCE, help="Evaluations without improvement before stopping (0: never)")
+    eval_every: int | None = option(None, range=B.STEPS, help="Validate every N steps (default: each epoch)")
+    checkpoint_every: int = option(500, range=B.STEPS, help="Checkpoint every N steps")
+    log_every: int = option(20, range=B.STEPS, help="Metrics record every N steps")
+    seed: int = option(0, range=B.SEED)
+    num_workers: int = option(0, flag="--workers", range=B.LOADER_WORKERS,
+                              help="DataLoader worker processes (read + tokenize; 0: in this process)")
+    shuffle_buffer: int = option(10_000, range=B.ROWS, help="Rows in the shuffle buffer")
+    val_percent: float = option(2.0, range=B.PERCENT,
+                                help="Held-out percent of rows (by id hash; 0: no validation)")
+    max_val_rows: int = bounded(2_000, B.ROWS)
+    init_embeddings: EmbeddingInit = option(EmbeddingInit.auto, choices=B.EmbeddingInit,
+                                            help="auto | teacher | vocab | random")
+    # sif: frequent tokens count less
+    token_weights: str = option("sif", choices=B.TokenWeights, help="Static students: sif | none")
+    head_init: HeadInit = option(HeadInit.auto, choices=B.HeadInit,
+                                 help="The head onto a wider target: auto (lstsq for transformer-init) | lstsq "
+                                      "(least squares from the start model's vectors) | random")
+    exclude_ids: str | None = option(None, help="File of row ids to leave out (kd leakage --exclude-out)")
+    # transformer-init default: the only stored init output; with --init default: all of that student's layers
+    init_layers: str | None = option(None, help="transformer-init: which stored init output, e.g. 2,5; with "
+                                                "--init, which of that student's layers to keep (a smaller copy)")
+    init_teacher: str | None = option(None, help="Stored teacher whose tokenizer, embeddings and vocab/init "
+                                                 "outputs the student starts from (default: the target's; "
+                                                 "transformer-init: the teacher with an init output)")
+    bucket: bool = option(True, help="Batches of similar length inside the shuffle buffer (less padding)")
+    device: str = option("auto", devices=B.DEVICES, help="auto | cpu | cuda | cuda:N")
+    # CUDA: bf16 where supported, else fp16 + GradScaler
+    amp: bool = option(True, help="Mixed precision: CUDA; bf16 for Transformer students on CPUs with native bf16")
+    resume: bool = option(True, help="Continue from the checkpoint in --out")
+    overwrite: bool = option(False, help="Discard a previous run in --out")
+    progress: bool = option(True, help="Show a progress bar")
 
     # options that may differ between a run and its resumption (the rest must match)
     RESUMABLE = ("epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every", "device",
@@ -117,22 +137,12 @@ class TrainConfig:
         self.schedule = Schedule(self.schedule)
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
         self.head_init = HeadInit(self.head_init)
-        B.check("train-student options", ("--embed-dim", self.embed_dim, B.WIDTH),
-                ("--hidden-dim", self.hidden_dim, B.WIDTH), ("--out-dim", self.out_dim, B.WIDTH),
-                ("--layers", self.num_layers, B.LAYERS), ("--dropout", self.dropout, B.DROPOUT),
-                ("--max-length", self.max_length, B.TOKENS), ("--epochs", self.epochs, B.EPOCHS),
-                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
-                ("--lr", self.lr, B.STUDENT_LR), ("--weight-decay", self.weight_decay, B.WEIGHT_DECAY),
-                ("--warmup", self.warmup, B.WARMUP), ("--clip", self.clip, B.CLIP),
-                ("--patience", self.patience, B.PATIENCE), ("--eval-every", self.eval_every, B.STEPS),
-                ("--checkpoint-every", self.checkpoint_every, B.STEPS), ("--log-every", self.log_every, B.STEPS),
-                ("--seed", self.seed, B.SEED), ("--workers", self.num_workers, B.LOADER_WORKERS),
-                ("--shuffle-buffer", self.shuffle_buffer, B.ROWS), ("--val-percent", self.val_percent, B.PERCENT),
-                ("max_val_rows", self.max_val_rows, B.ROWS))
+        check_ranges(self, "train-student options")
         if not self.objectives:
-            raise InputError("no objective given", "--objective", "e.g. --objective cosine")
+            raise InputError("no objective given", flag(TrainConfig, "objectives"), "e.g. --objective cosine")
         if self.token_weights not in B.choices(B.TokenWeights):
-            raise InputError(f"unknown --token-weights {self.token_weights!r}", "--token-weights", "use sif or none")
+            raise InputError(f"unknown --token-weights {self.token_weights!r}", flag(TrainConfig, "token_weights"),
+                             "use sif or none")
         check_device(self.device)
 
     def to_json(self) -> dict[str, Any]:

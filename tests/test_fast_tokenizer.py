@@ -1,4 +1,4 @@
-"""kd's precompute tokenizes with the Rust tokenizer directly (pipeline/fast_tokenizer.py): it must give exactly what
+"""kd's precompute tokenizes with the Rust tokenizer directly (common/fast_tokenizer.py): it must give exactly what
 the transformers tokenizer gives for kd's calls (ids, type ids, truncation, padding), on real text and pairs."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from kd.common.errors import KdError
+from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.pipeline.batches import _tokenize
 from kd.pipeline.calibration import fidelity_sentences
-from kd.pipeline.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.teacher import load_teacher
 from kd.storage.tokenizer_files import load_tokenizer

@@ -95,7 +95,7 @@ def test_the_trainer_reads_int8_as_float(stores):
     chunks = []
     for store in stores:
         cols = resolve_columns(store, ["tiny.mean", "tiny.layers"])
-        assert cols.teachers == {"teachers/tiny": ("mean", "layers")}
+        assert cols.teachers == {"tiny": ("mean", "layers")}
         build_plan(store, DataConfig(store.root, ["tiny.mean", "tiny.layers"], "tiny"))
         chunks.append(next(read_aligned(store, cols, 1, 100)))
     a, b = chunks

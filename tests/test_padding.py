@@ -1,10 +1,11 @@
-"""common/padding.py: the one padder behind the teacher pass, a student's encode and the ONNX encoder."""
+"""common/padding.py: the one padder behind every path from text to a model; common/fast_tokenizer.py gives it rows."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kd.common.padding import pad_rows, unpadded_truncating
+from kd.common.fast_tokenizer import FastTokenizer
+from kd.common.padding import pad_rows
 from kd.pipeline.calibration import fidelity_sentences
 from kd.storage.tokenizer_files import load_tokenizer
 
@@ -23,17 +24,15 @@ def test_pad_rows_writes_each_row_and_its_mask_on_either_side():
     assert pad_rows([[]], 0, min_width=1)[0].tolist() == [[0]]  # a graph's input keeps one column
 
 
-def test_unpadded_truncating_is_a_copy_with_its_own_settings(tiny_teacher):
+def test_the_fast_tokenizer_is_a_copy_with_its_own_settings(tiny_teacher):
     hf = load_tokenizer(tiny_teacher, "-")
     shared = hf.backend_tokenizer
     shared.enable_padding(pad_id=0, length=200)
-    cut = unpadded_truncating(shared, 30)
-    got = [e.ids for e in cut.encode_batch(TEXTS)]
+    fast = FastTokenizer.from_transformers(hf, "-")
+    got = fast.encode(TEXTS, max_length=30)["input_ids"]
     # the caller's tokenizer is untouched (checked before transformers' own call below resets it)
     assert shared.padding is not None and shared.truncation is None
     assert got == hf(TEXTS, truncation=True, max_length=30)["input_ids"]
     assert len({len(x) for x in got}) > 1  # unpadded: short texts stay short
-    whole = [e.ids for e in unpadded_truncating(cut, None).encode_batch(TEXTS)]
+    whole = fast.encode(TEXTS)["input_ids"]
     assert max(map(len, whole)) > 30 and whole == hf(TEXTS)["input_ids"]
-    own = unpadded_truncating(shared, 30, own=True)  # set up in place, for a tokenizer the caller just loaded
-    assert own is shared and shared.padding is None and shared.truncation["max_length"] == 30

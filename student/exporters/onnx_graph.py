@@ -3,7 +3,7 @@
 Layout of the output folder:
     model.onnx        input_ids, attention_mask [batch, sequence] (int64) -> sentence_embedding [batch, dim]
     tokenizer.json    the student's tokenizer (+ the other tokenizer files)
-    kd_onnx.json      how to feed it: max_length, pad id, special tokens added, normalise or not
+    kd_onnx.json      how to feed it: max_length, truncation side, pad id, special tokens added, normalise or not
 
 - The graph is the student from token ids to the pooled, mapped vector: pooling and head are inside, so a
   runtime only tokenizes, pads to the batch's longest row and runs the graph.
@@ -27,11 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from kd.common.errors import KdError
+from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.common.onnx_int8 import METHOD as INT8_METHOD
 from kd.common.onnx_int8 import quantize_int8
-from kd.common.padding import pad_rows, unpadded_truncating
+from kd.common.padding import pad_rows
 from kd.common.quiet import quiet
-from kd.common.token_batches import CPU_BATCH_TOKENS, plan_batches
+from kd.common.token_batches import CPU_BATCH_TOKENS, run_sorted
 from kd.student.exporters.folder import export_folder
 from kd.student.models import RecurrentEncoder, Student
 
@@ -68,7 +69,8 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
             fp32.unlink()
         st.tokenizer.save_pretrained(work)
         spec = {"format": "kd-onnx", "arch": st.config.arch.value, "dim": st.dim, "max_length": st.config.max_length,
-                "pad_id": st.config.pad_id, "add_special_tokens": True, "pooling": "in the graph",
+                "pad_id": st.config.pad_id, "add_special_tokens": True,
+                "truncation_side": st.tokenizer.truncation_side, "pooling": "in the graph",
                 "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding",
                 "quantize": quantize} | ({"quantization": INT8_METHOD} if quantize == "int8" else {})
         (work / SPEC).write_text(json.dumps(spec, indent=1), encoding="utf-8")
@@ -97,6 +99,13 @@ def _require_dynamic_axes(path: Path) -> None:
                           "export in a fresh process (kd export does), and report it with your torch version")
 
 
+def student_settings(spec: dict) -> TokenizerSettings:
+    """How an export's tokenizer feeds the graph: as the student trained, right-padded, truncated on the side its
+    tokenizer was saved with (exports written before kd recorded it truncated on the right)."""
+    return TokenizerSettings(("input_ids", "attention_mask"), int(spec["pad_id"]), 0, "right",
+                             spec.get("truncation_side", "right"))
+
+
 class OnnxEncoder:
     """An exported folder loaded once (tokenizer + onnxruntime session, no torch): `encode(texts)`.
 
@@ -108,12 +117,10 @@ class OnnxEncoder:
 
     def __init__(self, folder: str | os.PathLike, threads: int | None = None) -> None:
         import onnxruntime as ort
-        from tokenizers import Tokenizer
 
         folder = Path(folder)
         self.spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-        self.tokenizer = unpadded_truncating(Tokenizer.from_file(str(folder / "tokenizer.json")),
-                                             self.spec["max_length"], own=True)
+        self.tokenizer = FastTokenizer.from_file(str(folder / "tokenizer.json"), student_settings(self.spec))
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -123,18 +130,18 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], batch_size: int = 64, normalize: bool = False) -> np.ndarray:
         """float32 [n, dim] in input order."""
         spec = self.spec
-        ids = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=spec["add_special_tokens"])]
+        ids = self.tokenizer.encode(list(texts), max_length=spec["max_length"])["input_ids"]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        out = np.zeros((0, int(spec["dim"])), dtype=np.float32)  # sized by the graph's first output below
-        # CPU's token budget: this session runs on the CPU execution provider
-        for s, idx in enumerate(plan_batches(lengths, CPU_BATCH_TOKENS, max_batch=batch_size)):
+
+        def run(idx: np.ndarray) -> np.ndarray:
             block, mask = pad_rows([ids[i] for i in idx], spec["pad_id"], min_width=1)
             feeds = {"input_ids": block, "attention_mask": mask}
             # a graph that never reads the mask (e.g. cls pooling without attention) has no such input
-            emb = self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
-            if s == 0:  # the graph's width, not the spec's number: a forged dim allocates nothing
-                out = np.zeros((len(ids), emb.shape[1]), dtype=np.float32)
-            out[idx] = emb
+            return self.session.run(["sentence_embedding"], {k: v for k, v in feeds.items() if k in self.inputs})[0]
+
+        # CPU's token budget: this session runs on the CPU execution provider. The rows are as wide as the graph's
+        # output; the spec's `dim` sizes an empty result only, so a forged one allocates nothing
+        out = run_sorted(lengths, CPU_BATCH_TOKENS, run, int(spec["dim"]), max_batch=batch_size)
         if normalize or spec["normalize"]:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
         return out

@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 from kd.common.errors import KdError
+from kd.common.fast_tokenizer import FastTokenizer
 from kd.student.exporters.folder import export_folder
 from kd.student.models import Arch, Student
-from kd.student.saved import LoadedStudent, load
+from kd.student.saved import TOKENIZER, LoadedStudent, load
 
 CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
@@ -100,14 +101,16 @@ def _transformer_init_modules(st: LoadedStudent, work: Path) -> list[nn.Module]:
     """The kept BERT layers saved as a Hugging Face model (student's token table put back), loaded by
     the built-in Transformer module with the student's tokenizer and max length."""
     from sentence_transformers.base.modules.transformer import Transformer
-    from transformers import BertConfig, BertModel
+    from transformers import AutoTokenizer, BertConfig, BertModel
 
     bert = BertModel(BertConfig(**{**st.config.bert, "vocab_size": st.config.vocab_size}), add_pooling_layer=False)
     state = st.model.encoder.bert.state_dict()
     state["embeddings.word_embeddings.weight"] = st.model.embed.weight.detach()
     bert.load_state_dict(state)
     bert.save_pretrained(work)
-    st.tokenizer.save_pretrained(work)
+    # Right-padded as the student trained (common/padding.py), whatever side the teacher's tokenizer pads on: left
+    # padding would move every token's position embedding. Saved so, the module reloads it so.
+    AutoTokenizer.from_pretrained(st.path / TOKENIZER, padding_side="right").save_pretrained(work)
     return [Transformer(str(work), max_seq_length=st.config.max_length), *_pooling_and_head(st)]
 
 
@@ -127,16 +130,17 @@ def _offset_tokenizer(st: LoadedStudent):
     tokens, truncated to leave room for it; returns it and the special token ids it stands for."""
     from tokenizers import Tokenizer
 
-    backend = st.tokenizer.backend_tokenizer
-    spec = json.loads(backend.to_str())
+    spec = json.loads(st.tokenizer.backend_tokenizer.to_str())
     norm = spec.get("normalizer") or {}
     if spec["model"].get("type") != "WordPiece" or norm.get("type") != "BertNormalizer" or not norm.get("clean_text"):
         raise KdError("static students export to sentence-transformers for BERT WordPiece tokenizers only",
                       str(st.path), "use --format onnx, or encode with kd (student.load)")
-    plain = Tokenizer.from_str(backend.to_str())
-    plain.no_truncation()
-    plain.no_padding()  # a tokenizer saved with padding to max_length would pad the empty text too
-    offset_ids = plain.encode("").ids  # the special tokens every text gets
+    if st.tokenizer.truncation_side != "right":
+        raise KdError("a static student whose tokenizer truncates on the left has no sentence-transformers export "
+                      "(the token inserted before every text would be the first cut from a long one)", str(st.path),
+                      "use --format onnx, or encode with kd (student.load)")
+    # the special tokens every text gets, as training and `encode` add them
+    offset_ids = FastTokenizer.from_transformers(st.tokenizer, str(st.path)).encode([""])["input_ids"][0]
     vocab = spec["model"]["vocab"]
     vocab[OFFSET_TOKEN] = st.config.vocab_size  # one row past the student's table
     spec["normalizer"] = {"type": "Sequence", "normalizers": [norm, {"type": "Prepend", "prepend": OFFSET_TOKEN + " "}]}

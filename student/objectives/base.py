@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from kd.common.errors import KdError
 from kd.storage.int8 import is_scale_column
-from kd.storage.manifest import Manifest
+from kd.storage.manifest import Manifest, teacher_table
 from kd.student.models import StudentConfig, StudentOutput
 
 Out = StudentOutput | tuple[StudentOutput, StudentOutput]
@@ -177,12 +177,11 @@ class Context:
     @classmethod
     def from_manifest(cls, manifest: Manifest, student: StudentConfig, target: str | None) -> Context:
         shapes, meta = {}, {}
-        for table, rec in manifest.tables.items():
-            if rec.kind == "teacher" and table.startswith("teachers/"):
-                name = table.split("/", 1)[1]
-                shapes[name] = {c: type_shape(t) for c, t in rec.columns.items()
-                                if type_shape(t) and not is_scale_column(c)}  # a scale is part of its column
-                meta[name] = dict(rec.meta)
+        for name in manifest.teachers():
+            rec = manifest.tables[teacher_table(name)]
+            shapes[name] = {c: type_shape(t) for c, t in rec.columns.items()
+                            if type_shape(t) and not is_scale_column(c)}  # a scale is part of its column
+            meta[name] = dict(rec.meta)
         texts = manifest.tables.get("texts")
         label_type = texts.columns.get("label") if texts else None
         label = None

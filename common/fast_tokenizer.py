@@ -1,13 +1,20 @@
-"""The teacher's tokenizer as precompute runs it: the Rust `tokenizers.Tokenizer` inside a transformers fast
-tokenizer, called directly, so a warm run never imports transformers (~0.6 s of a small job's start-up).
+"""The one way text becomes token ids in kd: the Rust `tokenizers.Tokenizer` inside a transformers fast tokenizer,
+called directly (a warm precompute never imports transformers, ~0.6 s of a small job's start-up; transformers'
+`__call__` and `pad` cost more than a small student's forward).
+
+Every path from text to a model goes through `FastTokenizer.encode` and `common.padding.pad_rows`: the teacher
+pass (pipeline/batches), a student's training batches (student/data), its `encode` (student/saved), its
+sentence-transformers module (student/st_module) and the exported ONNX encoder (student/exporters/onnx_graph).
+So a tokenizer saved with padding_side="left" or truncation_side="left" gives a student the same ids in training
+and at inference (tests/test_tokenizer_path.py); which side a batch pads on is common/padding.py's to say.
 
 - `from_transformers(tok)`: a copy of a loaded fast tokenizer's backend plus the settings its `__call__` and
   `pad` add on top (input names, pad id and type id, padding and truncation side);
 - `from_file(tokenizer.json, settings)`: the same from a saved tokenizer and those settings, as recorded in the
-  export cache by the run that measured the backend (pipeline/fidelity_cache.py);
+  export cache by the run that measured the backend (pipeline/fidelity_cache.py) or in an ONNX export;
 - `encode(texts, pairs, max_length)`: what `tok(texts[, pairs], truncation=..., max_length=...)` gives (special
-  tokens added, longest-first truncation, no padding): ids (and type ids) per text;
-- `pad(rows)`: the rows padded to the longest, int64 arrays plus the attention mask, like
+  tokens added, longest-first truncation on the tokenizer's side, no padding): ids (and type ids) per text;
+- `pad(rows)`: the rows padded to the longest on the tokenizer's side, int64 arrays plus the attention mask, like
   `tok.pad(rows, return_tensors="np")`.
 tests/test_fast_tokenizer.py checks ids, type ids and padded batches against transformers on real text and pairs.
 """
@@ -58,7 +65,7 @@ class FastTokenizer:
         from tokenizers import Tokenizer
 
         if not getattr(tok, "is_fast", False):
-            raise KdError(f"the teacher's tokenizer ({type(tok).__name__}) has no fast (Rust) version", where,
+            raise KdError(f"the tokenizer ({type(tok).__name__}) has no fast (Rust) version", where,
                           "save the checkpoint with a tokenizer.json (transformers converts most tokenizers: "
                           "AutoTokenizer.from_pretrained(path).save_pretrained(path))")
         backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())  # a copy: calls on `tok` leave state in it

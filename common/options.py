@@ -1,0 +1,69 @@
+"""Each option of a command declared once, on the config field that holds it (issue 40).
+
+`option(...)` is a `dataclasses.field` whose metadata carries the flag, help, range and choices; the CLI builds the
+command's parameters from those fields (`kd.cli`), and the config checks its ranges from them (`check_ranges`), so
+a flag, a help text or a bound is never written twice and the CLI and the library cannot drift.
+
+Only the standard library and kd.common are imported here: `kd --help` reads this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, Field, dataclass
+from typing import Any
+
+from kd.common import bounds as B
+
+KEY = "kd.option"  # the metadata key
+
+
+@dataclass(frozen=True)
+class Option:
+    """How a config field appears on the command line and which values it takes."""
+
+    help: str = ""
+    flag: str | None = None  # None: --field-name
+    short: str | None = None  # e.g. -o
+    range: B.Range | None = None  # numbers: refused outside it, at parse time and by the config
+    choices: Any = None  # a Literal of kd.common.bounds: the CLI refuses other values, listing these
+    devices: tuple[str, ...] | None = None  # --device: the forms allowed (B.DEVICES, or without auto)
+    argument: bool = False  # positional on the command line (precompute's INPUTS)
+    comma: bool = False  # one comma-separated value on the command line, a sequence in the config
+    cli: bool = True  # False: a library-only value (no flag), still range-checked
+
+
+def option(default: Any = MISSING, *, help: str = "", flag: str | None = None, short: str | None = None,
+           range: B.Range | None = None, choices: Any = None, devices: tuple[str, ...] | None = None,
+           argument: bool = False, comma: bool = False, factory: Any = MISSING) -> Any:
+    """A dataclass field that is also a command-line option (`factory`: a default built per instance)."""
+    meta = {KEY: Option(help, flag, short, range, choices, devices, argument, comma)}
+    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
+
+
+def bounded(default: Any, range: B.Range) -> Any:
+    """A library-only field (no flag) that is still refused outside `range`."""
+    return dataclasses.field(default=default, metadata={KEY: Option(range=range, cli=False)})
+
+
+def declared(cls: type) -> list[tuple[Field, Option]]:
+    """The fields of dataclass `cls` that carry an Option, in declaration order."""
+    return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
+
+
+def flag(cls: type, name: str) -> str:
+    """The flag of field `name` of `cls` (a library-only field is named as it is in Python)."""
+    opt = next(o for f, o in declared(cls) if f.name == name)
+    return flag_of(name, opt)
+
+
+def flag_of(name: str, opt: Option) -> str:
+    if not opt.cli:
+        return name
+    return opt.flag or "--" + name.replace("_", "-")
+
+
+def check_ranges(config: Any, where: str) -> None:
+    """Raise InputError for the first field (in declaration order) whose value is outside its declared range."""
+    B.check(where, *((flag_of(f.name, o), getattr(config, f.name), o.range)
+                     for f, o in declared(type(config)) if o.range is not None))

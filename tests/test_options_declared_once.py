@@ -1,0 +1,167 @@
+"""Each option of `kd precompute` and `kd train-student` is declared once, on its config field (issue 40).
+
+The CLI's parameters are built from the fields (flag, help, range, choices, default), the configs check their
+ranges from the same fields, and no flag is written as a string in a second place.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.common import bounds as B
+from kd.common import options
+from kd.common.errors import KdError
+from kd.pipeline.job import PrecomputeJob
+from kd.student.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = typer.main.get_command(app).commands
+CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py")}
+ENTRY = {"precompute": "precompute", "train-student": "train_student"}  # the command functions in cli.py
+
+
+def _flags(command: str) -> set[str]:
+    return {o for p in COMMANDS[command].params if p.param_type_name == "option"
+            for o in p.opts + p.secondary_opts if o != "--help"}
+
+
+def _cli_nodes(command: str) -> list[ast.AST]:
+    """cli.py without the other commands (their own --out, --teacher... are theirs)."""
+    tree = ast.parse((ROOT / "cli.py").read_text(encoding="utf-8"))
+    skip = {id(n) for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != ENTRY[command]
+            and any("app.command" in ast.unparse(d) for d in n.decorator_list)}
+    return [n for top in tree.body if id(top) not in skip for n in ast.walk(top)]
+
+
+def _literals(nodes: list[ast.AST]) -> list[str]:
+    return [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+@pytest.mark.parametrize("command", sorted(CONFIGS))
+def test_no_flag_is_written_twice(command):
+    cls, path = CONFIGS[command]
+    config = list(ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8"))))
+    literals = _literals(_cli_nodes(command)) + _literals(config)
+    flags = _flags(command)
+    assert {"--shard-rows", "--batch-tokens"} <= flags or {"--batch-size", "--layers"} <= flags  # the walk sees them
+    twice = {f: literals.count(f) for f in flags if literals.count(f) > 1}
+    assert not twice, f"{command}: flags written in more than one place: {twice}"
+
+
+@pytest.mark.parametrize("path", [p for _, p in CONFIGS.values()])
+def test_range_checks_list_no_flags_by_hand(path):
+    """The configs check the ranges their fields declare (options.check_ranges), not a hand-written list."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    by_hand = [ast.unparse(n)[:80] for n in ast.walk(tree) if isinstance(n, ast.Call)
+               and ast.unparse(n.func) == "B.check"]
+    assert not by_hand, by_hand
+
+
+@pytest.mark.parametrize("command", sorted(CONFIGS))
+def test_the_command_parameters_are_the_declared_fields(command):
+    cls, _ = CONFIGS[command]
+    params = {p.name: p for p in COMMANDS[command].params if p.name != "help"}
+    declared = {f.name: (f, o) for f, o in options.declared(cls) if o.cli}
+    assert set(params) == set(declared)
+    undeclared = {f.name for f in dataclasses.fields(cls) if f.init and options.KEY not in f.metadata}
+    assert undeclared == ({"student"} if cls is TrainConfig else set())  # a new field must say how it is passed
+    for name, (f, opt) in declared.items():
+        p = params[name]
+        if opt.argument:
+            assert p.param_type_name == "argument", name
+            continue
+        assert p.opts[0] == options.flag_of(name, opt) and p.help == (opt.help or None), name
+        assert (opt.short in p.opts) if opt.short else len(p.opts) == 1, name
+        if opt.range is not None:
+            assert (p.min, p.max) == (opt.range.lo, opt.range.hi), name
+        if opt.choices is not None:
+            assert B.choices(p.type_descriptor.annotation) == B.choices(opt.choices), name
+        if f.type == "bool":
+            assert p.secondary_opts == [f"--no-{p.opts[0][2:]}"], name
+    assert params["device"].callback is not None  # --device's forms are checked at parse time
+
+
+def test_renamed_fields_keep_their_flags():
+    flags = {p.name: p.opts for p in COMMANDS["train-student"].params}
+    assert flags["store"] == ["--shards", "-s"] and flags["num_layers"] == ["--layers"]
+    assert flags["num_workers"] == ["--workers"] and flags["objectives"] == ["--objective"]
+    assert {p.name: p.opts for p in COMMANDS["precompute"].params}["teachers"] == ["--teacher", "-t"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["train-student", "-s", "S", "-o", "O", "--layers", "0"], "--layers"),
+    (["train-student", "-s", "S", "-o", "O", "--workers", "-1"], "--workers"),
+    (["train-student", "-s", "S", "-o", "O", "--dropout", "1"], "--dropout"),  # open end: the callback
+    (["train-student", "-s", "S", "-o", "O", "--schedule", "bogus"], "--schedule"),
+    (["precompute", "in.txt", "-o", "O", "--shard-rows", "0"], "--shard-rows"),
+    (["precompute", "in.txt", "-o", "O", "--sample", "0"], "--sample"),
+    (["precompute", "in.txt", "-o", "O", "--device", "gpu0"], "--device"),
+])
+def test_a_bad_value_exits_2_at_parse_time(args, flag, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and f"'{flag}'" in res.output and "Invalid value" in res.output, res.output
+    assert not (tmp_path / "O").exists()
+
+
+def test_the_configs_refuse_by_the_declared_flag():
+    with pytest.raises(KdError, match="--layers 0 must be in"):
+        TrainConfig("S", "O", num_layers=0)
+    with pytest.raises(KdError, match="--workers 300 must be in"):
+        TrainConfig("S", "O", num_workers=300)
+    with pytest.raises(KdError, match="max_val_rows 0 must be in"):  # library-only: its Python name
+        TrainConfig("S", "O", max_val_rows=0)
+    with pytest.raises(KdError, match="--shard-rows 0 must be in"):
+        PrecomputeJob(["in.txt"], "O", ["minilm"], shard_rows=0)
+    with pytest.raises(KdError, match="threads 0 must be in"):
+        PrecomputeJob(["in.txt"], "O", ["minilm"], threads=0)
+    with pytest.raises(KdError, match="--objective") as e:
+        TrainConfig("S", "O", objectives=[])
+    assert e.value.where == "--objective"
+
+
+def test_check_ranges_reads_any_declared_field():
+    @dataclasses.dataclass
+    class Toy:
+        width: int = options.option(4, range=B.WIDTH, help="a width")
+        rate: float = options.option(0.5, flag="--r", range=B.UNIT)
+
+    options.check_ranges(Toy(), "toy")
+    with pytest.raises(KdError, match="--width 0"):
+        options.check_ranges(Toy(width=0), "toy")
+    with pytest.raises(KdError, match="--r 2"):
+        options.check_ranges(Toy(rate=2), "toy")
+
+
+def test_the_cli_builds_the_config_from_the_flags(monkeypatch, tmp_path):
+    import kd.pipeline.precompute as pre
+    import kd.student.trainer as trainer
+
+    seen = {}
+    monkeypatch.setattr(trainer, "train", lambda cfg: seen.setdefault("cfg", cfg) and tmp_path)
+    res = CliRunner().invoke(app, ["train-student", "-s", "S", "-o", "O", "--objective", "mse", "--objective",
+                                   "cosine:0.5", "--layers", "2", "--workers", "1", "--no-bucket", "--arch", "static"])
+    assert res.exit_code == 0, res.output
+    want = TrainConfig("S", "O", objectives=["mse", "cosine:0.5"], num_layers=2, num_workers=1, bucket=False,
+                       arch="static")
+    assert seen["cfg"].to_json() == want.to_json()
+
+    def stop(job):
+        seen["job"] = job
+        raise KdError("stop here")
+
+    monkeypatch.setattr(pre, "run", stop)
+    res = CliRunner().invoke(app, ["precompute", "a.txt", "b.txt", "-o", str(tmp_path / "s"), "-t", "x", "-t", "y",
+                                   "--outputs", "vocab,init"])
+    job = seen["job"]
+    assert res.exit_code == 2 and (job.inputs, job.teachers, job.outputs) == (("a.txt", "b.txt"), ("x", "y"),
+                                                                               ("vocab", "init"))
+    CliRunner().invoke(app, ["precompute", "a.txt", "-o", str(tmp_path / "s")])
+    assert seen["job"].teachers == ("minilm",) and seen["job"].outputs is None
