@@ -228,18 +228,22 @@ def _train(run: _Run, stage: R.Stage) -> None:
 
 
 def _choose(run: _Run) -> None:
-    """The stage whose student scores best on STS-B dev (never test)."""
+    """Among the stages whose student has the recipe's final shape (tiny3's 6-layer stage is a means, never the
+    result), the one that scores best on STS-B dev (never test). Every stage's score is recorded."""
     from kd.apps import metrics, tasks
     from kd.student.saved import load
 
     dev = tasks.load_stsb("dev")
-    scores = {}
+    scores, shapes = {}, {}
     for stage in run.recipe.stages:
         model = load(run.stage_dir(stage.name))
         scores[stage.name] = metrics.sts_spearman(model.encode(dev.a), model.encode(dev.b), dev.scores)
-    chosen = max(scores, key=lambda n: scores[n])
+        shapes[stage.name] = (model.config.arch.value, model.num_parameters())
+    final = shapes[run.recipe.stages[-1].name]
+    chosen = max((n for n in scores if shapes[n] == final), key=lambda n: scores[n])
     tmp = run.out / ".choice.json.tmp"
-    tmp.write_text(json.dumps({"chosen": chosen, "sts_dev": scores}, indent=1), encoding="utf-8")
+    record = {"chosen": chosen, "sts_dev": scores, "candidates": [n for n in scores if shapes[n] == final]}
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
     os.replace(tmp, run.out / "choice.json")
 
 

@@ -134,6 +134,8 @@ def uninterrupted(tmp_path_factory, corpus, recipe_file) -> Path:
     out = tmp_path_factory.mktemp("whole") / "run"
     proc = _kd(_args(corpus, out, recipe_file))
     assert proc.wait() == 0, proc.stderr.read().decode()
+    choice = json.loads((out / "choice.json").read_text())  # the final shape only: "two" is a means to "one"
+    assert choice["chosen"] == "one" and choice["candidates"] == ["one"] and set(choice["sts_dev"]) == {"one", "two"}
     state = json.loads((out / "distill.json").read_text())
     assert state["done"][-1] == "choose on STS-B dev" and (out / "exclude.txt").is_file()
     return out

@@ -39,6 +39,7 @@ def setup(tmp_path_factory, tiny_teacher, sentences) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def report(setup):
+    shared_file("sst2", "sentiment-train")  # a probe sample smaller than the bundled one reads the shared data
     r = setup["root"]
     cfg = EvalConfig(
         students=[str(setup["student"])], store=str(setup["store"]), measures=list(Measure),

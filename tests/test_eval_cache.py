@@ -46,7 +46,7 @@ def loads(monkeypatch) -> list[str]:
 
 
 def _cfg(teacher: Path, **kw) -> EvalConfig:
-    opts = dict(teacher=f"tiny={teacher}", target="mean", measures=MEASURES, max_pairs=PAIRS, probe_train_rows=200,
+    opts = dict(teacher=f"tiny={teacher}", target="mean", measures=MEASURES, max_pairs=PAIRS,
                 agreement_rows=120, k=5, speed_b1=4, speed_big=32, baseline=False, progress=False)
     return EvalConfig(**(opts | kw))
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, ROOT
+from conftest import ROOT
 
 from kd.common.errors import KdError
 from kd.pipeline import backend_choice
@@ -107,8 +107,10 @@ def test_a_worker_without_the_chosen_runtime_fails_clearly_and_loads_nothing(mon
 # --- one end-to-end run on a local Ray runtime -----------------------------------------------------------------
 
 def _corpus(path: Path, rows: int) -> str:
-    lines = (DATA / "corpus" / "eng_news_2016_10K-sentences.txt").read_text(encoding="utf-8").splitlines()
-    path.write_text("\n".join(x.split("\t", 1)[1] for x in lines[:rows]) + "\n", encoding="utf-8")
+    """Real sentences, from the sample the package ships (so a user's clone runs these too)."""
+    from kd.apps.corpus import demo_corpus
+
+    path.write_text("\n".join(text for _, text in demo_corpus()[:rows]) + "\n", encoding="utf-8")
     return str(path)
 
 
