@@ -28,7 +28,7 @@ from typing import Any
 
 from kd.apps import recipe as R
 from kd.common.errors import InputError
-from kd.common.outputs import claim_output
+from kd.common.outputs import claim_output, write_text
 
 STATE = "distill.json"
 CARD = Path(__file__).with_name("templates") / "model_card.md"
@@ -155,6 +155,9 @@ def _say(cfg: DistillConfig, line: str) -> None:
 def _claim(run: _Run) -> dict[str, Any]:
     """Check OUT (never an input, never another kd output) and read or start its state; a rerun with other
     options is refused naming the first that differs."""
+    from kd.common.inputs import expand_inputs
+
+    expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
@@ -288,9 +291,7 @@ def _model_card(run: _Run, report: Any) -> None:
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
         chosen=choice["chosen"], table=report.markdown(), recipe_text="```toml\n" +
         Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
-    tmp = run.out / "model" / ".README.md.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, run.out / "model" / "README.md")
+    write_text(run.out / "model" / "README.md", text, "kd distill", "model card")  # kd's own: a re-export keeps it
 
 
 def _rows(run: _Run) -> str:

@@ -339,9 +339,15 @@ def check_outputs(cfg: EvalConfig) -> None:
     if cfg.plot_dir is not None:
         claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
         files += [("--plot", str(Path(cfg.plot_dir) / name)) for name in PLOT_FILES]
+    seen: dict[Path, str] = {}
     for flag, path in files:
-        if path is not None:
-            claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
+        if path is None:
+            continue
+        resolved = claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
+        if resolved in seen:  # the second write would silently replace the first report
+            raise InputError(f"{flag} and {seen[resolved]} name the same file", str(path),
+                             f"give {flag} a path of its own")
+        seen[resolved] = flag
 
 
 def _evaluate(cfg: EvalConfig) -> EvalReport:

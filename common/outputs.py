@@ -168,7 +168,9 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     _check_parents(path, flag)
     if file:
         if path.exists() and not overwrite:
-            raise InputError(f"{flag} already exists", str(out), "pass another path, or --overwrite to replace it")
+            fix = ("pass another path, or --overwrite to replace it" if is_kd_file(path) else
+                   "pass another path: kd did not write this file, so --overwrite will not replace it either")
+            raise InputError(f"{flag} already exists", str(out), fix)
         if path.exists() and not is_kd_file(path):
             raise InputError(f"--overwrite only replaces a file kd wrote, and {flag} is not one (or was changed "
                              "since)", str(out), f"pass a new {flag}, or remove this file yourself")

@@ -134,6 +134,10 @@ class PrecomputeJob:
             raise InputError(f"unknown --segment {self.segment!r}", None, "use none (whole documents) or sentences")
         if not self.teachers:
             raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
+        if self.keep_layers is not None and not self.wants("init"):  # it would be silently unused
+            raise InputError(f"{_flag('keep_layers')} chooses the layers of the init output, which this run does not "
+                             "write", f"{_flag('keep_layers')} {self.keep_layers}", "add init to --outputs, or drop "
+                             f"{_flag('keep_layers')}")
         VectorDType(self.dtype)
         self._check_add_to()
         self._check_reuse()

@@ -74,6 +74,9 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
         if out is not None and fs.resolve(out) != fs.resolve(input):
             raise InputError("a store's student vectors are written into that store", out,
                              f"leave --out off, or pass --out {input}")
+        if text_column is not None:  # a store's texts are its `texts` table: the option would be ignored
+            raise InputError("--text-column is for file inputs; a store's texts are its own", input,
+                             "drop --text-column")
         table_name = check_name(name or Path(student).resolve().name, "student table name (--name)")
         st = load(student, device=device)
         return _embed_store(st, input, table_name, batch_size, overwrite, progress, t0)
@@ -116,7 +119,11 @@ def read_texts(path: str, text_column: str | None = None) -> list[str]:
     if p.is_dir():
         raise InputError("the input is a folder but not a kd store", path, "pass a store or a file")
     texts = read_inputs([path], ColumnSpec(text=text_column)).texts
-    return [t.lstrip("\ufeff") for t in texts if isinstance(t, str) and t.strip()]
+    kept = [t.lstrip("\ufeff") for t in texts if isinstance(t, str) and t.strip()]
+    if not kept:  # as kd precompute refuses it: a 0-row file is never what was wanted
+        raise InputError(f"no text to embed ({len(texts)} read, all empty)", path,
+                         "check --text-column and that the file is not empty")
+    return kept
 
 
 def _writer_id(name: str) -> str:

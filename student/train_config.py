@@ -138,6 +138,9 @@ class TrainConfig:
         self.init_embeddings = EmbeddingInit(self.init_embeddings)
         self.head_init = HeadInit(self.head_init)
         check_ranges(self, "train-student options")
+        if self.arch == "static" and self.pooling != "mean":  # its encode and exports always take the mean
+            raise InputError(f"--pooling {self.pooling} does not apply to --arch static", "--pooling",
+                             "a static student averages its token vectors: leave --pooling at mean")
         if not self.objectives:
             raise InputError("no objective given", flag(TrainConfig, "objectives"), "e.g. --objective cosine")
         if self.token_weights not in B.choices(B.TokenWeights):

@@ -160,3 +160,18 @@ def test_objective_and_column_names_are_checked_against_the_store_before_trainin
     res = _train(store_path, tmp_path / "s", "--arch", "ffn", *args)
     assert res.exit_code == 2 and any(w in res.output for w in ("available", "teachers in the store")), res.output
     assert not (tmp_path / "s").exists()
+
+
+def test_options_that_would_be_silently_unused_are_refused():
+    """--pooling on a static student (its encode and exports average whatever it trained with) and
+    --keep-layers without the init output it chooses for."""
+    from kd.pipeline.job import PrecomputeJob
+    from kd.student.train_config import TrainConfig
+
+    for pooling in ("cls", "max"):
+        with pytest.raises(InputError, match=f"--pooling {pooling} does not apply to --arch static"):
+            TrainConfig("S", "O", arch="static", pooling=pooling)
+    TrainConfig("S", "O", arch="bilstm", pooling="max")  # other archs pool as asked
+    with pytest.raises(InputError, match="--keep-layers chooses the layers of the init output"):
+        PrecomputeJob(["a.txt"], "out", ["minilm"], outputs=["mean"], keep_layers="2")
+    PrecomputeJob(["a.txt"], "out", ["minilm"], outputs=["mean", "init"], keep_layers="2")

@@ -218,3 +218,15 @@ def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, 
     mine = load(out / "stages" / "two").encode(texts)
     assert abs(served - mine).max() < 1e-4
     assert (out / "onnx").is_dir()
+    # a re-export (a resumed run whose choice changed) replaces kd's own card, which is no user file
+    from kd.student.exporters import export_student
+
+    export_student(out / "stages" / "two", "sentence-transformers", out / "model", overwrite=True)
+
+
+def test_a_missing_corpus_records_no_run(tmp_path, corpus, recipe_file):
+    """The corrected command must not be refused as 'another run': nothing is recorded before the inputs pass."""
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match="not found|no file"):
+        distill(_cfg(tmp_path / "nosuch.txt", out, recipe_file))
+    assert not (out / "distill.json").exists()

@@ -167,3 +167,19 @@ def test_embed_errors(trained, tmp_path):
     assert res.exit_code == 2 and "no trained student" in res.output
     res = CliRunner().invoke(app, ["embed", str(tmp_path / "missing.txt"), "--student", str(out), "--out", "x.parquet"])
     assert res.exit_code == 2 and "not found" in res.output
+
+
+def test_an_empty_input_and_a_text_column_on_a_store_are_refused(tmp_path):
+    """As kd precompute refuses: a 0-row file is never what was wanted; a store's texts are its own."""
+    from kd.common.errors import InputError
+    from kd.student.embed import embed, read_texts
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(InputError, match="no text to embed"):
+        read_texts(str(empty))
+    store = tmp_path / "store"
+    (store / "manifests").mkdir(parents=True)
+    (store / "manifest.json").write_text('{"format": "kd-store"}')
+    with pytest.raises(InputError, match="--text-column is for file inputs"):
+        embed(str(tmp_path / "student"), str(store), text_column="text")

@@ -18,7 +18,8 @@ from conftest import precompute_news
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.common.outputs import is_kd_file, locked_output, sidecar, write_text
+from kd.common.errors import InputError
+from kd.common.outputs import claim_output, is_kd_file, locked_output, sidecar, write_text
 
 MINE = "a user's notes, not kd's\n"
 
@@ -208,3 +209,34 @@ def test_a_finetune_folder_has_one_writer(tmp_path):
                 fresh_output(str(out), False, FINETUNE, []):
             pass
         assert out.is_dir()  # the refused run never removed the running one's folder
+
+
+def test_eval_refuses_two_outputs_on_one_path(tmp_path):
+    """--json and --markdown on one file: the second write would silently replace the first report."""
+    from kd.apps.eval import EvalConfig, check_outputs
+
+    same = str(tmp_path / "r.json")
+    with pytest.raises(InputError, match="--markdown and --json name the same file"):
+        check_outputs(EvalConfig(teacher="x", json_path=same, markdown_path=same))
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_file_kd_did_not_write_is_refused_with_the_right_fix(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    with pytest.raises(InputError, match="kd did not write this file, so --overwrite will not replace it"):
+        claim_output(mine, "kd query", file=True, flag="--out")
+
+
+def test_export_overwrite_keeps_a_users_file_in_the_folder(built, tmp_path):
+    """--overwrite replaces an export, never notes a user put in it: refused, the old folder as it was."""
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "exp"
+    assert _export(built["student"], out).exit_code == 0
+    (out / "notes.txt").write_text(MINE)
+    before = sorted(p.name for p in out.iterdir())
+    res = _export(built["student"], out, "--overwrite")
+    assert res.exit_code == 2 and "kd export did not write" in res.output and "notes.txt" in res.output, res.output
+    assert (out / "notes.txt").read_text() == MINE and sorted(p.name for p in out.iterdir()) == before
+    (out / "notes.txt").unlink()
+    assert _export(built["student"], out, "--overwrite").exit_code == 0

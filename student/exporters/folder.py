@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kd.common.outputs import EXPORT, claim_output, locked_output, partial_folder
+from kd.common.errors import InputError
+from kd.common.outputs import EXPORT, claim_output, is_kd_file, locked_output, partial_folder
 
 
 def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
@@ -35,9 +36,29 @@ def export_folder(out: str | os.PathLike, source: str | os.PathLike, overwrite: 
         scratch = partial_folder(target)
         try:
             yield target, scratch
+            _keep_foreign(scratch / "model", target)
             replace_folder(scratch / "model", target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _keep_foreign(new: Path, target: Path) -> None:
+    """--overwrite replaces an export, never a user's files in it: a file the new export does not write (notes
+    someone added) refuses the swap, and the old folder stays as it was."""
+    if not target.is_dir():
+        return
+    mine = {p.relative_to(new) for p in new.rglob("*")}
+    foreign = sorted(p.relative_to(target) for p in target.rglob("*") if p.relative_to(target) not in mine
+                     and p.is_file() and not _kd_wrote(p))
+    if foreign:
+        raise InputError(f"--overwrite would delete {len(foreign)} file(s) that kd export did not write, e.g. "
+                         f"{foreign[0]}", str(target), "move them out first, or pass a new --out")
+
+
+def _kd_wrote(path: Path) -> bool:
+    """A file kd wrote beside an export (e.g. kd distill's model card), or such a file's sidecar."""
+    return is_kd_file(path) or (path.name.startswith(".") and path.name.endswith(".kd.json")
+                                and is_kd_file(path.with_name(path.name[1:-len(".kd.json")])))
 
 
 def replace_folder(src: Path, target: Path) -> None:
