@@ -135,6 +135,9 @@ class EvalConfig:
                 ("retrieval_articles", self.retrieval_articles, B.EXACT_ROWS))
         if self.sts_split is not None:
             tasks.check_sts_split(self.sts_split)
+        if self.store and self.agreement_texts:  # with a store, agreement is measured on its rows: the file unread
+            raise InputError("--agreement-texts is for runs without --store (a store's own rows are its agreement "
+                             "texts)", self.agreement_texts, "drop --agreement-texts, or --store")
 
 
 @dataclass

@@ -49,7 +49,7 @@ def _head(root: str, m: Manifest) -> Table:
     head.add_column(no_wrap=True)
     head.add_column(overflow="fold")  # a long path folds rather than being cut
     head.add_row("store", root)
-    head.add_row("format version", str(m.format_version))
+    head.add_row("format version", str(m.required_version()))  # what its manifest records (merged copies: the default)
     head.add_row("fingerprint", m.fingerprint[:16])
     head.add_row("inputs", ", ".join(f["path"] for f in inputs.get("files", [])))
     head.add_row("rows", _rows_line(m))

@@ -129,3 +129,10 @@ def test_pair_file_loader_reads_mrpc_and_index_columns():
     sts = tasks.load_pairs("stsb/sts-dev.csv", "4")
     ref = tasks.load_stsb("dev")
     assert sts.a == ref.a and sts.b == ref.b and np.array_equal(sts.scores, ref.scores)
+
+
+def test_agreement_texts_with_a_store_is_refused_not_ignored(tmp_path):
+    from kd.common.errors import InputError
+
+    with pytest.raises(InputError, match="--agreement-texts is for runs without --store"):
+        EvalConfig(store=str(tmp_path / "s"), agreement_texts=str(tmp_path / "t.txt"))

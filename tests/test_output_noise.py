@@ -5,6 +5,7 @@ accepted and where kd looked."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,9 @@ def test_kd_info_cli_keeps_table_names_whole(two_teacher_store):
     res = CliRunner().invoke(app, ["info", str(two_teacher_store)], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     assert "teachers/minilm-distilled-news-l6" in res.output and "teachers/tiny" in res.output
+    # the format version is the manifest's (a float store is version 1), not this kd's newest
+    assert '"format_version": 1' in (two_teacher_store / "manifest.json").read_text()
+    assert re.search(r"format version\s+1\b", res.output), res.output
 
 
 # --- (4) teacher-name errors ---------------------------------------------------------------------------------
