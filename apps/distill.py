@@ -179,9 +179,14 @@ def _claim(run: _Run) -> dict[str, Any]:
 
 
 def _save_state(run: _Run, state: dict[str, Any]) -> None:
-    tmp = run.out / f".{STATE}.tmp"
-    tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
-    os.replace(tmp, run.out / STATE)
+    _write_json(run.out / STATE, state)
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Whole or not at all (temp + rename): a kill leaves the last complete record."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _steps(run: _Run) -> list[Step]:
@@ -222,10 +227,11 @@ def _leakage(run: _Run) -> None:
 
 
 def _train(run: _Run, stage: R.Stage) -> None:
+    from kd.student.checkpoint import CHECKPOINT
     from kd.student.trainer import train
 
     folder = run.stage_dir(stage.name)
-    if (folder / "config.json").is_file() and not (folder / "checkpoint.pt").exists():
+    if (folder / "config.json").is_file() and not (folder / CHECKPOINT).exists():
         return  # finished before a kill that came ahead of the state's update
     train(run.train_config(stage))
 
@@ -243,11 +249,9 @@ def _choose(run: _Run) -> None:
         scores[stage.name] = metrics.sts_spearman(model.encode(dev.a), model.encode(dev.b), dev.scores)
         shapes[stage.name] = (model.config.arch.value, model.num_parameters())
     final = shapes[run.recipe.stages[-1].name]
-    chosen = max((n for n in scores if shapes[n] == final), key=lambda n: scores[n])
-    tmp = run.out / ".choice.json.tmp"
-    record = {"chosen": chosen, "sts_dev": scores, "candidates": [n for n in scores if shapes[n] == final]}
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    os.replace(tmp, run.out / "choice.json")
+    candidates = [n for n in scores if shapes[n] == final]
+    chosen = max(candidates, key=lambda n: scores[n])
+    _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates})
 
 
 def chosen_dir(run: _Run) -> Path:
