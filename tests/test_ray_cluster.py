@@ -7,8 +7,8 @@ still equal, bit for bit, to the one a single process writes.
 - `kd precompute --engine ray --ray-address HEAD` runs in a subprocess: 2 one-CPU workers, one per node; its
   summary line reports the rows each Ray node committed.
 - Once node 2's worker has been seen encoding and the head has committed a few units since, node 2's raylet is
-  killed with SIGKILL (its workers die with it): the lost unit is retried on the head and the run finishes
-  ("1 unit(s) retried"); the rows each node committed add up to the corpus.
+  killed with SIGKILL (its workers die with it): the lost unit (if its reply had not left yet) is retried on the
+  head and the run finishes; the rows each node committed add up to the corpus.
 - The store equals a one-process `--engine local` store (one torch thread, as each worker): same rows, vectors,
   Parquet bytes and checksums.
 The cluster's processes are ended by pid (those naming this test's temp dirs, and their descendants), never
@@ -171,15 +171,20 @@ def test_a_two_node_cluster_losing_a_node_writes_the_one_process_store(cluster, 
     assert driver.returncode == 0, f"{out}\n{err[-3000:]}"
     assert at_kill < ROWS // SHARD_ROWS, "the kill must land mid-run"
     assert not alive(node2_procs), "node 2 is gone (a zombie raylet counts as gone)"
-    # which node committed how many rows: node 2 was encoding a unit when it died, and that unit was retried on
-    # the head. Node 2 has usually committed units before (it runs as fast as the head), but on a starved
-    # machine the head may commit 3 units while node 2 is still on its first, so its count may be absent.
+    # which node committed how many rows: a unit node 2 was encoding when it died is run again on the head.
+    # Node 2 has usually committed units before (it runs as fast as the head), but on a starved machine the head
+    # may commit 3 units while node 2 is still on its first, so its count may be absent.
     per_node = dict(re.findall(r"([0-9a-f]{12})=([\d,]+)", out.split("rows per Ray node:")[1]))
     per_node = {k: int(v.replace(",", "")) for k, v in per_node.items()}
     assert set(per_node) <= {head_id[:12], node2_id[:12]} and per_node[head_id[:12]] >= SHARD_ROWS, out
     assert per_node.get(node2_id[:12], 0) % SHARD_ROWS == 0, out  # whole units only
     assert sum(per_node.values()) == ROWS and f"{ROWS:,} rows encoded" in out, out
-    assert "1 unit(s) retried" in out, out
+    # The kill lands while Ray's process title says node 2 encodes, but a unit's reply can already be on its way
+    # then (the title changes after the reply leaves): that unit is committed and nothing is lost, so 0 retries
+    # is a correct run too; more than 1 is not (node 2's one worker holds one unit). A retry is proven
+    # deterministically in test_ray_engine.py (a worker killed inside its unit).
+    retried = re.search(r"(\d+) unit\(s\) retried", out)
+    assert (int(retried.group(1)) if retried else 0) <= 1, out
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # as each one-CPU worker
