@@ -209,7 +209,8 @@ class PrecomputeJob:
         """The options that shape the rows: fingerprinted with the input files."""
         options = {"text_column": self.text_column, "pair_columns": spec.pair, "label_column": self.label_column,
                    "segment": self.segment, "spacy_model": self.spacy_model if self.segment == "sentences" else None,
-                   "dedup": self.dedup, "shard_rows": self.shard_rows, "delimiter": self.delimiter}
+                   "dedup": self.dedup, "shard_rows": self.shard_rows,
+                   "delimiter": spec.delimiter}  # the character read (`'\t'` typed is a tab): one store either way
         if self.sample is not None:  # only when set: stores made without it keep their fingerprint
             options["sample"] = self.sample
         return options

@@ -45,8 +45,8 @@ from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
-from kd.storage.manifest import Manifest
-from kd.storage.store import Store, load_manifest, open_writer
+from kd.storage.manifest import Manifest, check_plan_sound
+from kd.storage.store import Store, open_writer, readable_manifest
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "corpus_rows", "precompute", "run"]
 
@@ -75,8 +75,9 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
     spec = job.columns()
     fingerprint = inputs_header(files, job.input_options(spec))
     index, count = writer_rank(job.num_shards, job.shard_index)
-    existing = load_manifest(loc) if fs.exists(loc) else None
+    existing = readable_manifest(loc, job.overwrite)
     if existing is not None and not job.overwrite:  # before any teacher loads: name what differs
+        check_plan_sound(existing, loc.root)
         check_same_inputs(existing, fingerprint, job.out, grown)
     teachers = _load_teachers(job, None if job.overwrite else existing)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading

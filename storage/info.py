@@ -6,9 +6,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from kd.storage.manifest import Manifest, TableRecord
+from kd.storage.manifest import Manifest, TableRecord, plan_problems
 from kd.storage.store import Store
-from kd.storage.validate import plan_problems
 
 
 def backend_details(meta: dict) -> str:

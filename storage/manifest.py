@@ -16,6 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kd.common import bounds as B
 from kd.common.errors import StoreError
 from kd.storage.fs import check_relative
 
@@ -218,6 +219,41 @@ def check_shards(name: str, rec: TableRecord, inputs: dict[str, Any], where: str
             raise StoreError(f"{field}.sha256 is {shard.sha256!r}, not a checksum", where, DAMAGED_FIX)
         if shard.ids is not None and not isinstance(shard.ids, str):
             raise StoreError(f"tables.{name}.{IDS_KEY}.{k} is {shard.ids!r}, not a digest", where, DAMAGED_FIX)
+
+
+def plan_problems(m: Manifest) -> list[str]:
+    """Where the manifest's row plan (num_rows, rows_per_shard, num_shards) disagrees with itself or with the
+    rows its shard records hold: kd precompute cuts num_rows into shards of rows_per_shard (the last one
+    shorter), so any other count is a damaged or forged manifest, not a fact to print or loop over."""
+    rows, per = m.inputs.get("num_rows"), m.inputs.get("rows_per_shard")
+    if not isinstance(rows, int) or not isinstance(per, int):
+        return []  # (their presence and types are Manifest.from_json's check)
+    if per > B.ROWS.hi:
+        return [f"inputs.rows_per_shard is {per:,}, above the largest --shard-rows kd writes ({B.ROWS.hi:,.0f})"]
+    expected = max(1, -(-rows // per))
+    if m.num_shards != expected:
+        return [f"inputs.num_rows {rows:,} in shards of {per:,} make {expected:,} shard(s), the manifest says "
+                f"{m.num_shards:,}"]
+    out = []
+    for name, rec in sorted(m.tables.items()):
+        wrong = [(k, s.rows) for k, s in sorted(rec.shards.items()) if s.rows != min(rows, (k + 1) * per) - k * per]
+        if wrong:
+            k, n = wrong[0]
+            out.append(f"{name}: {len(wrong)} shard record(s) disagree with inputs.num_rows {rows:,} in shards of "
+                       f"{per:,}; shard {k} records {n:,} rows, the plan {min(rows, (k + 1) * per) - k * per:,}")
+    return out
+
+
+def check_plan_sound(m: Manifest, where: str) -> None:
+    """Refuse to extend a store whose row plan disagrees with itself or its shard records (plan_problems):
+    a writer would record its own plan beside it, and the store would then be refused for the disagreement
+    rather than for the damage. `kd validate --repair` cannot rebuild such a plan either (every record says the
+    same), so the fix is a new store."""
+    problems = plan_problems(m)
+    if problems:
+        raise StoreError(f"the store's manifest holds a damaged row plan: {problems[0]}", where,
+                         "the shards' own records cannot restore it: write the store again, into a new --out or "
+                         "with --overwrite (run `kd validate STORE` for every problem)")
 
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")

@@ -31,7 +31,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
-from kd.storage.manifest import Manifest, merge
+from kd.storage.manifest import Manifest, merge, plan_problems
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -106,6 +106,11 @@ def repair(store_path: str) -> RepairReport:
     merged = load_manifest(loc)
     if merged is None:
         raise StoreError("no kd store here", loc.root, "point at a folder written by kd precompute")
+    problems = plan_problems(merged)
+    if problems:  # every record says the same: there is no trusted side to rebuild the plan from
+        raise StoreError(f"--repair cannot restore the store's row plan: {problems[0]}", loc.root,
+                         "manifest.json and every fragment record the same damaged plan: move the store aside and "
+                         "re-run the kd precompute command that wrote it")
     drop, aside = _Drop(), set()
     for name, rec in merged.tables.items():
         for k, shard in rec.shards.items():

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
-from kd.storage.manifest import Manifest, ShardRecord, TableRecord, merge
+from kd.storage.manifest import Manifest, ShardRecord, TableRecord, check_plan_sound, merge, plan_problems
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -57,6 +57,17 @@ def load_manifest(loc: fs.Location, main: bool = True) -> Manifest | None:
         if name.endswith(".json"):
             found.append(Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, name), loc.path(FRAGMENTS, name)))
     return merge(found, loc.root) if found else None
+
+
+def readable_manifest(loc: fs.Location, overwrite: bool) -> Manifest | None:
+    """The store's merged manifest (None: no store). A record that cannot be read is refused, unless
+    `overwrite`: then the store is to be replaced anyway, so it counts as none."""
+    try:
+        return load_manifest(loc) if fs.exists(loc) else None
+    except StoreError:
+        if not overwrite:
+            raise
+        return None
 
 
 @dataclass
@@ -391,6 +402,11 @@ def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existin
                 loc.root,
                 "choose an empty or new --out, or pass --overwrite to replace its store files",
             )
+    if existing is not None and plan_problems(existing):
+        if not overwrite:
+            check_plan_sound(existing, loc.root)
+        _wipe(loc)
+        return None
     if existing is not None and (
         existing.fingerprint != header.fingerprint or existing.num_shards != header.num_shards
     ):
@@ -420,7 +436,11 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:
-        existing = _existing_store(loc, header, overwrite, existing if existing is not None else load_manifest(loc))
+        if existing is None:
+            existing = readable_manifest(loc, overwrite)
+            if existing is None and overwrite and (fs.exists(loc, MANIFEST) or fs.exists(loc, FRAGMENTS)):
+                _wipe(loc)  # a store whose records cannot be read: --overwrite replaces it (under the lock)
+        existing = _existing_store(loc, header, overwrite, existing)
         own = None
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):
             own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json"), writer_id)

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.common import bounds as B
 from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
-from kd.storage.manifest import Manifest, teacher_table
+from kd.storage.manifest import plan_problems, teacher_table
 from kd.storage.schema import is_int8, table_vectors, type_name
 from kd.storage.store import Store
 
@@ -47,29 +46,6 @@ def validate(store: Store) -> list[Problem]:
             problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
     plan = [Problem(store.loc.path("manifest.json"), what) for what in plan_problems(m)]
     return plan + problems + _check_files(store) + _check_teacher_files(store) + _check_indexes(store)
-
-
-def plan_problems(m: Manifest) -> list[str]:
-    """Where the manifest's row plan (num_rows, rows_per_shard, num_shards) disagrees with itself or with the
-    rows its shard records hold: kd precompute cuts num_rows into shards of rows_per_shard (the last one
-    shorter), so any other count is a damaged or forged manifest, not a fact to print or loop over."""
-    rows, per = m.inputs.get("num_rows"), m.inputs.get("rows_per_shard")
-    if not isinstance(rows, int) or not isinstance(per, int):
-        return []  # (their presence and types are Manifest.from_json's check)
-    if per > B.ROWS.hi:
-        return [f"inputs.rows_per_shard is {per:,}, above the largest --shard-rows kd writes ({B.ROWS.hi:,.0f})"]
-    expected = max(1, -(-rows // per))
-    if m.num_shards != expected:
-        return [f"inputs.num_rows {rows:,} in shards of {per:,} make {expected:,} shard(s), the manifest says "
-                f"{m.num_shards:,}"]
-    out = []
-    for name, rec in sorted(m.tables.items()):
-        wrong = [(k, s.rows) for k, s in sorted(rec.shards.items()) if s.rows != min(rows, (k + 1) * per) - k * per]
-        if wrong:
-            k, n = wrong[0]
-            out.append(f"{name}: {len(wrong)} shard record(s) disagree with inputs.num_rows {rows:,} in shards of "
-                       f"{per:,}; shard {k} records {n:,} rows, the plan {min(rows, (k + 1) * per) - k * per:,}")
-    return out
 
 
 def _check_files(store: Store) -> list[Problem]:

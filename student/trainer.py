@@ -274,6 +274,7 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
 def train(cfg: TrainConfig) -> Path:
     """Train a student as configured; returns the output folder (a loadable student)."""
     d = init_dist(cfg.device)
+    fresh = not Path(cfg.out).exists()
     try:
         return _train(cfg, d)
     except OSError as e:
@@ -286,7 +287,16 @@ def train(cfg: TrainConfig) -> Path:
     finally:
         while _HELD_LOCKS:
             _HELD_LOCKS.pop().close()
+        if fresh and d.main:
+            _remove_if_nothing_kept(Path(cfg.out))
         shutdown(d)
+
+
+def _remove_if_nothing_kept(out: Path) -> None:
+    """A run that failed before its first checkpoint, into a folder it created, leaves no folder: its lock and
+    first metrics alone would make the rerun ask for --overwrite (the error already said what went wrong)."""
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {TRAIN_LOCK, METRICS}:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _train(cfg: TrainConfig, d: Dist) -> Path:

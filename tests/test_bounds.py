@@ -114,6 +114,31 @@ def test_a_sound_store_has_no_count_problem(store_path):
     assert "40 in 2 shard(s) of 20" in res.output and "disagree" not in res.output
 
 
+@pytest.mark.parametrize("forged", [{"rows_per_shard": 10**15}, {"rows_per_shard": 15}])
+def test_a_store_with_a_forged_plan_is_refused_by_precompute_and_repair_and_left_unchanged(tiny_teacher, sentences,
+                                                                                           tmp_path, forged):
+    """Both records forged alike: precompute is refused at once, writing nothing (it had rewritten its fragment,
+    then reported a manifest/fragment disagreement that --repair could not mend); --repair says it cannot
+    restore the plan; --overwrite writes the store again."""
+    from conftest import precompute_news
+
+    store = precompute_news(tmp_path, tiny_teacher, sentences, rows=60, shard_rows=20)
+    _forge(store, **forged)
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and "locks" not in p.parts}
+    args = ["precompute", str(tmp_path / "news.txt"), "-t", f"tiny={tiny_teacher}", "--shard-rows", "20",
+            "-o", str(store), "--no-progress"]
+    res = CliRunner().invoke(app, args)
+    # (a plan below the shard records' rows is refused as a damaged record when read; above them, as a plan)
+    assert res.exit_code == 2 and "disagree on" not in res.output, res.output
+    assert re.search(r"damaged row plan|shards.0.rows is 20, not a whole number in \[0, 15\]", res.output), res.output
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert res.exit_code == 2 and re.search(r"--repair cannot (restore|rebuild)", res.output), res.output
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file() and "locks" not in p.parts} == before
+    res = CliRunner().invoke(app, [*args, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+
+
 # --- (c) options checked against the store and the teacher before any work -----------------------------------
 
 
@@ -175,3 +200,20 @@ def test_options_that_would_be_silently_unused_are_refused():
     with pytest.raises(InputError, match="--keep-layers chooses the layers of the init output"):
         PrecomputeJob(["a.txt"], "out", ["minilm"], outputs=["mean"], keep_layers="2")
     PrecomputeJob(["a.txt"], "out", ["minilm"], outputs=["mean", "init"], keep_layers="2")
+
+
+def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(store_path, tmp_path, monkeypatch):
+    """It left the folder it created with its lock (and metrics), so the same command, rerun once the cause was
+    fixed, asked for --overwrite."""
+    def fail(run, st, batch):
+        raise KdError("a failure inside step 1", "here", "nothing")
+
+    monkeypatch.setattr(T, "_train_step", fail)
+    res = _train(store_path, tmp_path / "st")
+    assert res.exit_code == 2 and "step 1" in res.output and not (tmp_path / "st").exists(), res.output
+    monkeypatch.undo()
+    res = _train(store_path, tmp_path / "st")
+    assert res.exit_code == 0 and (tmp_path / "st" / "config.json").is_file(), res.output
+    (tmp_path / "mine").mkdir()  # a folder the user made is theirs: kept, whatever fails in it
+    monkeypatch.setattr(T, "_train_step", fail)
+    assert _train(store_path, tmp_path / "mine").exit_code == 2 and (tmp_path / "mine").is_dir()

@@ -42,6 +42,18 @@ def test_backslash_t_as_delimiter_means_a_tab(tmp_path):
     assert spec.delimiter == "\t" and read_inputs([str(tmp_path / "x.csv")], spec).texts == ["the market fell"]
 
 
+def test_a_store_made_with_backslash_t_resumes_with_a_real_tab(tmp_path, tiny_teacher):
+    """Both spellings mean a tab, so they are one store: the record holds the character read. (A store made with
+    `'\\t'` used to refuse the same run typed with a real tab as "other inputs or settings".)"""
+    (tmp_path / "x.csv").write_text("text\tlabel\nthe market fell\t1\nrates rose\t0\n", encoding="utf-8")
+    base = ["precompute", str(tmp_path / "x.csv"), "-t", f"tiny={tiny_teacher}", "-o", str(tmp_path / "st"),
+            "--label-column", "label", "--no-progress", "--delimiter"]
+    first = CliRunner().invoke(app, [*base, "\\t"])
+    assert first.exit_code == 0 and "2 rows encoded" in first.output, first.output
+    again = CliRunner().invoke(app, [*base, "\t"])
+    assert again.exit_code == 0 and "already complete for tiny: nothing to do" in again.output, again.output
+
+
 @pytest.mark.parametrize("delimiter", [";;", "ab", '"'])
 def test_a_delimiter_csv_cannot_take_is_refused_at_parse(tmp_path, tiny_teacher, delimiter):
     (tmp_path / "x.csv").write_text("text\nhello\n", encoding="utf-8")

@@ -240,3 +240,18 @@ def test_export_overwrite_keeps_a_users_file_in_the_folder(built, tmp_path):
     assert (out / "notes.txt").read_text() == MINE and sorted(p.name for p in out.iterdir()) == before
     (out / "notes.txt").unlink()
     assert _export(built["student"], out, "--overwrite").exit_code == 0
+
+
+def test_an_export_is_readable_by_others_as_a_plain_file_is(built, tmp_path):
+    """safetensors wrote model.safetensors 0600: an export copied to a shared folder could not be served by
+    another user. Every exported file now has the mode open() gives under the umask."""
+    pytest.importorskip("sentence_transformers")
+    old = os.umask(0o022)
+    try:
+        res = _export(built["student"], tmp_path / "exp")
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "exp").rglob("*")
+             if p.is_file()}
+    assert "exp/model.safetensors" in modes and set(modes.values()) == {"0o644"}, modes

@@ -36,10 +36,21 @@ def export_folder(out: str | os.PathLike, source: str | os.PathLike, overwrite: 
         scratch = partial_folder(target)
         try:
             yield target, scratch
+            _shareable(scratch / "model")
             _keep_foreign(scratch / "model", target)
             replace_folder(scratch / "model", target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _shareable(folder: Path) -> None:
+    """Give every file the mode a plain open() gives (0666 less the umask): safetensors writes weights 0600, so an
+    export copied to a shared model folder or served by another user could not be read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in folder.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            p.chmod(0o666 & ~umask)
 
 
 def _keep_foreign(new: Path, target: Path) -> None:
