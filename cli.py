@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from kd.apps.demo_config import DemoConfig  # (light, as the two below)
+from kd.apps.distill_config import DistillConfig
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError, as_kd_error
@@ -416,21 +418,13 @@ def eval_(
 
 
 @app.command()
-def demo(
-    out: Annotated[str, typer.Option("--out", "-o", help="Folder for everything the demo writes")] = "kd-demo",
-    quick: Annotated[bool, typer.Option(help="Tiny corpus slice and a few training steps (smoke test)")] = False,
-    epochs: Annotated[int, typer.Option(help="Training epochs of the BiLSTM tier", **_in(B.EPOCHS))] = 4,
-    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)", **_in(B.THREADS))] = None,  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Redo every stage instead of reusing finished ones")] = False,
-    cache: Annotated[bool, typer.Option(help="Reuse the teacher's evaluation vectors and speed of earlier runs")] = True,  # noqa: E501
-    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
-) -> None:
+@_declared_by(DemoConfig)
+def demo(cfg: DemoConfig) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
-    from kd.apps.demo import DemoConfig, run_demo
+    from kd.apps.demo import run_demo
 
     try:
-        res = run_demo(DemoConfig(out=out, quick=quick, epochs=epochs, threads=threads, overwrite=overwrite,
-                                  cache=cache, progress=progress))
+        res = run_demo(cfg)
     except KdError as e:
         _fail(e)
     _wide().print(res.report.rich_table())
@@ -440,36 +434,15 @@ def demo(
 
 
 @app.command()
-def distill(
-    inputs: Annotated[list[str], typer.Argument(help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Folder for the store, the stages, the model and the report")],  # noqa: E501
-    student: Annotated[str, typer.Option(help="Preset: tiny6 | tiny3 | static | bilstm (apps/recipes)")] = "tiny6",
-    recipe: Annotated[str | None, typer.Option(help="Your own recipe file (TOML; see docs/distill.md)")] = None,
-    teacher: Annotated[str | None, typer.Option("--teacher", "-t", help="Replace the recipe's teacher: a packaged name or a checkpoint folder")] = None,  # noqa: E501
-    start: Annotated[str | None, typer.Option(help="Replace the recipe's start model: a packaged name or a checkpoint folder")] = None,  # noqa: E501
-    text_column: Annotated[str | None, typer.Option(help="Column with the text (csv/jsonl/parquet)")] = None,
-    segment: Annotated[B.Segment, typer.Option(help="none (whole documents) | sentences (spaCy)")] = "none",
-    dedup: Annotated[bool, typer.Option(help="Drop repeated texts")] = True,
-    sample: Annotated[float | None, typer.Option(help="Keep this fraction of the rows, chosen by id hash", **_in(B.SAMPLE))] = None,  # noqa: E501
-    shard_rows: Annotated[int, typer.Option(help="Rows per store shard", **_in(B.ROWS))] = 20000,
-    leakage: Annotated[bool, typer.Option(help="Leave out the rows that are also evaluation text")] = True,
-    export: Annotated[bool, typer.Option(help="Export the chosen student (sentence-transformers, ONNX)")] = True,
-    evaluate: Annotated[bool, typer.Option(help="Evaluate the chosen student on the suite")] = True,
-    dry_run: Annotated[bool, typer.Option(help="Print the plan and each step's estimated time; write nothing")] = False,  # noqa: E501
-    progress: Annotated[bool, typer.Option(help="Show progress")] = True,
-) -> None:
+@_declared_by(DistillConfig)
+def distill(cfg: DistillConfig) -> None:
     """One command from a corpus to a served student: precompute, leakage, every recipe stage, the choice on dev,
     export and the evaluation suite. Kill it anywhere; the same command resumes."""
-    from kd.apps.distill import DistillConfig
     from kd.apps.distill import distill as run_distill
     from kd.apps.distill_plan import estimate
 
     try:
-        cfg = DistillConfig(inputs, out, student=student, recipe=recipe, teacher=teacher, start=start,
-                            text_column=text_column, segment=segment, dedup=dedup, sample=sample,
-                            shard_rows=shard_rows, exclude_leakage=leakage, export=export, evaluate=evaluate,
-                            progress=progress)
-        if dry_run:
+        if cfg.dry_run:
             term.print(estimate(cfg).table())
             return
         res = run_distill(cfg)

@@ -20,6 +20,7 @@ from typing import Any
 
 from kd.apps.distill import DistillConfig, DistillResult
 from kd.apps.distill import distill as _distill
+from kd.apps.distill_plan import Plan, estimate
 from kd.pipeline.precompute import precompute as _precompute
 from kd.storage.store import Store
 from kd.student.saved import LoadedStudent, load
@@ -48,8 +49,10 @@ def train_student(store: Store | str | os.PathLike, out: str | os.PathLike, **op
 
 
 def distill(inputs: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike,
-            **options: Any) -> DistillResult:
+            **options: Any) -> DistillResult | Plan:
     """`kd distill`: a corpus to a served student by a recipe (`student="tiny6"` or `recipe="my.toml"`), resuming
-    a run in `out`; the result names the chosen stage, the exported model folder and the suite report."""
+    a run in `out`; the result names the chosen stage, the exported model folder and the suite report. With
+    `dry_run=True`: the plan with each step's measured estimate (`.table()`), and nothing written."""
     files = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    return _distill(DistillConfig(files, out, **options))
+    cfg = DistillConfig(files, out, **options)
+    return estimate(cfg) if cfg.dry_run else _distill(cfg)

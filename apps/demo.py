@@ -20,26 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kd.apps.corpus import demo_corpus
+from kd.apps.demo_config import DemoConfig
 from kd.apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
 from kd.apps.speed import pick_threads
-from kd.common import bounds as B
-
-
-@dataclass
-class DemoConfig:
-    out: str = "kd-demo"
-    quick: bool = False
-    sentences: int | None = None  # default: all 6,000 bundled (quick: 400)
-    epochs: int = 4  # BiLSTM epochs (the static tier uses its own defaults: 3 epochs)
-    tiers: tuple[str, ...] = ("static", "bilstm")
-    threads: int | None = None  # torch intra-op threads; None: see `pick_threads`
-    overwrite: bool = False
-    cache: bool = True  # the teacher's evaluation vectors and speed from an earlier run (apps/eval_cache.py)
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        B.check("kd demo options", ("--epochs", self.epochs, B.EPOCHS), ("--threads", self.threads, B.THREADS),
-                ("sentences", self.sentences, B.ROWS))
 
 
 @dataclass

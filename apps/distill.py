@@ -16,62 +16,23 @@ uninterrupted run. Different options on an existing OUT are refused with the opt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kd.apps import recipe as R
+from kd.apps.distill_config import DistillConfig
 from kd.common.errors import InputError
 from kd.common.outputs import claim_output, write_text
 
 STATE = "distill.json"
 CARD = Path(__file__).with_name("templates") / "model_card.md"
 FORMAT = "kd-distill"
-
-
-@dataclass
-class DistillConfig:
-    """Every option of `kd distill` (the CLI builds one; `kd.distill(...)` takes the same keywords)."""
-
-    inputs: list[str]
-    out: str
-    student: str = "tiny6"  # a preset (apps/recipes) or a recipe file
-    recipe: str | None = None  # a recipe file; overrides `student`
-    teacher: str | None = None  # the recipe's teacher, replaced (a packaged name or a checkpoint folder)
-    start: str | None = None  # the recipe's start model, replaced
-    text_column: str | None = None
-    segment: str = "none"
-    dedup: bool = True
-    sample: float | None = None  # the id-hash sample of the rows kept (kd precompute --sample)
-    shard_rows: int = 20_000
-    exclude_leakage: bool = True
-    export: bool = True
-    evaluate: bool = True
-    progress: bool = True
-
-    # options a rerun may change without touching what was computed
-    RESUMABLE = ("export", "evaluate", "progress")
-
-    def __post_init__(self) -> None:
-        self.inputs = [os.fspath(p) for p in self.inputs]
-        self.out = os.fspath(self.out)
-        if not self.inputs:
-            raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
-
-    def plan(self) -> R.Recipe:
-        return R.load(self.recipe or self.student)
-
-    def identity(self, recipe: R.Recipe) -> dict[str, Any]:
-        """What makes two runs the same run: the options and the recipe's text."""
-        opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-        text = Path(recipe.path).read_bytes()
-        return opts | {"recipe_sha256": hashlib.sha256(text).hexdigest()}
 
 
 @dataclass
@@ -127,6 +88,9 @@ def _table_name(spec: str, role: str) -> str:
 
 def distill(cfg: DistillConfig) -> DistillResult:
     """Run every step of the recipe not yet done in cfg.out (see the module docstring)."""
+    if cfg.dry_run:  # the plan is apps.distill_plan.estimate's: a run must never start from a dry one
+        raise InputError("dry_run is set: this call would run the recipe", "kd distill",
+                         "call kd.apps.distill_plan.estimate(cfg) for the plan, or unset dry_run")
     recipe = cfg.plan()
     run = _Run(cfg, recipe)
     state = _claim(run)

@@ -1,0 +1,28 @@
+"""Every option of `kd demo`, declared once (flag, help, range: kd.common.options). Light to import: `kd --help`
+builds the command from these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kd.common import bounds as B
+from kd.common.options import bounded, check_ranges, option
+
+
+@dataclass
+class DemoConfig:
+    """Every option of `kd demo` (flags, help and ranges declared here: kd.common.options)."""
+
+    out: str = option("kd-demo", short="-o", help="Folder for everything the demo writes")
+    quick: bool = option(False, help="Tiny corpus slice and a few training steps (smoke test)")
+    sentences: int | None = bounded(None, B.ROWS)  # default: all 6,000 bundled (quick: 400)
+    epochs: int = option(4, range=B.EPOCHS, help="Training epochs of the BiLSTM tier (static: its own defaults)")
+    tiers: tuple[str, ...] = ("static", "bilstm")
+    threads: int | None = option(None, range=B.THREADS, help="Torch threads (default: all, or 1 when the CPUs are "
+                                                             "busy)")
+    overwrite: bool = option(False, help="Redo every stage instead of reusing finished ones")
+    cache: bool = option(True, help="Reuse the teacher's evaluation vectors and speed of earlier runs")
+    progress: bool = option(True, help="Show progress bars")
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "kd demo options")
