@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from kd.apps.demo_config import DemoConfig  # (light, as the two below)
 from kd.apps.distill_config import DistillConfig
+from kd.apps.eval_config import EvalConfig
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError, as_kd_error
@@ -113,8 +114,8 @@ def _cli_default(f: dataclasses.Field) -> Any:
 
 def _cli_type(hint: Any, opt: Option) -> Any:
     """The value type typer parses: the choices' Literal, str for a comma list, list[X] for a sequence."""
-    if opt.choices is not None:
-        return opt.choices
+    if opt.choices is not None:  # a repeatable option of choices takes a str Enum (typer: no list of Literals)
+        return list[opt.choices] if typing.get_origin(hint) in (tuple, list) else opt.choices
     if opt.comma:
         return str
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -368,46 +369,12 @@ def _wide() -> Console:
 
 
 @app.command("eval")
-def eval_(
-    student: Annotated[list[str] | None, typer.Option("--student", help="Student folder (kd train-student --out); repeatable")] = None,  # noqa: E501
-    teacher: Annotated[str | None, typer.Option(help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its teachers")] = None,  # noqa: E501
-    store: Annotated[str | None, typer.Option(help="Store whose teacher vectors are reused where it holds the texts")] = None,  # noqa: E501
-    task: Annotated[list[B.Measure] | None, typer.Option("--task", help="sts | probe | cluster | agreement | neighbours | speed | mrpc | lee | retrieval | suite (sts, mrpc, lee, probe, cluster, retrieval); repeatable (default: sts, agreement, neighbours, speed)")] = None,  # noqa: E501
-    target: Annotated[str | None, typer.Option(help="Teacher output compared with (default: the teacher's default_target)")] = None,  # noqa: E501
-    sts_split: Annotated[B.StsSplit | None, typer.Option(help="STS-B split: train | dev | test (default: dev; test with --task suite)")] = None,  # noqa: E501
-    pairs: Annotated[str | None, typer.Option(help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")] = None,
-    score_column: Annotated[str | None, typer.Option(help="Gold score column of --pairs (name, or 0-based index)")] = None,  # noqa: E501
-    text_columns: Annotated[str | None, typer.Option(help="The two text columns of --pairs: A,B")] = None,
-    max_pairs: Annotated[int | None, typer.Option(help="Use only the first N pairs", **_in(B.ROWS))] = None,
-    cluster_set: Annotated[B.ClusterSet, typer.Option(help="news-articles | brown-genres")] = "news-articles",
-    agreement_rows: Annotated[int, typer.Option(help="Store rows (or texts) for agreement and neighbours", **_in(B.AGREEMENT_ROWS))] = 10000,  # noqa: E501
-    agreement_texts: Annotated[str | None, typer.Option(help="Text file (one a line) for agreement without --store")] = None,  # noqa: E501
-    k: Annotated[int, typer.Option(help="Neighbours compared per text", **_in(B.K))] = 10,
-    baseline: Annotated[bool, typer.Option(help="Add a model2vec baseline when model2vec is installed")] = True,
-    baseline_dir: Annotated[str | None, typer.Option(help="A model2vec model already distilled from the teacher")] = None,  # noqa: E501
-    threads: Annotated[int | None, typer.Option(help="Torch threads (default: all, or 1 when the CPUs are busy)", **_in(B.THREADS))] = None,  # noqa: E501
-    json: Annotated[str | None, typer.Option("--json", help="Write the report as JSON")] = None,
-    markdown: Annotated[str | None, typer.Option("--markdown", help="Write the table as Markdown")] = None,
-    plot: Annotated[str | None, typer.Option("--plot", help="Folder for PNG plots")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace --json/--markdown/--plot files written by kd")] = False,
-    cache: Annotated[bool, typer.Option(help="Reuse the teacher's vectors and speed of earlier calls (kd cache folder)")] = True,  # noqa: E501
-    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
-) -> None:
+@_declared_by(EvalConfig)
+def eval_(cfg: EvalConfig) -> None:
     """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
-    from kd.apps.eval import EvalConfig, Measure, evaluate
+    from kd.apps.eval import evaluate
 
     try:
-        cols = tuple(text_columns.split(",")) if text_columns else None
-        if cols is not None and len(cols) != 2:
-            raise KdError("--text-columns needs two names: A,B", text_columns)
-        cfg = EvalConfig(
-            students=student or [], teacher=teacher, store=store,
-            measures=[Measure(t.value) for t in task] if task else EvalConfig().measures, target=target,
-            sts_split=sts_split, pairs=pairs, score_column=score_column, text_columns=cols, max_pairs=max_pairs,
-            cluster_set=cluster_set, agreement_rows=agreement_rows, agreement_texts=agreement_texts, k=k,
-            baseline=baseline, baseline_dir=baseline_dir, threads=threads, json_path=json, markdown_path=markdown,
-            plot_dir=plot, overwrite=overwrite, cache=cache, progress=progress,
-        )
         report = evaluate(cfg)
     except KdError as e:
         _fail(e)

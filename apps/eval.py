@@ -17,7 +17,6 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from kd.apps import metrics, suite_tasks, tasks
 from kd.apps.eval_cache import TeacherCache, texts_sha256
+from kd.apps.eval_config import DEFAULT_MEASURES, SUITE, EvalConfig, Measure, expand_measures  # noqa: F401
 from kd.apps.models import (
     EvalModel,
     model2vec_available,
@@ -36,36 +36,9 @@ from kd.apps.models import (
 from kd.apps.plots import PLOT_FILES
 from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads
 from kd.apps.store_teacher import StoreTeacher
-from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
 from kd.common.progress import Bar, showing
-
-
-class Measure(str, Enum):
-    sts = "sts"
-    probe = "probe"
-    cluster = "cluster"
-    agreement = "agreement"
-    neighbours = "neighbours"
-    speed = "speed"
-    mrpc = "mrpc"
-    lee = "lee"
-    retrieval = "retrieval"
-    suite = "suite"  # all of SUITE
-
-
-# The evidence beyond STS-B (issue 39): each number beside the teacher's; STS-B on its test split.
-SUITE = (Measure.sts, Measure.mrpc, Measure.lee, Measure.probe, Measure.cluster, Measure.retrieval)
-
-
-def expand_measures(measures: list[Measure] | list[str]) -> list[Measure]:
-    """The measures asked for, `suite` replaced by its members, each once, in the order given."""
-    out = [s for m in measures for s in (SUITE if Measure(m) is Measure.suite else (Measure(m),))]
-    return list(dict.fromkeys(out))
-
-
-DEFAULT_MEASURES = (Measure.sts, Measure.agreement, Measure.neighbours, Measure.speed)
 
 
 @dataclass(frozen=True)
@@ -94,50 +67,6 @@ COLUMNS = (
     Column("embedding_params_m", "emb. params M", "{:.2f}", Measure.speed),
     Column("disk_mb", "MB", "{:.1f}", Measure.speed),
 )
-
-
-@dataclass
-class EvalConfig:
-    students: list[str] = field(default_factory=list)
-    teacher: str | None = None  # checkpoint spec; with `store`, the name of one of its teachers
-    store: str | None = None
-    measures: list[Measure] = field(default_factory=lambda: list(DEFAULT_MEASURES))
-    target: str | None = None  # teacher output compared with (default: its meta's default_target)
-    sts_split: str | None = None  # None: dev, or test when the suite runs (its numbers are test numbers)
-    pairs: str | None = None  # a scored pair file instead of STS-B
-    score_column: str | None = None
-    text_columns: tuple[str, str] | None = None
-    max_pairs: int | None = None  # the first N pairs of STS and of each MRPC split
-    cluster_set: str = tasks.ClusterSet.news_articles.value
-    cluster_scale: float = 1.0
-    probe_train_rows: int = 4000
-    retrieval_articles: int = tasks.RETRIEVAL_ARTICLES
-    agreement_rows: int = 10000
-    agreement_texts: str | None = None  # text file (one a line) when there is no store
-    k: int = 10
-    speed_b1: int = 128
-    speed_big: int = 1024
-    baseline: bool = True  # add model2vec when importable
-    baseline_dir: str | None = None  # a model2vec model already distilled from the teacher (skips distilling)
-    threads: int | None = None  # torch threads for the whole run; None: apps.speed.pick_threads
-    json_path: str | None = None
-    markdown_path: str | None = None
-    plot_dir: str | None = None
-    overwrite: bool = False  # replace --json/--markdown/--plot files a previous kd run wrote (common.outputs)
-    cache: bool = True  # reuse (and record) the teacher's vectors and speed of earlier calls (apps/eval_cache.py)
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        B.check("eval options", ("--max-pairs", self.max_pairs, B.ROWS),
-                ("--agreement-rows", self.agreement_rows, B.AGREEMENT_ROWS), ("--k", self.k, B.K),
-                ("--threads", self.threads, B.THREADS), ("probe_train_rows", self.probe_train_rows, B.ROWS),
-                ("speed_b1", self.speed_b1, B.BATCH), ("speed_big", self.speed_big, B.BATCH),
-                ("retrieval_articles", self.retrieval_articles, B.EXACT_ROWS))
-        if self.sts_split is not None:
-            tasks.check_sts_split(self.sts_split)
-        if self.store and self.agreement_texts:  # with a store, agreement is measured on its rows: the file unread
-            raise InputError("--agreement-texts is for runs without --store (a store's own rows are its agreement "
-                             "texts)", self.agreement_texts, "drop --agreement-texts, or --store")
 
 
 @dataclass

@@ -66,7 +66,7 @@ def lee(cfg, teacher, others, rows, info, bars) -> None:
 
 def retrieval(cfg, teacher, others, rows, info, bars) -> None:
     """News titles retrieving their own article (its lead) among all sampled articles: recall@10 and MRR."""
-    task = tasks.load_title_retrieval(cfg.retrieval_articles)
+    task = tasks.load_title_retrieval(cfg.retrieval_articles or tasks.RETRIEVAL_ARTICLES)
     n = len(task.queries)
     models, src = _models(teacher, others, task.queries + task.docs, bars, task.name)
     for model, v in models:

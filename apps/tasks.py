@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kd.common.bounds import StsSplit, choices
+from kd.common.bounds import StsSplit, check_choice
 from kd.common.errors import InputError
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
@@ -117,8 +117,7 @@ def _read_tsv(path: Path) -> list[list[str]]:
 
 def check_sts_split(split: str) -> None:
     """Refuse an STS-B split name before any file is looked for (a missing file would blame KD_SHARED)."""
-    if split not in choices(StsSplit):
-        raise InputError(f"unknown STS-B split {split!r}", "--sts-split", f"use one of {', '.join(choices(StsSplit))}")
+    check_choice("--sts-split", split, StsSplit, "STS-B split")
 
 
 def load_stsb(split: str = "dev", path: str | Path | None = None) -> PairTask:

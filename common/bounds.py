@@ -118,3 +118,10 @@ DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 def choices(kind: Any) -> tuple[str, ...]:
     """The allowed values of a Literal (or str Enum) above."""
     return tuple(m.value for m in kind) if isinstance(kind, type) and issubclass(kind, Enum) else get_args(kind)
+
+
+def check_choice(flag: str, value: str, kind: Any, what: str) -> None:
+    """Refuse a value outside a Literal's (or str Enum's) choices, naming them: for callers typer does not parse
+    for (the Python API), before any file is looked for."""
+    if value not in choices(kind):
+        raise InputError(f"unknown {what} {value!r}", flag, f"use one of {', '.join(choices(kind))}")

@@ -1,5 +1,5 @@
-"""Each option of `kd precompute`, `kd train-student`, `kd distill` and `kd demo` is declared once, on its config
-field (issue 40).
+"""Each option of `kd precompute`, `kd train-student`, `kd eval`, `kd distill` and `kd demo` is declared once, on
+its config field (issue 40).
 
 The CLI's parameters are built from the fields (flag, help, range, choices, default), the configs check their
 ranges from the same fields, and no flag is written as a string in a second place.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 
 from kd.apps.demo_config import DemoConfig
 from kd.apps.distill_config import DistillConfig
+from kd.apps.eval_config import EvalConfig
 from kd.cli import app
 from kd.common import bounds as B
 from kd.common import options
@@ -27,10 +29,13 @@ from kd.student.train_config import TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = typer.main.get_command(app).commands
 CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py"),
-           "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py")}
-ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo"}
+           "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
+           "eval": (EvalConfig, "apps/eval_config.py")}
+ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
+         "eval": "eval_"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
-        "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"}}  # flags the walk must see
+        "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
+        "eval": {"--task", "--json"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
@@ -89,7 +94,9 @@ def test_the_command_parameters_are_the_declared_fields(command):
         if opt.range is not None:
             assert (p.min, p.max) == (opt.range.lo, opt.range.hi), name
         if opt.choices is not None:
-            assert B.choices(p.type_descriptor.annotation) == B.choices(opt.choices), name
+            kind = p.type_descriptor.annotation
+            kind = typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind  # repeatable: list[Enum]
+            assert B.choices(kind) == B.choices(opt.choices), name
         if f.type == "bool":
             assert p.secondary_opts == [f"--no-{p.opts[0][2:]}"], name
     if "device" in params:
@@ -114,6 +121,8 @@ def test_renamed_fields_keep_their_flags():
     (["distill", "in.txt", "-o", "O", "--sample", "1.5"], "--sample"),
     (["distill", "in.txt", "-o", "O", "--segment", "words"], "--segment"),
     (["demo", "-o", "O", "--epochs", "0"], "--epochs"),
+    (["eval", "--teacher", "minilm", "--task", "bogus"], "--task"),
+    (["eval", "--teacher", "minilm", "--k", "0"], "--k"),
 ])
 def test_a_bad_value_exits_2_at_parse_time(args, flag, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -137,6 +146,10 @@ def test_the_configs_refuse_by_the_declared_flag():
         DistillConfig(["in.txt"], "O", shard_rows=0)
     with pytest.raises(KdError, match="--epochs 0 must be in"):
         DemoConfig(epochs=0)
+    with pytest.raises(KdError, match="--agreement-rows 1 must be in"):
+        EvalConfig(teacher="minilm", agreement_rows=1)
+    with pytest.raises(KdError, match="--text-columns needs two names"):
+        EvalConfig(teacher="minilm", text_columns=("a",))
     with pytest.raises(KdError, match="--objective") as e:
         TrainConfig("S", "O", objectives=[])
     assert e.value.where == "--objective"
