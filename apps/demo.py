@@ -121,14 +121,12 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
 
 
 def _tier_config(cfg: DemoConfig, tier: str, store: Path, folder: Path):
-    """Training options of a demo tier: the arch's defaults, sized to finish in minutes on 2 cores."""
+    """Training options of a demo tier: the arch's defaults (the CLI's and the API's: student.train_config), which
+    finish in minutes on 2 cores."""
     from kd.student.train_config import TrainConfig
 
     steps = dict(max_steps=30, epochs=1) if cfg.quick else {}
     common = dict(objectives=["cosine"], patience=0, val_percent=5.0, checkpoint_every=10_000,
                   overwrite=cfg.overwrite, progress=cfg.progress)
-    if tier == "static":
-        return TrainConfig(str(store), str(folder), arch="static", **(common | steps))
-    # 128-d token embeddings (PCA of MiniLM's) and 64 tokens: half the cost of 300-d for a small loss.
-    return TrainConfig(str(store), str(folder), arch=tier, embed_dim=128, hidden_dim=256, max_length=64,
-                       batch_size=64, lr=2e-3, **(common | {"epochs": cfg.epochs} | steps))
+    epochs = {} if tier == "static" or cfg.epochs is None else {"epochs": cfg.epochs}
+    return TrainConfig(str(store), str(folder), arch=tier, **(common | epochs | steps))

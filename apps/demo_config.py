@@ -16,7 +16,8 @@ class DemoConfig:
     out: str = option("kd-demo", short="-o", help="Folder for everything the demo writes")
     quick: bool = option(False, help="Tiny corpus slice and a few training steps (smoke test)")
     sentences: int | None = bounded(None, B.ROWS)  # default: all 6,000 bundled (quick: 400)
-    epochs: int = option(4, range=B.EPOCHS, help="Training epochs of the BiLSTM tier (static: its own defaults)")
+    epochs: int | None = option(None, range=B.EPOCHS, help="Training epochs of the BiLSTM tier (default: the arch's, "
+                                                           "as kd train-student; static: its own)")
     tiers: tuple[str, ...] = ("static", "bilstm")
     threads: int | None = option(None, range=B.THREADS, help="Torch threads (default: all, or 1 when the CPUs are "
                                                              "busy)")

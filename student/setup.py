@@ -36,7 +36,7 @@ from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
 from kd.student.saved import TOKENIZER, fitted_student, read_config, student_tokenizer
 from kd.student.static import sif_weights, static_init, token_counts
-from kd.student.train_config import EmbeddingInit, TrainConfig
+from kd.student.train_config import ARCH_EMBED_DIM, DEFAULT_EMBED_DIM, EmbeddingInit, TrainConfig
 from kd.student.transformer_init import bert_config, load_init_weights
 
 
@@ -125,13 +125,13 @@ def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, e
                     init_dir: Path | None) -> StudentConfig:
     """The student's shape from the options: embed_dim at most the teacher's embedding width, out_dim the
     target's width, vocabulary the tokenizer's (or the embedding matrix's, if larger)."""
-    probe = StudentConfig()
     extra = dict(cfg.student)
     if cfg.hidden_dim is not None:
         extra["hidden_dim"] = cfg.hidden_dim
     if init_dir is not None:  # transformer-init without --init (with --init the source student fixes the shape)
         extra["bert"] = bert_config(init_dir)
-    embed_dim = cfg.embed_dim or min(probe.embed_dim, emb.shape[1] if emb is not None else probe.embed_dim)
+    cap = ARCH_EMBED_DIM.get(cfg.arch, DEFAULT_EMBED_DIM)
+    embed_dim = cfg.embed_dim or min(cap, emb.shape[1] if emb is not None else cap)
     out_dim = cfg.out_dim or (ctx.shape(keys[0])[0] if keys else None)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     student_cfg = StudentConfig(

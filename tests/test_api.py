@@ -54,7 +54,8 @@ def test_precompute_returns_the_store_the_cli_writes(api_store, corpus, tiny_tea
 
 @pytest.mark.parametrize("arch", ["static", "bilstm"])
 def test_train_student_uses_the_cli_defaults_of_each_arch(api_store, tmp_path, arch):
-    """The options left out get the arch's defaults in both doors (static: lr 5e-3, batch 256, no dropout)."""
+    """The options left out get the arch's defaults in both doors (static: lr 5e-3, batch 256, no dropout; bilstm:
+    lr 2e-3 and 64 tokens, as the demo trains it)."""
     small = dict(hidden_dim=8, max_steps=2, checkpoint_every=2)
     model = kd.train_student(api_store, tmp_path / "api", arch=arch, progress=False, **small)
     assert isinstance(model, LoadedStudent)
@@ -68,8 +69,8 @@ def test_train_student_uses_the_cli_defaults_of_each_arch(api_store, tmp_path, a
     cli_args = json.loads((tmp_path / "cli" / "training_args.json").read_text())
     differ = {k for k in api_args if api_args[k] != cli_args.get(k)}
     assert differ == {"out"}, differ
-    expect = {"static": (5e-3, 256, 0.0), "bilstm": (1e-3, 64, 0.1)}[arch]
-    assert (api_args["lr"], api_args["batch_size"], api_args["dropout"]) == expect
+    expect = {"static": (5e-3, 256, 0.0, 128), "bilstm": (2e-3, 64, 0.1, 64)}[arch]  # bilstm: the measured default
+    assert (api_args["lr"], api_args["batch_size"], api_args["dropout"], api_args["max_length"]) == expect
 
 
 def test_api_errors_are_kd_errors(api_store, tmp_path):
@@ -77,3 +78,22 @@ def test_api_errors_are_kd_errors(api_store, tmp_path):
         kd.train_student(api_store, tmp_path / "bad", num_layers=0)
     with pytest.raises(KdError):
         kd.precompute(tmp_path / "missing.txt", tmp_path / "s", teachers=["minilm"], progress=False)
+
+
+def test_one_default_per_arch_in_every_door():
+    """The CLI, the Python API, the demo and the bilstm recipe build the same BiLSTM (issue 40: the demo's was
+    128/256/64 tokens while bare train-student built 300/512/128)."""
+    from pathlib import Path
+
+    from kd.apps.demo import _tier_config
+    from kd.apps.demo_config import DemoConfig
+    from kd.apps.recipe import load
+    from kd.student.train_config import TrainConfig
+
+    plain = TrainConfig("S", "O", arch="bilstm")
+    demo = _tier_config(DemoConfig(), "bilstm", Path("S"), Path("O"))
+    stage = load("bilstm").stages[0]
+    shape = ("hidden_dim", "max_length", "lr", "batch_size", "embed_dim", "pooling", "epochs")
+    assert [getattr(demo, k) for k in shape] == [getattr(plain, k) for k in shape]
+    assert (plain.hidden_dim, plain.max_length, plain.lr, plain.pooling) == (256, 64, 2e-3, "mean")
+    assert not {"hidden_dim", "max_length", "lr", "pooling", "batch_size", "embed_dim"} & set(stage.options)
