@@ -29,7 +29,9 @@ from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError, as_kd_error
 from kd.common.options import Option
+from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
+from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig  # (the same)
 
 
@@ -524,36 +526,13 @@ def _metric_text(metrics: dict) -> str:
 
 
 @app.command("finetune-teacher")
-def finetune_teacher_cmd(
-    base: Annotated[str, typer.Option(help="minilm | mpnet | bert-base | DIR: the encoder to fine-tune")],
-    task: Annotated[B.Task, typer.Option(help="pair-regression | pair-classification | classification")],
-    train: Annotated[list[str], typer.Option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Output folder: a Hugging Face checkpoint")],
-    dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
-    epochs: Annotated[int, typer.Option(**_in(B.EPOCHS))] = 3,
-    lr: Annotated[float, typer.Option(**_in(B.LR))] = 2e-5,
-    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 16,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
-    warmup: Annotated[float, typer.Option(help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none", **_in(B.WARMUP))] = 0.1,  # noqa: E501
-    max_length: Annotated[int, typer.Option(help="Tokens per input (a pair counts both sides)", **_in(B.TEACHER_TOKENS))] = 128,  # noqa: E501
-    text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
-    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks, e.g. 5,6 for STS-B")] = None,  # noqa: E501
-    label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
-    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
-    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
-    device: Annotated[str | None, typer.Option(help="cpu | cuda | cuda:N (default: cuda when present)", **_device(False))] = None,  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune-teacher output")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-) -> None:
+@_declared_by(TeacherFinetuneConfig)
+def finetune_teacher_cmd(cfg: TeacherFinetuneConfig) -> None:
     """Fine-tune a task teacher (a cross-encoder for pairs) that kd precompute --teacher DIR runs for logits."""
-    from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
+    from kd.pipeline.finetune_teacher import finetune_teacher
 
     try:
-        s = finetune_teacher(TeacherFinetuneConfig(
-            base, task, train, out, dev=dev, epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps,
-            warmup=warmup, max_length=max_length, text_column=text_column, pair_columns=pair_columns,
-            label_column=label_column, delimiter=delimiter, seed=seed, device=device, overwrite=overwrite,
-            progress=progress))
+        s = finetune_teacher(cfg)
     except KdError as e:
         _fail(e)
     labels = f"labels {s.label_names}" if s.label_names else "one score"
@@ -562,41 +541,13 @@ def finetune_teacher_cmd(
 
 
 @app.command("finetune")
-def finetune_cmd(
-    student: Annotated[str, typer.Option(help="Student folder written by kd train-student")],
-    task: Annotated[B.Task, typer.Option(help="classification | pair-classification | pair-regression")],
-    train: Annotated[list[str], typer.Option(help="Training file(s) with labels")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Output folder for the fine-tuned student")],
-    dev: Annotated[list[str] | None, typer.Option(help="Dev file(s), scored after every epoch")] = None,
-    kd_store: Annotated[str | None, typer.Option(help="SRA+KD: store over the training file with a task teacher's logits")] = None,  # noqa: E501
-    kd_weight: Annotated[float, typer.Option(help="Weight of the logit MSE to the teacher (0: off)", **_in(B.LOSS_WEIGHT))] = 1.0,  # noqa: E501
-    kd_alpha: Annotated[float | None, typer.Option(help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) x logit MSE (replaces --kd-weight)", **_in(B.UNIT))] = None,  # noqa: E501
-    kd_teacher: Annotated[str | None, typer.Option(help="Teacher of --kd-store (default: the one with logits)")] = None,  # noqa: E501
-    epochs: Annotated[int, typer.Option(**_in(B.EPOCHS))] = 3,
-    lr: Annotated[float, typer.Option(help="SRA picks from 2e-4, 3e-4, 5e-4, 1e-3 on dev", **_in(B.LR))] = 5e-4,
-    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 32,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps (overrides --epochs)", **_in(B.STEPS))] = None,  # noqa: E501
-    hidden: Annotated[int, typer.Option(help="Width of the MLP head's hidden layer", **_in(B.WIDTH))] = 256,
-    dropout: Annotated[float, typer.Option(**_in(B.DROPOUT))] = 0.1,
-    text_column: Annotated[str | None, typer.Option(help="Text column (name, or 0-based index without header)")] = None,  # noqa: E501
-    pair_columns: Annotated[str | None, typer.Option(help="Two columns a,b for pair tasks")] = None,
-    label_column: Annotated[str | None, typer.Option(help="Label column (default: label)")] = None,
-    delimiter: Annotated[str | None, typer.Option(help="Field delimiter for .csv/.tsv (default: sniffed)")] = None,
-    seed: Annotated[int, typer.Option(**_in(B.SEED))] = 0,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N", **_device(True))] = "auto",
-    overwrite: Annotated[bool, typer.Option(help="Replace a previous kd finetune output")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-) -> None:
+@_declared_by(FinetuneConfig)
+def finetune_cmd(cfg: FinetuneConfig) -> None:
     """Fine-tune a student with an MLP head on a labelled task (SRA); with --kd-store also match a teacher (SRA+KD)."""
-    from kd.student.finetune import FinetuneConfig, finetune
+    from kd.student.finetune import finetune
 
     try:
-        s = finetune(FinetuneConfig(
-            student, task, train, out, dev=dev, kd_store=kd_store, kd_weight=kd_weight, kd_alpha=kd_alpha,
-            kd_teacher=kd_teacher, epochs=epochs, lr=lr, batch_size=batch_size, max_steps=max_steps, hidden=hidden,
-            dropout=dropout,
-            text_column=text_column, pair_columns=pair_columns, label_column=label_column, delimiter=delimiter,
-            seed=seed, device=device, overwrite=overwrite, progress=progress))
+        s = finetune(cfg)
     except KdError as e:
         _fail(e)
     kd = f", KD from {s.kd_teacher}" if s.kd_teacher else ""

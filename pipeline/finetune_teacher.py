@@ -33,55 +33,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from kd.common import bounds as B
 from kd.common import finetune as ft
 from kd.common.errors import KdError
 from kd.common.finetune import task_loss  # by name: the tests replace this module's loss
 from kd.common.finite import require_finite_weights
-from kd.common.hardware import check_device, resolve_device
+from kd.common.hardware import resolve_device
 from kd.common.outputs import TEACHER
 from kd.common.quiet import hush_libraries
-from kd.common.tasks import LabelSet, Task, fresh_output, task_metrics
+from kd.common.tasks import LabelSet, fresh_output, task_metrics
+from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.resolve import resolve_teacher
 
 METRICS_FILE, ARGS_FILE = "dev_metrics.json", "finetune_args.json"
 DIVERGED = "the run diverged: lower --lr; check --train for extreme scores"
-
-
-@dataclass
-class TeacherFinetuneConfig:
-    """Every option of `kd finetune-teacher`; saved as finetune_args.json."""
-
-    base: str  # minilm | mpnet | bert-base | DIR | HF cache name
-    task: Task
-    train: list[str]
-    out: str
-    dev: list[str] | None = None
-    epochs: int = 3
-    lr: float = 2e-5
-    batch_size: int = 16
-    max_steps: int | None = None  # stop after this many steps (overrides epochs)
-    warmup: float = 0.1  # < 1: fraction of the steps; >= 1: steps
-    weight_decay: float = 0.01
-    max_length: int = 128
-    text_column: str | None = None
-    pair_columns: str | None = None
-    label_column: str | None = None
-    delimiter: str | None = None
-    seed: int = 0
-    device: str | None = None
-    eval_batch_size: int = 64
-    overwrite: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        ft.task_options(self)
-        B.check("finetune-teacher options", ("--epochs", self.epochs, B.EPOCHS),
-                ("--max-steps", self.max_steps, B.STEPS), ("--batch-size", self.batch_size, B.BATCH),
-                ("--lr", self.lr, B.LR), ("--warmup", self.warmup, B.WARMUP),
-                ("--max-length", self.max_length, B.TEACHER_TOKENS), ("--seed", self.seed, B.SEED),
-                ("weight_decay", self.weight_decay, B.WEIGHT_DECAY), ("eval_batch_size", self.eval_batch_size, B.BATCH))
-        check_device(self.device)
 
 
 @dataclass

@@ -35,72 +35,23 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from kd.common import bounds as B
 from kd.common import finetune as ft
 from kd.common.errors import InputError, KdError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import non_finite_rows, require_finite_weights
-from kd.common.hardware import check_device, resolve_device
+from kd.common.hardware import resolve_device
 from kd.common.ids import text_id, text_key
 from kd.common.outputs import FINETUNE
 from kd.common.padding import pad_rows
 from kd.common.tasks import LabelSet, Task, TaskRows, fresh_output, task_metrics
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
+from kd.student.finetune_config import FinetuneConfig
 from kd.student.models import Student
 from kd.student.saved import CONFIG, TOKENIZER, LoadedStudent, build_to_fit, load, save_student
 
 TASK_FILE, HEAD_FILE, METRICS_FILE = "task.json", "task_head.safetensors", "dev_metrics.json"
 DIVERGED = "the run diverged: lower --lr (or --kd-weight); check --train and --kd-store for extreme values"
-
-
-@dataclass
-class FinetuneConfig:
-    """Every option of `kd finetune`; saved as training_args.json."""
-
-    student: str  # folder written by kd train-student (or by kd finetune)
-    task: Task
-    train: list[str]
-    out: str
-    dev: list[str] | None = None
-    kd_store: str | None = None  # store over the training inputs with a task teacher's logits
-    kd_weight: float = 1.0
-    kd_alpha: float | None = None  # SRA+KD as Tang et al.: alpha * task loss + (1 - alpha) * logit MSE
-    kd_teacher: str | None = None  # teacher table in kd_store (default: the only one with logits)
-    epochs: int = 3
-    lr: float = 5e-4
-    batch_size: int = 32
-    max_steps: int | None = None
-    hidden: int = 256  # SRA: "the size of the task-specific layers is set to 256"
-    dropout: float = 0.1
-    weight_decay: float = 0.0
-    warmup: float = 0.05  # < 1: fraction of the steps; >= 1: steps
-    clip: float = 1.0
-    text_column: str | None = None
-    pair_columns: str | None = None
-    label_column: str | None = None
-    delimiter: str | None = None
-    seed: int = 0
-    device: str = "auto"
-    eval_batch_size: int = 256
-    overwrite: bool = False
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        ft.task_options(self)
-        B.check("finetune options", ("--epochs", self.epochs, B.EPOCHS), ("--max-steps", self.max_steps, B.STEPS),
-                ("--batch-size", self.batch_size, B.BATCH), ("--lr", self.lr, B.LR), ("--hidden", self.hidden, B.WIDTH),
-                ("--dropout", self.dropout, B.DROPOUT), ("--kd-weight", self.kd_weight, B.LOSS_WEIGHT),
-                ("--kd-alpha", self.kd_alpha, B.UNIT), ("--seed", self.seed, B.SEED),
-                ("weight_decay", self.weight_decay, B.WEIGHT_DECAY), ("warmup", self.warmup, B.WARMUP),
-                ("clip", self.clip, B.CLIP), ("eval_batch_size", self.eval_batch_size, B.BATCH))
-        check_device(self.device)
-        if self.kd_alpha is not None and self.kd_store is None:
-            raise InputError(f"--kd-alpha {self.kd_alpha} needs a kd store", "--kd-alpha",
-                             "pass --kd-store STORE (a store with the task teacher's logits)")
-        if self.kd_store is None and self.kd_teacher is not None:
-            raise InputError("--kd-teacher names a teacher of --kd-store, and no --kd-store was given",
-                             "--kd-teacher", "pass --kd-store STORE too, or drop --kd-teacher")
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Each option of `kd precompute`, `kd train-student`, `kd eval`, `kd distill` and `kd demo` is declared once, on
-its config field (issue 40).
+"""Each option of `kd precompute`, `kd train-student`, `kd eval`, `kd distill`, `kd demo`, `kd finetune` and
+`kd finetune-teacher` is declared once, on its config field (issue 40).
 
 The CLI's parameters are built from the fields (flag, help, range, choices, default), the configs check their
 ranges from the same fields, and no flag is written as a string in a second place.
@@ -23,19 +23,23 @@ from kd.cli import app
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError
+from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
+from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = typer.main.get_command(app).commands
 CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py"),
            "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
-           "eval": (EvalConfig, "apps/eval_config.py")}
+           "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
+           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
-         "eval": "eval_"}
+         "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
-        "eval": {"--task", "--json"}}  # flags the walk must see
+        "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
+        "finetune-teacher": {"--base", "--warmup"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
@@ -123,6 +127,9 @@ def test_renamed_fields_keep_their_flags():
     (["demo", "-o", "O", "--epochs", "0"], "--epochs"),
     (["eval", "--teacher", "minilm", "--task", "bogus"], "--task"),
     (["eval", "--teacher", "minilm", "--k", "0"], "--k"),
+    (["finetune", "--student", "S", "--task", "classification", "--train", "t.csv", "-o", "O", "--kd-alpha", "2"],
+     "--kd-alpha"),
+    (["finetune-teacher", "--base", "minilm", "--task", "words", "--train", "t.csv", "-o", "O"], "--task"),
 ])
 def test_a_bad_value_exits_2_at_parse_time(args, flag, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
