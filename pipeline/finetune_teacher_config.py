@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kd.common import bounds as B
+from kd.common import task_file_options as T
 from kd.common.hardware import check_device
 from kd.common.options import bounded, check_ranges, option
 
@@ -16,7 +17,7 @@ class TeacherFinetuneConfig:
     task: str = option(choices=B.Task, help="pair-regression | pair-classification | classification")
     train: list[str] = option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")
     out: str = option(short="-o", help="Output folder: a Hugging Face checkpoint")
-    dev: list[str] | None = option(None, help="Dev file(s), scored after every epoch")
+    dev: list[str] | None = T.dev()
     epochs: int = option(3, range=B.EPOCHS)
     lr: float = option(2e-5, range=B.LR)
     batch_size: int = option(16, range=B.BATCH)
@@ -24,10 +25,10 @@ class TeacherFinetuneConfig:
     warmup: float = option(0.1, range=B.WARMUP, help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none")
     weight_decay: float = bounded(0.01, B.WEIGHT_DECAY)
     max_length: int = option(128, range=B.TEACHER_TOKENS, help="Tokens per input (a pair counts both sides)")
-    text_column: str | None = option(None, help="Text column (name, or 0-based index without header)")
-    pair_columns: str | None = option(None, help="Two columns a,b for pair tasks, e.g. 5,6 for STS-B")
-    label_column: str | None = option(None, help="Label column (default: label)")
-    delimiter: str | None = option(None, help="Field delimiter for .csv/.tsv (default: sniffed)")
+    text_column: str | None = T.text_column()
+    pair_columns: str | None = T.pair_columns()
+    label_column: str | None = T.label_column()
+    delimiter: str | None = T.delimiter()
     seed: int = option(0, range=B.SEED)
     device: str | None = option(None, devices=B.DEVICES[1:], help="cpu | cuda | cuda:N (default: cuda when present)")
     eval_batch_size: int = bounded(64, B.BATCH)

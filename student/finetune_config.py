@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kd.common import bounds as B
+from kd.common import task_file_options as T
 from kd.common.errors import InputError
 from kd.common.hardware import check_device
 from kd.common.options import bounded, check_ranges, option
@@ -17,7 +18,7 @@ class FinetuneConfig:
     task: str = option(choices=B.Task, help="classification | pair-classification | pair-regression")
     train: list[str] = option(help="Training file(s) with labels")
     out: str = option(short="-o", help="Output folder for the fine-tuned student")
-    dev: list[str] | None = option(None, help="Dev file(s), scored after every epoch")
+    dev: list[str] | None = T.dev()
     kd_store: str | None = option(None, help="SRA+KD: store over the training file with a task teacher's logits")
     kd_weight: float = option(1.0, range=B.LOSS_WEIGHT, help="Weight of the logit MSE to the teacher (0: off)")
     kd_alpha: float | None = option(None, range=B.UNIT, help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) "
@@ -32,10 +33,10 @@ class FinetuneConfig:
     weight_decay: float = bounded(0.0, B.WEIGHT_DECAY)
     warmup: float = bounded(0.05, B.WARMUP)  # < 1: fraction of the steps; >= 1: steps
     clip: float = bounded(1.0, B.CLIP)
-    text_column: str | None = option(None, help="Text column (name, or 0-based index without header)")
-    pair_columns: str | None = option(None, help="Two columns a,b for pair tasks")
-    label_column: str | None = option(None, help="Label column (default: label)")
-    delimiter: str | None = option(None, help="Field delimiter for .csv/.tsv (default: sniffed)")
+    text_column: str | None = T.text_column()
+    pair_columns: str | None = T.pair_columns()
+    label_column: str | None = T.label_column()
+    delimiter: str | None = T.delimiter()
     seed: int = option(0, range=B.SEED)
     device: str = option("auto", devices=B.DEVICES, help="auto | cpu | cuda | cuda:N")
     eval_batch_size: int = bounded(256, B.BATCH)
