@@ -27,7 +27,7 @@ from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
 from kd.common import bounds as B
 from kd.common import options
-from kd.common.errors import KdError, as_kd_error
+from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
@@ -147,8 +147,11 @@ def _values(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     kwargs = {}
     for f, opt in options.declared(cls):
         value = given.get(f.name)
-        if opt.comma:
-            value = value.split(",") if value else None
+        if opt.comma and value is not None:
+            if not value.strip(", "):  # `--outputs ''` meant something, not "the defaults"
+                flag = options.flag_of(f.name, opt)
+                raise InputError(f"{flag} is empty", flag, f"give a comma list, or leave {flag} out for its default")
+            value = value.split(",")
         if value is not None:
             kwargs[f.name] = value
     return kwargs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 
 
 class KdError(Exception):
@@ -53,6 +54,10 @@ _OS_ERRORS: dict[str, tuple[str, str]] = {
 }
 
 
+# What pyarrow's S3 / GCS / HDFS filesystems say when the service cannot be reached or refuses
+_REMOTE = re.compile(r"AWS Error|Google Cloud|GCS|HDFS|Could not resolve host|Couldn't connect|NETWORK_CONNECTION")
+
+
 def as_kd_error(exc: BaseException) -> KdError | None:
     """The KdError a user-caused exception amounts to, or None for anything else (a bug keeps its traceback).
 
@@ -62,6 +67,10 @@ def as_kd_error(exc: BaseException) -> KdError | None:
     """
     if isinstance(exc, KdError):
         return exc
+    if isinstance(exc, OSError) and exc.errno is None and _REMOTE.search(str(exc)):
+        # pyarrow's remote filesystems (s3://, gs://, hdfs://) raise a bare OSError with the service's message
+        return KdError(f"cannot reach the remote storage: {' '.join(str(exc).split())}", None,
+                       "check the URI, the network and the credentials (e.g. AWS_PROFILE), or use a local path")
     if isinstance(exc, OSError) and exc.errno is not None:
         what, fix = _OS_ERRORS.get(errno.errorcode.get(exc.errno, ""), (None, None))
         if what is None:

@@ -280,3 +280,15 @@ def test_a_bad_delimiter_is_refused_by_name(tmp_path, delimiter):
                "--no-progress")
     _clean_exit(res, 2, "--delimiter must be one character")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_remote_storage_failure_is_kds_message():
+    """`kd info s3://bucket/x` without a network printed pyarrow's bare OSError as a traceback (the probe's
+    O162): it has no errno, only the service's text."""
+    from kd.common.errors import as_kd_error
+
+    err = as_kd_error(OSError("When resolving region for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket "
+                              "operation: curlCode: 6, Could not resolve hostname"))
+    assert err is not None and err.exit_code == 2 and "cannot reach the remote storage" in str(err)
+    assert "credentials" in err.fix
+    assert as_kd_error(OSError("something else entirely")) is None  # a bug keeps its traceback

@@ -200,3 +200,13 @@ def test_the_cli_builds_the_config_from_the_flags(monkeypatch, tmp_path):
                                                                                ("vocab", "init"))
     CliRunner().invoke(app, ["precompute", "a.txt", "-o", str(tmp_path / "s")])
     assert seen["job"].teachers == ("minilm",) and seen["job"].outputs is None
+
+
+@pytest.mark.parametrize("args", [["precompute", "in.txt", "-o", "O", "--outputs", ""],
+                                  ["eval", "--teacher", "minilm", "--text-columns", " , "]])
+def test_an_empty_comma_list_is_refused_not_read_as_the_default(args, tmp_path, monkeypatch):
+    """`--outputs ''` wrote the teacher's default outputs with exit 0 (the probe's O008)."""
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "is empty" in res.output and "fix:" in res.output, res.output
+    assert not (tmp_path / "O").exists()
