@@ -77,7 +77,7 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, *, nam
         if text_column is not None:  # a store's texts are its `texts` table: the option would be ignored
             raise InputError("--text-column is for file inputs; a store's texts are its own", input,
                              "drop --text-column")
-        table_name = check_name(name or Path(student).resolve().name, "student table name (--name)")
+        table_name = check_name(Path(student).resolve().name if name is None else name, "student table name (--name)")
         st = load(student, device=device)
         return _embed_store(st, input, table_name, batch_size, overwrite, progress, t0)
     if out is None:

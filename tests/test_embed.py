@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from kd import student
 from kd.cli import app
-from kd.common.errors import InputError, StoreError
+from kd.common.errors import InputError, KdError, StoreError
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.store import Store
 from kd.student.embed import embed
@@ -183,3 +183,10 @@ def test_an_empty_input_and_a_text_column_on_a_store_are_refused(tmp_path):
     (store / "manifest.json").write_text('{"format": "kd-store"}')
     with pytest.raises(InputError, match="--text-column is for file inputs"):
         embed(str(tmp_path / "student"), str(store), text_column="text")
+
+
+def test_an_empty_name_is_refused_not_replaced_by_the_folders(trained):
+    """`kd embed STORE --name ''` wrote under the student folder's name (the probe's O097)."""
+    store, out = trained
+    with pytest.raises(KdError, match="invalid student table name"):
+        embed(out, str(store), name="", progress=False)
