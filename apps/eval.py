@@ -336,6 +336,9 @@ def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
         if not cfg.score_column:
             raise InputError("--pairs needs --score-column", cfg.pairs, "name (or index) the gold score column")
         task = tasks.load_pairs(cfg.pairs, cfg.score_column, cfg.text_columns)
+        if len(task.head(cfg.max_pairs).a) < 2:  # a rank correlation of one pair is undefined, not a score
+            raise InputError(f"--pairs holds {len(task.a)} scored pair(s){' (after --max-pairs)' * bool(cfg.max_pairs)}"
+                             "; a Spearman correlation needs at least 2", cfg.pairs, "pass a file of scored pairs")
     else:
         task = tasks.load_stsb(cfg.sts_split or ("test" if Measure.suite in cfg.measures else "dev"))
     task = task.head(cfg.max_pairs)
@@ -391,6 +394,9 @@ def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[l
             raise InputError(f"--agreement-texts is not UTF-8 text ({e.reason} at byte {e.start}; a binary file?)",
                              cfg.agreement_texts, "pass a text file of sentences, one a line, in UTF-8") from None
         texts, where = [t for t in lines if t.strip()][: cfg.agreement_rows], cfg.agreement_texts
+        if len(texts) < 2:  # agreement averages over texts and neighbours need a second one
+            raise InputError(f"--agreement-texts holds {len(texts)} non-empty line(s); agreement needs at least 2",
+                             cfg.agreement_texts, "pass a text file of sentences, one a line")
     else:
         texts, where = demo_sentences()[: cfg.agreement_rows], "the bundled demo corpus"
     tv, src = teacher.vectors(texts, bars, "agreement texts")

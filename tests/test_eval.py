@@ -136,3 +136,21 @@ def test_agreement_texts_with_a_store_is_refused_not_ignored(tmp_path):
 
     with pytest.raises(InputError, match="--agreement-texts is for runs without --store"):
         EvalConfig(store=str(tmp_path / "s"), agreement_texts=str(tmp_path / "t.txt"))
+
+
+@pytest.mark.parametrize("case", ["one pair", "no texts"])
+def test_too_few_pairs_or_texts_are_refused_not_scored_undefined(setup, tmp_path, case):
+    """One scored pair or an empty --agreement-texts gave "—" with exit 0, blamed on constant vectors (the probe's
+    I049, I053)."""
+    teacher = f"tiny={setup['teacher']}"
+    if case == "one pair":
+        (tmp_path / "p.tsv").write_text("a\tb\tscore\nhello world\thi world\t3\n", encoding="utf-8")
+        args = ["--pairs", str(tmp_path / "p.tsv"), "--text-columns", "a,b", "--score-column", "score", "--task", "sts"]
+        expect = "a Spearman correlation needs at least 2"
+    else:
+        (tmp_path / "t.txt").write_text("\n  \n", encoding="utf-8")
+        args = ["--agreement-texts", str(tmp_path / "t.txt"), "--task", "agreement"]
+        expect = "agreement needs at least 2"
+    res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"]), "--teacher", teacher, *args,
+                                   "--no-baseline", "--no-cache", "--no-progress"])
+    assert res.exit_code == 2 and expect in res.output and "fix:" in res.output, res.output
