@@ -85,6 +85,7 @@ def parse_pair_columns(pair_columns: str | None) -> tuple[str, str] | None:
 def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs, keep the user's order, refuse missing files and unknown formats."""
     files: list[str] = []
+    seen: dict[str, str] = {}  # real path -> how it was first named
     for pat in patterns:
         hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
         if not hits:
@@ -97,6 +98,11 @@ def expand_inputs(patterns: list[str]) -> list[str]:
                     "unsupported input format", path,
                     f"use one of {', '.join(SUFFIXES)} (.txt: one text a line, or delimited when columns are given)"
                 )
+            real = os.path.realpath(path)
+            if real in seen:  # its rows would be read twice (a glob overlapping a named file, a path typed twice)
+                raise InputError(f"the same input file is given twice (as {seen[real]!r} and {path!r})", path,
+                                 "pass each file once (check overlapping globs)")
+            seen[real] = path
             files.append(path)
     if not files:
         raise InputError("no input files given", None, "pass one or more files: kd precompute corpus.txt ...")

@@ -205,3 +205,16 @@ def test_a_runaway_quote_without_delimiters_is_refused_by_size(tmp_path, monkeyp
     (tmp_path / "x.csv").write_text('text\n"' + "\n".join(["one more swallowed line"] * 5) + "\n")
     with pytest.raises(InputError, match="characters long"):
         read_inputs([str(tmp_path / "x.csv")], ColumnSpec(text="text"))
+
+
+def test_a_file_given_twice_is_refused(tmp_path):
+    """`kd precompute a.txt 'a*.txt'` read a.txt's rows twice, with exit 0 (the probe's I044)."""
+    from kd.common.inputs import expand_inputs
+
+    (tmp_path / "a.txt").write_text("one\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("two\n", encoding="utf-8")
+    assert expand_inputs([str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == [str(tmp_path / "a.txt"),
+                                                                                 str(tmp_path / "b.txt")]
+    with pytest.raises(InputError, match="given twice") as e:
+        expand_inputs([str(tmp_path / "a.txt"), str(tmp_path / "*.txt")])
+    assert "pass each file once" in e.value.fix
