@@ -54,6 +54,9 @@ _OS_ERRORS: dict[str, tuple[str, str]] = {
 }
 
 
+# What pyarrow says of bytes that are not a Parquet file
+_DAMAGED_PARQUET = re.compile(r"Parquet magic bytes|Couldn't deserialize thrift|Parquet file size is 0|"
+                              r"invalid parquet|Parquet footer", re.I)
 # What pyarrow's S3 / GCS / HDFS filesystems say when the service cannot be reached or refuses
 _REMOTE = re.compile(r"AWS Error|Google Cloud|GCS|HDFS|Could not resolve host|Couldn't connect|NETWORK_CONNECTION")
 
@@ -77,6 +80,11 @@ def as_kd_error(exc: BaseException) -> KdError | None:
             return None
         where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None) or None
         return KdError(f"{what} ({exc.strerror or exc})", where, fix)
+    if type(exc).__module__.startswith("pyarrow") and _DAMAGED_PARQUET.search(str(exc)):
+        # a file whose bytes are not Parquet (truncated, or another file renamed), its checksum forged to match
+        return InputError(f"a Parquet file is damaged or not Parquet ({' '.join(str(exc).split())})", None,
+                          "if it is a store's file: kd validate STORE --repair, then rerun the command that wrote "
+                          "it; otherwise check the input file")
     if isinstance(exc, RecursionError):
         return InputError("an input is nested too deeply to read (a crafted or damaged file)", None,
                           "check the files this command reads (JSON nested thousands of levels deep is not kd's)")

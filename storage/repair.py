@@ -114,7 +114,7 @@ def repair(store_path: str) -> RepairReport:
     drop, aside = _Drop(), set()
     for name, rec in merged.tables.items():
         for k, shard in rec.shards.items():
-            why = _damage(loc, shard.file, shard.bytes, shard.sha256)
+            why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _not_parquet(loc, shard.file)
             if why:
                 drop.shards.add((name, k))
                 aside.add(shard.file)
@@ -188,6 +188,17 @@ def _misaligned(loc: fs.Location, m: Manifest, drop: _Drop) -> list[tuple[str, i
             if want is not None and _ids_of(loc, shard.file) not in (None, want):
                 out.append((name, k, shard.file, f"ids are not aligned with texts shard {k}"))
     return out
+
+
+def _not_parquet(loc: fs.Location, rel: str) -> str | None:
+    """Why a shard whose checksum held cannot be read as Parquet (its record forged to match other bytes), or
+    None: validate reports such a shard, so --repair drops it too."""
+    try:
+        with loc.fs.open_input_file(loc.path(rel)) as f:
+            pq.ParquetFile(f).schema_arrow  # noqa: B018  (reads the footer)
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
+    return None
 
 
 def _ids_of(loc: fs.Location, rel: str) -> str | None:
