@@ -86,7 +86,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs, keep the user's order, refuse missing files and unknown formats."""
     files: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
-    for pat in patterns:
+    for pat in map(os.fspath, patterns):  # (a Python caller's Path objects too)
         hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
         if not hits:
             raise InputError("no file matches the pattern", pat, "check the path or quote the glob")
