@@ -149,9 +149,13 @@ def test_sigterm_ends_a_ray_driver_within_seconds(tiny_teacher, tmp_path):
     while not list(out.glob("teachers/*/*.parquet")) and time.time() < deadline and driver.poll() is None:
         time.sleep(0.05)
     assert driver.poll() is None, driver.communicate()[1].decode()[-2000:]
+    # The promise is 5 s (3.1-3.7 s measured on 2 idle cores); ending Ray's processes is CPU work, so on a machine
+    # already running more than a job per core (a developer's, not CI's) the bound is 15 s: still a hang caught
+    # (the bug this guards took 200 s), never a flaky failure from a neighbour's load.
+    bound = 5.0 if os.getloadavg()[0] < (os.cpu_count() or 1) else 15.0
     t0 = time.monotonic()
     driver.send_signal(signal.SIGTERM)
     _, err = driver.communicate(timeout=60)
     took = time.monotonic() - t0
     assert driver.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err.decode(), err.decode()[-2000:]
-    assert took <= 5.0, took
+    assert took <= bound, (took, bound, os.getloadavg())
