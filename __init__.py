@@ -17,9 +17,17 @@ __version__ = "0.1.0"
 __all__ = ["distill", "precompute", "train_student"]
 
 
+# Subpackages a user reaches as attributes (`import kd; kd.student.load(...)`), imported on first use too.
+SUBPACKAGES = ("student", "dataset", "storage", "pipeline", "apps", "common")
+
+
 def __getattr__(name: str):
     if name in __all__:
         from kd.apps import api
 
         return getattr(api, name)
+    if name in SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"kd.{name}")
     raise AttributeError(f"module 'kd' has no attribute {name!r}")

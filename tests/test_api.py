@@ -97,3 +97,15 @@ def test_one_default_per_arch_in_every_door():
     assert [getattr(demo, k) for k in shape] == [getattr(plain, k) for k in shape]
     assert (plain.hidden_dim, plain.max_length, plain.lr, plain.pooling) == (256, 64, 2e-3, "mean")
     assert not {"hidden_dim", "max_length", "lr", "pooling", "batch_size", "embed_dim"} & set(stage.options)
+
+
+def test_subpackages_are_attributes_of_kd():
+    """`import kd; kd.student.load(DIR)` raised AttributeError (the README's comment uses it; the probe's F_*)."""
+    import subprocess
+    import sys
+
+    code = "import kd; print(kd.student.load.__module__, kd.dataset.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["kd.student.saved", "kd.dataset"], out
+    with pytest.raises(AttributeError):
+        kd.no_such_thing  # noqa: B018
