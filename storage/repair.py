@@ -32,6 +32,7 @@ from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, merge, plan_problems
+from kd.storage.schema import canonical_type, type_name
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -114,7 +115,7 @@ def repair(store_path: str) -> RepairReport:
     drop, aside = _Drop(), set()
     for name, rec in merged.tables.items():
         for k, shard in rec.shards.items():
-            why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _not_parquet(loc, shard.file)
+            why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _unlike_declared(loc, shard.file, rec.columns)
             if why:
                 drop.shards.add((name, k))
                 aside.add(shard.file)
@@ -190,15 +191,18 @@ def _misaligned(loc: fs.Location, m: Manifest, drop: _Drop) -> list[tuple[str, i
     return out
 
 
-def _not_parquet(loc: fs.Location, rel: str) -> str | None:
-    """Why a shard whose checksum held cannot be read as Parquet (its record forged to match other bytes), or
-    None: validate reports such a shard, so --repair drops it too."""
+def _unlike_declared(loc: fs.Location, rel: str, columns: dict[str, str]) -> str | None:
+    """Why a shard whose checksum held is not what its table declares (not Parquet, or a column of another type:
+    its record forged to match other bytes), or None: validate and every reader refuse such a shard, so
+    --repair drops it too."""
     try:
         with loc.fs.open_input_file(loc.path(rel)) as f:
-            pq.ParquetFile(f).schema_arrow  # noqa: B018  (reads the footer)
+            have = {c.name: type_name(c.type) for c in pq.ParquetFile(f).schema_arrow}
     except (OSError, pa.ArrowException) as e:
         return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
-    return None
+    columns = {c: canonical_type(t) for c, t in columns.items()}
+    wrong = [c for c, t in columns.items() if have.get(c, t) != t]
+    return f"column {wrong[0]!r} is {have[wrong[0]]}, the manifest declares {columns[wrong[0]]}" if wrong else None
 
 
 def _ids_of(loc: fs.Location, rel: str) -> str | None:

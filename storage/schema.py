@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 import numpy as np
@@ -135,6 +136,17 @@ def vector_shape(t: pa.DataType) -> tuple[int, ...]:
         shape.append(t.list_size)
         t = t.value_type
     return tuple(shape)
+
+
+def canonical_type(name: str) -> str:
+    """A declared column type in `type_name`'s form: stores (and test builders) written with pyarrow's own str()
+    say `fixed_size_list<item: float>[8]` for `float[8]`."""
+    while (m := _ARROW_FSL.search(name)) is not None:
+        name = name[:m.start()] + f"{m.group(1)}[{m.group(2)}]" + name[m.end():]
+    return name
+
+
+_ARROW_FSL = re.compile(r"fixed_size_list<\w+: ([^<>\[\]]+(?:\[\d+\])*)>\[(\d+)\]")
 
 
 def type_name(t: pa.DataType) -> str:

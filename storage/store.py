@@ -26,6 +26,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, check_plan_sound, merge, plan_problems
+from kd.storage.schema import canonical_type, type_name
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -154,8 +155,23 @@ class Store:
         """Shard k of a table, its bytes checked against the manifest (`read_verified`) and its ids against
         texts shard k's (`check_aligned`): what every reader of a table's rows goes through."""
         data = self.read_verified(self.shard_record(name, k))
+        self.check_schema(name, k, data)
         self.check_aligned(name, k, shard_digest(data))
         return data
+
+    def check_schema(self, name: str, k: int, data: bytes) -> None:
+        """Refuse shard k whose bytes are not Parquet, or whose columns are not the types the manifest declares
+        for its table (a file swapped in with its checksum forged to match): readers would fail on it deep
+        inside numpy or DuckDB, or read other numbers."""
+        path = self.loc.path(self.shard_record(name, k).file)
+        try:
+            have = {f.name: type_name(f.type) for f in pq.read_schema(pa.BufferReader(data))}
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"not a readable Parquet file ({' '.join(str(e).split())[:200]})", path, REPAIR) from e
+        for col, typ in self.table(name).columns.items():
+            typ = canonical_type(typ)
+            if have.get(col, typ) != typ:  # (a missing column is the reader's to name: it asks for columns)
+                raise StoreError(f"column {col!r} is {have[col]}, the manifest declares {typ}", path, REPAIR)
 
     def check_aligned(self, name: str, k: int, digest: str | None) -> None:
         """Refuse shard k of table `name` whose ids (`digest`: of the ids read) are not those of texts shard k.

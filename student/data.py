@@ -234,7 +234,9 @@ def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFi
     path = store.path_of(rec.file)
     try:
         if verify:
-            return pq.ParquetFile(pa.BufferReader(store.read_verified(rec)))
+            data = store.read_verified(rec)
+            store.check_schema(table, k, data)  # the declared column types, before numpy meets them
+            return pq.ParquetFile(pa.BufferReader(data))
         return pq.ParquetFile(store.loc.fs.open_input_file(path))
     except (OSError, pa.ArrowException) as e:
         raise StoreError(
