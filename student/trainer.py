@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import json
 import math
 import random
 import shutil
@@ -182,6 +183,16 @@ def _remove_temps(out: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _kd_trained(out: Path) -> bool:
+    """Whether the folder's config.json is a kd student's (it records the student's arch and kd's training args)."""
+    try:
+        info = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and isinstance(info.get("student"), dict) and "arch" in info["student"] \
+        and (out / "training_args.json").is_file()
+
+
 def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
     out = Path(cfg.out)
@@ -197,6 +208,9 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
         _HELD_LOCKS.append(lock)
         _remove_temps(out)  # left by a run that died mid-write (disk full, kill -9): never read
     if d.main and cfg.overwrite and out.exists():
+        if (out / "config.json").exists() and not _kd_trained(out):  # a checkpoint or a user's folder, not kd's
+            raise KdError("--overwrite replaces only a student kd train-student wrote; this folder's config.json is "
+                          "not one", str(out), "use a new --out (nothing was changed)")
         for name in (CHECKPOINT, BEST, METRICS, CURVE, "config.json", "model.safetensors", "training_args.json"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
@@ -285,10 +299,10 @@ def train(cfg: TrainConfig) -> Path:
                       "free some space (or use --out on another disk) and rerun: training resumes from the "
                       "last checkpoint; no student was written (config.json marks a finished one)") from e
     finally:
+        if fresh and d.main and _HELD_LOCKS:  # only a run that held the folder's lock: a refused second run
+            _remove_if_nothing_kept(Path(cfg.out))  # must never remove the folder the first one is writing
         while _HELD_LOCKS:
             _HELD_LOCKS.pop().close()
-        if fresh and d.main:
-            _remove_if_nothing_kept(Path(cfg.out))
         shutdown(d)
 
 

@@ -217,3 +217,19 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(store_path, 
     (tmp_path / "mine").mkdir()  # a folder the user made is theirs: kept, whatever fails in it
     monkeypatch.setattr(T, "_train_step", fail)
     assert _train(store_path, tmp_path / "mine").exit_code == 2 and (tmp_path / "mine").is_dir()
+
+
+def test_overwrite_never_replaces_a_folder_kd_train_student_did_not_write(store_path, tmp_path):
+    """A user's folder with a README, a config.json and a metrics.jsonl given as -o: --overwrite replaced its
+    config.json and metrics (the probe's W48/W51). Now refused, every file kept."""
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert", "hidden_size": 32}')
+    (folder / "README.md").write_text("my project\n")
+    (folder / "metrics.jsonl").write_text('{"step": 1, "my": "numbers"}\n')
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    res = _train(store_path, folder, "--overwrite")
+    assert res.exit_code == 2 and "kd train-student" in res.output and "--overwrite" in res.output, res.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != ".kd-train.lock"} == before
+    res = _train(store_path, tmp_path / "mine")  # kd's own student: --overwrite still replaces it
+    assert res.exit_code == 0 and _train(store_path, tmp_path / "mine", "--overwrite").exit_code == 0
