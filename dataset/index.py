@@ -29,7 +29,7 @@ from kd.common.finite import non_finite_rows
 from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
 from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
-from kd.storage.int8 import is_scale_column
+from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.schema import table_vectors, vector_shape
 from kd.storage.store import Store, iter_shards, open_writer
 
@@ -98,7 +98,7 @@ def _refuse_non_finite(vectors: np.ndarray, ids: np.ndarray, where: str) -> None
     bad = non_finite_rows(vectors)
     if len(bad):
         raise StoreError(f"{len(bad)} vector(s) hold NaN/Inf values, first at row id {int(ids[bad[0]])}", where,
-                         "rebuild that table (kd validate lists every bad shard), or pick another column")
+                         f"{DAMAGED}; or pick another column")
 
 
 def make_index(x: np.ndarray, kind: IndexKind, *, gpu: bool | None = None, seed: int = 0) -> faiss.Index:

@@ -17,7 +17,9 @@ from kd.common.errors import StoreError
 
 SCALE_SUFFIX = "__scale"
 QMAX = 127  # symmetric: -128 is never written, so negating a vector never overflows
-DAMAGED = "the shard is damaged: delete it and re-run the kd precompute command that wrote it"
+# The one fix for a damaged shard: --repair sets it aside and forgets it, so the rerun writes exactly it again
+# (a deleted file alone would leave its record, and precompute would call the store complete).
+DAMAGED = "run kd validate STORE --repair, then re-run the kd precompute command that wrote the store"
 
 
 def scale_column(column: str) -> str:

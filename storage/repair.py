@@ -2,7 +2,8 @@
 recomputes exactly them.
 
 - a shard whose file is missing, unreadable, outside the store (a symlink leading out: its record is
-  dropped, the file it points at is never touched), or unlike its manifest record (size, sha256) is removed
+  dropped, the file it points at is never touched), unlike its manifest record (size, sha256) or unlike its
+  table's declared columns, or holding NaN/Inf vectors, is removed
   from `manifest.json` and from every fragment in `manifests/` (the same records, so a later merge
   cannot bring it back), and its file is moved aside to `<file>.damaged` (kept for inspection);
 - so is a shard whose ids are not those of texts shard k (storage/alignment.py: a file from another store whose
@@ -22,6 +23,7 @@ writer); `kd index` rebuilds a dropped index.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -32,7 +34,8 @@ from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, merge, plan_problems
-from kd.storage.schema import canonical_type, type_name
+from kd.storage.names import real_inside
+from kd.storage.schema import canonical_type, non_finite_columns, type_name
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -192,17 +195,21 @@ def _misaligned(loc: fs.Location, m: Manifest, drop: _Drop) -> list[tuple[str, i
 
 
 def _unlike_declared(loc: fs.Location, rel: str, columns: dict[str, str]) -> str | None:
-    """Why a shard whose checksum held is not what its table declares (not Parquet, or a column of another type:
-    its record forged to match other bytes), or None: validate and every reader refuse such a shard, so
-    --repair drops it too."""
+    """Why a shard whose checksum held is not what its table declares (not Parquet, a column of another type: its
+    record forged to match other bytes; NaN/Inf vectors), or None: validate and every reader refuse such a shard,
+    so --repair drops it too, and the rerun of precompute writes it again."""
     try:
         with loc.fs.open_input_file(loc.path(rel)) as f:
-            have = {c.name: type_name(c.type) for c in pq.ParquetFile(f).schema_arrow}
+            table = pq.ParquetFile(f).read()
     except (OSError, pa.ArrowException) as e:
         return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
+    have = {c.name: type_name(c.type) for c in table.schema}
     columns = {c: canonical_type(t) for c, t in columns.items()}
     wrong = [c for c, t in columns.items() if have.get(c, t) != t]
-    return f"column {wrong[0]!r} is {have[wrong[0]]}, the manifest declares {columns[wrong[0]]}" if wrong else None
+    if wrong:
+        return f"column {wrong[0]!r} is {have[wrong[0]]}, the manifest declares {columns[wrong[0]]}"
+    bad = non_finite_columns(table)
+    return f"column {bad[0][0]!r} has non-finite (NaN/Inf) values in {bad[0][1]} row(s)" if bad else None
 
 
 def _ids_of(loc: fs.Location, rel: str) -> str | None:
@@ -269,7 +276,8 @@ def _set_aside(loc: fs.Location, rel: str) -> None:
     """Move a damaged file or folder to `<rel>.damaged` (replacing an older one), so the rerun writes it
     afresh and it stays for inspection; where it cannot be moved it is deleted."""
     if not _inside(loc, rel):
-        return  # never rename or delete what a record points at outside the store
+        _link_aside(loc, rel)  # never rename or delete what a record points at outside the store
+        return
     src, dst = loc.path(rel), loc.path(rel) + SET_ASIDE
     kind = loc.fs.get_file_info(src).type
     if kind == fs.pafs.FileType.NotFound:
@@ -281,6 +289,16 @@ def _set_aside(loc: fs.Location, rel: str) -> None:
         loc.fs.move(src, dst)
     except OSError:
         (loc.fs.delete_dir if kind == fs.pafs.FileType.Directory else loc.fs.delete_file)(src)
+
+
+def _link_aside(loc: fs.Location, rel: str) -> None:
+    """A symlink in the store leading out of it: the link itself (never its target) becomes `<rel>.damaged`, so
+    the rerun of precompute writes a real file at `rel` (it refuses to write through a link leading out)."""
+    if not loc.is_local:
+        return
+    link = os.path.join(loc.root, rel)
+    if os.path.islink(link) and real_inside(loc.root, os.path.dirname(rel))[1]:
+        os.replace(link, link + SET_ASIDE)
 
 
 def describe(report: RepairReport) -> list[str]:

@@ -154,3 +154,25 @@ def type_name(t: pa.DataType) -> str:
     if pa.types.is_fixed_size_list(t):
         return f"{type_name(t.value_type)}[{t.list_size}]"
     return str(t)
+
+
+def non_finite_columns(table: pa.Table) -> list[tuple[str, list]]:
+    """(column, first ids of its bad rows) for every float vector column holding NaN/Inf (what an fp16 overflow
+    or a damaged file writes): validate reports them, --repair drops their shard, readers refuse them."""
+    import pyarrow.compute as pc
+
+    out = []
+    for f in table.schema:
+        col = table[f.name]
+        while pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
+            col = pc.list_flatten(col)
+        if f.name == "label" or not pa.types.is_floating(col.type):
+            continue
+        flat = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        if np.isfinite(flat).all():
+            continue
+        per_row = max(1, len(flat) // max(1, table.num_rows))
+        rows = np.unique(np.nonzero(~np.isfinite(flat))[0] // per_row)
+        ids = table["id"].to_pylist() if "id" in table.column_names else list(range(table.num_rows))
+        out.append((f.name, len(rows), [ids[i] for i in rows[:3]]))
+    return out

@@ -16,7 +16,7 @@ from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
 from kd.storage.manifest import plan_problems, teacher_table
-from kd.storage.schema import is_int8, table_vectors, type_name
+from kd.storage.schema import is_int8, non_finite_columns, table_vectors, type_name
 from kd.storage.store import Store
 
 
@@ -147,28 +147,8 @@ def _bad_scales(table: pa.Table, path: str) -> list[Problem]:
 
 
 def _non_finite(table: pa.Table, path: str) -> list[Problem]:
-    """NaN/Inf in float vector columns (what an fp16 overflow writes): flagged with the first bad rows."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    out = []
-    for f in table.schema:
-        col = table[f.name]
-        while pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type):
-            col = pc.list_flatten(col)
-        if not pa.types.is_floating(col.type):
-            continue
-        if f.name == "label":
-            continue
-        flat = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        if np.isfinite(flat).all():
-            continue
-        per_row = max(1, len(flat) // max(1, table.num_rows))
-        rows = np.unique(np.nonzero(~np.isfinite(flat))[0] // per_row)
-        ids = table["id"].to_pylist() if "id" in table.column_names else list(range(table.num_rows))
-        out.append(Problem(path, f"column {f.name!r} has non-finite (NaN/Inf) values in {len(rows)} row(s), "
-                                 f"first ids {[ids[i] for i in rows[:3]]}"))
-    return out
+    return [Problem(path, f"column {c!r} has non-finite (NaN/Inf) values in {n} row(s), first ids {ids}")
+            for c, n, ids in non_finite_columns(table)]
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:

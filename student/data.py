@@ -33,7 +33,7 @@ from kd.common.errors import InputError, StoreError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import non_finite_rows
 from kd.common.padding import pad_rows
-from kd.storage.int8 import is_scale_column
+from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
@@ -241,7 +241,7 @@ def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFi
     except (OSError, pa.ArrowException) as e:
         raise StoreError(
             f"cannot read shard {k} of table {table!r} ({e})", path,
-            "the file is truncated or corrupt: delete it and re-run the kd command that wrote it",
+            DAMAGED,
         ) from e
 
 
@@ -252,12 +252,12 @@ def _check_footer(store: Store, table: str, k: int, columns: list[str]) -> None:
     if pf.metadata.num_rows != want:
         raise StoreError(
             f"shard {k} of table {table!r} has {pf.metadata.num_rows} rows, the manifest says {want}",
-            path, "delete the file and re-run the kd command that wrote it",
+            path, DAMAGED,
         )
     missing = [c for c in columns if c not in pf.schema_arrow.names]
     if missing:
         raise StoreError(f"shard {k} of table {table!r} lacks columns {missing}", path,
-                         "delete the file and re-run the kd command that wrote it")
+                         DAMAGED)
 
 
 def _check_finite(store: Store, table: str, k: int, columns: list[str], chunk_rows: int) -> None:
@@ -275,7 +275,7 @@ def _check_finite(store: Store, table: str, k: int, columns: list[str], chunk_ro
                     f"column {c!r} of table {table!r} is not finite (NaN/Inf) in shard {k}, first at row id "
                     f"{int(part.column('id')[int(bad[0])].as_py())} ({len(bad)} row(s) in this chunk)",
                     _shard_path(store, table, k),
-                    "rebuild that table (kd precompute ... --overwrite); kd validate lists every bad shard")
+                    DAMAGED)
 
 
 def read_aligned(store: Store, cols: Columns, k: int, chunk_rows: int) -> Iterator[dict[str, np.ndarray]]:
@@ -348,7 +348,7 @@ def _batches(store: Store, table: str, k: int, columns: list[str], rows: int) ->
     except (OSError, pa.ArrowException) as e:
         raise StoreError(
             f"cannot read shard {k} of table {table!r} ({e})", _shard_path(store, table, k),
-            "the file is corrupt: delete it and re-run the kd command that wrote it",
+            DAMAGED,
         ) from e
 
 

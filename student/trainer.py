@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
-from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output
+from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
 from kd.common.progress import Bar
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
@@ -330,8 +330,11 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     """Everything before the first step, in an order that fixes the random numbers each part draws."""
     # --out before any work: never the store, an --init student or a folder holding them; --overwrite only
     # replaces a student folder (its files: `_prepare_out`)
-    claim_output(cfg.out, "kd train-student", (STUDENT,), [cfg.store, cfg.init, cfg.exclude_ids],
-                 overwrite=cfg.overwrite)
+    out = claim_output(cfg.out, "kd train-student", (STUDENT,), [cfg.store, cfg.init, cfg.exclude_ids],
+                       overwrite=cfg.overwrite)
+    if out.is_dir() and any(out.iterdir()) and kind_of(out) is None:  # a checkpoint or the user's own files
+        raise InputError("--out already holds files kd did not write (no kd student is in it)", str(out),
+                         "pass a new --out: a student is never written among other files, --overwrite included")
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     s = setup(cfg)
     plan = D.build_plan(s.store, s.data, d.world)

@@ -219,17 +219,23 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(store_path, 
     assert _train(store_path, tmp_path / "mine").exit_code == 2 and (tmp_path / "mine").is_dir()
 
 
-def test_overwrite_never_replaces_a_folder_kd_train_student_did_not_write(store_path, tmp_path):
-    """A user's folder with a README, a config.json and a metrics.jsonl given as -o: --overwrite replaced its
-    config.json and metrics (the probe's W48/W51). Now refused, every file kept."""
-    folder = tmp_path / "checkpoint"
+@pytest.mark.parametrize("files", [
+    {"config.json": '{"model_type": "bert", "hidden_size": 32}', "model.safetensors": "weights"},  # a checkpoint
+    {"config.json": '{"mine": 1}', "README.md": "my project\n", "metrics.jsonl": '{"step": 1}\n'},
+    {"keep.txt": "notes\n"}])
+def test_train_student_never_writes_into_a_folder_of_files_kd_did_not_write(store_path, tmp_path, files):
+    """The probe's W48/W51: a copied checkpoint folder as -o was refused with "holds a student ... pass
+    --overwrite", the refused run left its lock there (which made the folder "a student"), and the --overwrite it
+    suggested then replaced the checkpoint's weights. W33/W34: a folder of the user's own files was written into.
+    Now every such folder is refused, with and without --overwrite, and left exactly as it was."""
+    folder = tmp_path / "theirs"
     folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "bert", "hidden_size": 32}')
-    (folder / "README.md").write_text("my project\n")
-    (folder / "metrics.jsonl").write_text('{"step": 1, "my": "numbers"}\n')
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    res = _train(store_path, folder, "--overwrite")
-    assert res.exit_code == 2 and "kd train-student" in res.output and "--overwrite" in res.output, res.output
-    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != ".kd-train.lock"} == before
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    for extra in ((), ("--overwrite",)):
+        res = _train(store_path, folder, *extra)
+        assert res.exit_code == 2 and "new --out" in res.output and any(
+            why in res.output for why in ("kd did not write", "written by kd train-student")), res.output
+        assert {p.name: p.read_text() for p in folder.iterdir()} == files  # no lock, no metrics, nothing replaced
     res = _train(store_path, tmp_path / "mine")  # kd's own student: --overwrite still replaces it
     assert res.exit_code == 0 and _train(store_path, tmp_path / "mine", "--overwrite").exit_code == 0

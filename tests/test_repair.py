@@ -221,3 +221,64 @@ def test_a_shard_with_other_column_types_under_a_forged_checksum_is_refused_and_
             in res.output, res.output
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
     assert "dropped shard 0 of teachers/tiny: column 'mean'" in res.output, res.output
+
+
+def _forge_record(store, table: str, k: int, data: bytes) -> None:
+    """Write `data` as shard k of `table` and rewrite its sha256/bytes in manifest.json and every fragment."""
+    import hashlib
+    import json
+
+    rel = f"{table}/part-{k:05d}.parquet"
+    (store / rel).write_bytes(data)
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"][table]["shards"][str(k)].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+        m.write_text(json.dumps(d))
+
+
+def test_a_nan_vector_under_a_forged_checksum_is_repaired_by_the_documented_fix(clean, tmp_path, tiny_teacher):
+    """The probe's a17: one NaN in `mean`, checksums rewritten. --repair said "nothing to repair", and the fix
+    train-student gave (precompute --overwrite) was a no-op; now train-student names --repair, which drops the
+    shard, and the rerun restores the clean store."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = shutil.copytree(clean, tmp_path / "store")
+    src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
+    table = pq.read_table(store / "teachers/tiny/part-00001.parquet")
+    vecs = np.stack(table["mean"].to_numpy(zero_copy_only=False)).astype(np.float32)
+    vecs[5, 3] = np.nan
+    col = pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), vecs.shape[1])
+    buf = io.BytesIO()
+    pq.write_table(table.set_column(table.schema.get_field_index("mean"), "mean", col), buf)
+    _forge_record(store, "teachers/tiny", 1, buf.getvalue())
+    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "st"), "--arch", "static",
+                                   "--target", "tiny.mean", "--max-steps", "2", "--no-progress"])
+    assert res.exit_code == 2 and "not finite" in res.output and "--repair" in res.output, res.output
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "dropped shard 1 of teachers/tiny: column 'mean' has non-finite" in res.output, res.output
+    precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    assert _tables(store) == _tables(clean)
+
+
+def test_a_shard_symlinked_out_of_the_store_is_set_aside_so_the_rerun_writes_it(clean, tmp_path, tiny_teacher):
+    """The probe's RA05: the documented sequence (--repair, then the same precompute) failed with "refusing to
+    write outside the store", because the link stayed where the shard goes. The link itself is now moved aside
+    (its target is never touched)."""
+    store = shutil.copytree(clean, tmp_path / "store")
+    src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
+    outside = shutil.copy(store / "texts/part-00000.parquet", tmp_path / "outside.parquet")
+    before = outside.read_bytes()
+    (store / "texts/part-00000.parquet").unlink()
+    (store / "texts/part-00000.parquet").symlink_to(outside)
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "dropped shard 0 of texts: leads out of the store" in res.output, res.output
+    assert (store / "texts/part-00000.parquet.damaged").is_symlink()
+    precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+    assert not (store / "texts/part-00000.parquet").is_symlink()
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    assert _tables(store) == _tables(clean) and outside.read_bytes() == before
