@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kd.common.errors import StoreError
+from kd.common.finite import non_finite_rows
 from kd.storage import Store
+from kd.storage.int8 import DAMAGED
 from kd.storage.schema import table_vectors, with_scales
 
 # Above this many rows a text->row map costs more memory than running the teacher on a task.
@@ -64,9 +66,17 @@ class StoreTeacher:
         return [("text", self.target)]
 
     def _vectors(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of these rows; a NaN/Inf one is refused, naming its id (a measure over it would be
+        undefined, and the table is damaged: every other reader of the store refuses it too)."""
         data = self.store.dataset(f"teachers/{self.name}")
-        table = data.take(rows.astype(np.int64), columns=with_scales([column], data.schema.names))
-        return table_vectors(table, column, self.store.loc.path(f"teachers/{self.name}"))
+        table = data.take(rows.astype(np.int64), columns=with_scales(["id", column], data.schema.names))
+        where = self.store.loc.path(f"teachers/{self.name}")
+        vecs = table_vectors(table, column, where)
+        bad = non_finite_rows(vecs)
+        if len(bad):
+            raise StoreError(f"{len(bad)} stored teacher vector(s) of column {column!r} hold NaN/Inf values, first at "
+                             f"row id {table['id'][int(bad[0])].as_py()}", where, DAMAGED)
+        return vecs
 
     def sample(self, n: int) -> tuple[list[str], np.ndarray]:
         """n rows spread evenly over the store (all rows when it has fewer), first side of pairs."""

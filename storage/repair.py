@@ -35,7 +35,7 @@ from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, merge, plan_problems
 from kd.storage.names import real_inside
-from kd.storage.schema import canonical_type, non_finite_columns, type_name
+from kd.storage.schema import canonical_type, non_finite_columns, tensors_problem, type_name
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -224,11 +224,13 @@ def _ids_of(loc: fs.Location, rel: str) -> str | None:
 
 
 def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:
-    """Per-teacher files unlike their recorded sha256: every recorded file of their unit is dropped."""
+    """Per-teacher files unlike their recorded sha256, or safetensors holding NaN/Inf: every recorded file of their
+    unit is dropped."""
     known: dict[str, str] = m.extras.get("files", {})
     bad: dict[str, str] = {}
     for rel, sha in sorted(known.items()):
-        why = _damage(loc, rel, None, sha)
+        why = _damage(loc, rel, None, sha) or (tensors_problem(fs.read_bytes(loc, rel))
+                                                if rel.endswith(".safetensors") else None)
         if why and file_unit(rel) not in bad:
             bad[file_unit(rel)] = f"{rel.rsplit('/', 1)[-1]}: {why}" if file_unit(rel) != rel else why
     for unit, why in sorted(bad.items()):

@@ -176,3 +176,17 @@ def non_finite_columns(table: pa.Table) -> list[tuple[str, list]]:
         ids = table["id"].to_pylist() if "id" in table.column_names else list(range(table.num_rows))
         out.append((f.name, len(rows), [ids[i] for i in rows[:3]]))
     return out
+
+
+def tensors_problem(data: bytes) -> str | None:
+    """What is wrong with the bytes of a per-teacher safetensors file (input embeddings, vocab, init weights):
+    not safetensors, or a float tensor holding NaN/Inf (named); None when sound. Its checksum may hold (a forged
+    record): one NaN there spreads through a student's every weight from its first step."""
+    from safetensors.numpy import load
+
+    try:
+        tensors = load(data)
+    except Exception as e:  # safetensors raises its own error type for a bad header
+        return f"not a readable safetensors file ({' '.join(str(e).split())[:120]})"
+    bad = next((n for n, a in tensors.items() if a.dtype.kind == "f" and not np.isfinite(a).all()), None)
+    return f"tensor {bad!r} holds NaN/Inf values" if bad else None

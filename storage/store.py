@@ -26,7 +26,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, check_plan_sound, merge, plan_problems
-from kd.storage.schema import canonical_type, type_name
+from kd.storage.schema import canonical_type, tensors_problem, type_name
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -229,7 +229,8 @@ class Store:
 
     def read_recorded(self, rel: str) -> bytes:
         """A file of the store outside the tables (tokenizer, input embeddings, vocab and init outputs), read
-        once: its bytes, checked against the sha256 `extras.files` records for it (unchecked when none is)."""
+        once: its bytes, checked against the sha256 `extras.files` records for it (unchecked when none is); a
+        safetensors file also for NaN/Inf (`tensors_problem`)."""
         sha = self.manifest.extras.get("files", {}).get(rel)
         try:
             self.path_of(rel, "extras.files")
@@ -240,6 +241,9 @@ class Store:
         if sha is not None and fs.sha256(data) != sha:
             raise StoreError("file does not match its checksum in the manifest (corrupt or modified)",
                              self.loc.path(rel), file_repair(self.root))
+        why = tensors_problem(data) if rel.endswith(".safetensors") else None
+        if why:
+            raise StoreError(why, self.loc.path(rel), file_repair(self.root))
         if sha is not None:
             self._verified.add((rel, sha))
         return data

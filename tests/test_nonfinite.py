@@ -119,3 +119,15 @@ def test_poison_keeps_the_store_consistent_for_the_checksums(nan_store, tmp_path
     poison(store, "teachers/tiny", 0, "sentence", 2)
     problems = [str(p) for p in check(str(store))[1]]
     assert problems and all("non-finite" in p for p in problems), problems
+
+
+def test_eval_reading_teacher_vectors_from_the_store_refuses_a_non_finite_one(nan_store):
+    """The probe's A17e: `kd eval --store` with one NaN teacher vector printed "—" cells and exited 0, while every
+    other reader of the store refused it. The store-side teacher of eval now refuses it, naming the row id."""
+    from kd.apps.store_teacher import StoreTeacher
+
+    teacher = StoreTeacher.open(str(nan_store[0]), "tiny", "mean")
+    with pytest.raises(StoreError) as e:
+        teacher.sample(1000)
+    assert str(nan_store[1]) in str(e.value) and "NaN/Inf" in str(e.value) and "--repair" in str(e.value)
+    assert StoreTeacher.open(str(nan_store[0]), "tiny", "sentence").sample(1000)[1].shape[0] == 40

@@ -282,3 +282,35 @@ def test_a_shard_symlinked_out_of_the_store_is_set_aside_so_the_rerun_writes_it(
     assert not (store / "texts/part-00000.parquet").is_symlink()
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
     assert _tables(store) == _tables(clean) and outside.read_bytes() == before
+
+
+def test_nan_input_embeddings_under_a_forged_checksum_are_found_repaired_and_restored(clean, tmp_path, tiny_teacher):
+    """The probe's A29: input embeddings filled with NaN, their sha256 rewritten: validate said ok and training
+    stopped at step 1 telling the user to run validate. Now validate names the tensor, --repair sets the file
+    aside and the rerun writes it again."""
+    import hashlib
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    store = shutil.copytree(clean, tmp_path / "store")
+    src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
+    rel = "teachers/tiny/input_embeddings.safetensors"
+    good = (store / rel).read_bytes()
+    save_file({k: np.full_like(v, np.nan) for k, v in load_file(store / rel).items()}, store / rel)
+    sha = hashlib.sha256((store / rel).read_bytes()).hexdigest()
+    for m in [store / "manifest.json", *(store / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        if rel in d.get("extras", {}).get("files", {}):
+            d["extras"]["files"][rel] = sha
+        m.write_text(json.dumps(d))
+    res = CliRunner().invoke(app, ["validate", str(store)])
+    assert res.exit_code == 1 and "tensor 'weight' holds NaN/Inf values" in res.output, res.output
+    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "st"), "--arch", "static",
+                                   "--max-steps", "2", "--no-progress"])
+    assert res.exit_code == 2 and "NaN/Inf" in res.output and "--repair" in res.output, res.output
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"set aside {rel} (tensor 'weight' holds NaN/Inf values)" in res.output, res.output
+    precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / rel).read_bytes() == good
