@@ -339,9 +339,15 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
 
 
 def _config(ref: TeacherRef) -> Any:
+    """The checkpoint's config (every backend reads it first): a junk or unknown one is kd's error, naming the file."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(ref.path)
+    try:
+        return AutoConfig.from_pretrained(ref.path)
+    except (OSError, ValueError, KeyError) as e:  # not JSON, or a model_type this transformers does not know
+        raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})",
+                      os.path.join(ref.path, "config.json"),
+                      "point --teacher at a Hugging Face checkpoint folder with a valid config.json") from e
 
 
 def _has_head(cfg: Any) -> bool:

@@ -109,3 +109,15 @@ def test_a_csv_with_a_stray_quote_stops_before_writing(tmp_path, tiny_teacher):
                "text")
     assert res.exit_code == 2 and "x.csv:3" in res.output and "stray quote" in res.output, res.output
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("config", ["{not json", '{"model_type": "no-such-architecture"}'])
+def test_a_teacher_folder_with_a_junk_config_is_named_not_a_traceback(tmp_path, corpus, tiny_teacher, config):
+    """The probe's F_t_junkcfg_pc: transformers' OSError reached the user as a traceback, exit 1."""
+    import shutil
+
+    teacher = shutil.copytree(tiny_teacher, tmp_path / "teacher")
+    (teacher / "config.json").write_text(config)
+    res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"))
+    assert res.exit_code == 2 and "config.json cannot be read" in res.output, res.output
+    assert str(teacher / "config.json") in res.output and not (tmp_path / "store").exists()
