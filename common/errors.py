@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 
 
@@ -61,6 +62,22 @@ _DAMAGED_PARQUET = re.compile(r"Parquet magic bytes|Couldn't deserialize thrift|
 _REMOTE = re.compile(r"AWS Error|Google Cloud|GCS|HDFS|Could not resolve host|Couldn't connect|NETWORK_CONNECTION")
 
 
+# The disk errors a library may report inside its own exception type (safetensors: "os error 27", DuckDB and
+# pyarrow: the strerror text); only these: any other error keeps its traceback.
+_DISK = ("ENOSPC", "EDQUOT", "EFBIG")
+_DISK_TEXT = {os.strerror(getattr(errno, name)): name for name in _DISK}
+
+
+def _disk_error_inside(exc: BaseException) -> str | None:
+    """The errno name (one of _DISK) a non-OSError exception's message reports, or None."""
+    if isinstance(exc, OSError):
+        return None
+    text = str(exc)
+    found = re.search(r"os error (\d+)|errno[ =:]+(\d+)", text, re.I)
+    name = errno.errorcode.get(int(found.group(1) or found.group(2))) if found else None
+    return name if name in _DISK else next((n for t, n in _DISK_TEXT.items() if t in text), None)
+
+
 def as_kd_error(exc: BaseException) -> KdError | None:
     """The KdError a user-caused exception amounts to, or None for anything else (a bug keeps its traceback).
 
@@ -80,6 +97,10 @@ def as_kd_error(exc: BaseException) -> KdError | None:
             return None
         where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None) or None
         return KdError(f"{what} ({exc.strerror or exc})", where, fix)
+    disk = _disk_error_inside(exc)
+    if disk is not None:  # safetensors, DuckDB: an OS error reported in the library's own exception type
+        what, fix = _OS_ERRORS[disk]
+        return KdError(f"{what} ({' '.join(str(exc).split())[:200]})", None, fix)
     if type(exc).__module__.startswith("pyarrow") and _DAMAGED_PARQUET.search(str(exc)):
         # a file whose bytes are not Parquet (truncated, or another file renamed), its checksum forged to match
         return InputError(f"a Parquet file is damaged or not Parquet ({' '.join(str(exc).split())})", None,

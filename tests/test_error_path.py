@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,43 @@ def test_a_full_disk_in_export_is_a_message(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", full)
     res = _run("export", str(trained), "--out", str(tmp_path / "e"))
     _clean_exit(res, 2, "disk is full", str(tmp_path / "e"))
+
+
+def _under_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """`kd ARGS` in a fresh process whose files may not grow past `limit` bytes (`ulimit -f`): every write past it
+    fails with EFBIG inside whichever library writes (safetensors, DuckDB), as a full disk does."""
+    import resource
+    import sys
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-m", "kd", *args], capture_output=True, text=True, env=env,
+                          preexec_fn=limit_files, timeout=300)
+
+
+@pytest.mark.parametrize("command", ["export", "query"])
+def test_the_file_size_limit_inside_a_library_write_is_a_message(store_path, trained, tmp_path, command):
+    """The probe's X05 (safetensors' SafetensorError traceback from `kd export`) and X07 (`kd query -o` blamed
+    the SQL): an OS error reported in a library's own exception type is kd's disk message; nothing is left."""
+    if command == "export":
+        pytest.importorskip("sentence_transformers")
+        res = _under_file_size_limit(2000, "export", str(trained), "--out", str(tmp_path / "e"))
+    else:
+        res = _under_file_size_limit(2000, "query", str(store_path), "SELECT * FROM texts", "-f", "csv",
+                                     "-o", str(tmp_path / "q.csv"))
+    assert res.returncode == 2 and "size limit" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "SQL" not in res.stderr and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_library_error_that_is_not_a_disk_error_keeps_its_traceback():
+    from safetensors import SafetensorError
+
+    assert "size limit" in as_kd_error(SafetensorError("I/O error: File too large (os error 27)")).what
+    assert "disk is full" in as_kd_error(RuntimeError('IO Error: could not write: No space left on device')).what
+    assert as_kd_error(SafetensorError("invalid header (os error 9)")) is None  # EBADF: a bug, not the user's
+    assert as_kd_error(RuntimeError("shape mismatch")) is None
 
 
 # --- manifests: deep nesting, and a damaged fragment that --repair now repairs ------------------------------
