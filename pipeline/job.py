@@ -253,6 +253,9 @@ def ray_options(engine: str, address: str | None, workers: int | None, gpus_per_
     if device == "cpu" and gpus_per_worker is not None:
         raise InputError("--gpus-per-worker with --device cpu", _flag("gpus_per_worker"),
                          "drop --gpus-per-worker, or use --device cuda")
+    if address is not None and not address.strip():  # '' would reach ray.init, which fails after the store is made
+        raise InputError("--ray-address is empty", _flag("ray_address"),
+                         "pass the head's HOST:PORT (e.g. 10.0.0.5:6379), auto, or drop --ray-address")
     require_ray()
     env = os.environ.get("RAY_ADDRESS")
     if address or env:  # before anything is read or written: a dead address would make ray.init retry for minutes
@@ -289,5 +292,4 @@ def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) ->
         raise KdError(f"no Ray cluster answers at {address} ({e.strerror or e})", where, START_FIX) from None
     except ray_probe.NotRay as e:
         raise KdError(f"{address} does not answer as a Ray cluster: {e}", where,
-                      f"check the port (the head's GCS port, 6379 by default; `ray status` on the head shows it); "
-                      f"{START_FIX}") from None
+                      f"check the port (`ray status` on the head shows it); {START_FIX}") from None

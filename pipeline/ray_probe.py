@@ -51,8 +51,13 @@ def _call_check_alive(sock: socket.socket, authority: str, deadline: float) -> N
     """One unary call on stream 1: a reply message (DATA) or any status but UNIMPLEMENTED is a GCS's answer."""
     sock.sendall(_frame(SETTINGS, ACK, 0, b"") + _frame(HEADERS, END_HEADERS, 1, _request_headers(authority))
                  + _frame(DATA, END_STREAM, 1, b"\0\0\0\0\0"))  # the gRPC message: uncompressed, 0 bytes
+    answered = False
     while True:
         kind, flags, stream, payload = _read_frame(sock, deadline)
+        if kind == HEADERS and stream == 1 and not answered:  # the response's headers; trailers come later
+            answered, status = True, _http_status(payload)
+            if status not in (None, 200):  # an HTTP/2 proxy or web server, where gRPC always answers 200
+                raise NotRay(f"it answers HTTP/2 with status {status}, not as gRPC")
         if kind == DATA and stream == 1:
             return
         if kind == GOAWAY or (stream == 1 and kind == RST_STREAM):
@@ -62,6 +67,18 @@ def _call_check_alive(sock: socket.socket, authority: str, deadline: float) -> N
                 raise NotRay("it speaks gRPC but has no Ray GCS service (NodeInfoGcsService/CheckAlive is "
                              "UNIMPLEMENTED there: another Ray port, or another service)")
             return
+
+
+_STATIC_STATUS = {8: 200, 9: 204, 10: 206, 11: 304, 12: 400, 13: 404, 14: 500}  # HPACK's static table
+
+
+def _http_status(block: bytes) -> int | None:
+    """The :status of a response's headers where it comes first as an HPACK static-table index (every server
+    seen does so); None where it is coded otherwise (not refused: the probe never refuses what it cannot read)."""
+    i = 0
+    while i < len(block) and block[i] & 0xE0 == 0x20:  # dynamic table size updates (one byte when small)
+        i += 1
+    return _STATIC_STATUS.get(block[i] & 0x7F) if i < len(block) and block[i] & 0x80 else None
 
 
 def _grpc_status(block: bytes) -> int | None:

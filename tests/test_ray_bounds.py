@@ -65,6 +65,45 @@ def test_a_server_that_accepts_but_never_answers_is_refused_within_the_bound():
     assert time.monotonic() - t0 < BOUND_S and address in str(e.value) and "no answer in time" in str(e.value)
 
 
+def _serve_http2_not_found(silent: socket.socket) -> None:
+    """Answer one connection as an HTTP/2 proxy does (this sandbox's gateway at 10.255.255.1:6379 did): a SETTINGS
+    frame, then `:status 404` for any request (HPACK static index 13), and no gRPC status."""
+    from kd.pipeline import ray_probe as R
+
+    conn, _ = silent.accept()
+    with conn:
+        conn.recv(65536)
+        conn.sendall(R._frame(R.SETTINGS, 0, 0, b""))
+        time.sleep(0.2)  # the client's request
+        conn.recv(65536)
+        conn.sendall(R._frame(R.HEADERS, R.END_HEADERS | R.END_STREAM, 1, b"\x8d"))
+        time.sleep(1)
+
+
+def test_an_http2_server_that_is_not_grpc_is_refused_at_once():
+    """The probe's Y04: an address answering HTTP/2 404 passed the probe (no grpc-status to read), and ray.init
+    then retried for 20 s and left a partial store."""
+    pytest.importorskip("ray")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        threading.Thread(target=_serve_http2_not_found, args=(server,), daemon=True).start()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(KdError, match="answers HTTP/2 with status 404, not as gRPC") as e:
+            ray_options("ray", address, None, None, None, None, None)
+    assert time.monotonic() - t0 < 3 and address in str(e.value)
+
+
+@pytest.mark.parametrize("address", ["", "  "])
+def test_an_empty_ray_address_is_refused_before_anything(address):
+    """The probe's Y06: ray.init('') failed with "Invalid address format", no where or fix, after the store
+    folder was made."""
+    with pytest.raises(KdError, match="--ray-address is empty") as e:
+        ray_options("ray", address, None, None, None, None, None)
+    assert e.value.where == "--ray-address" and "HOST:PORT" in e.value.fix
+
+
 # --- --backend auto under Ray: decided once on the driver ------------------------------------------------------
 
 def _local(backend: str, quantize: str = "none", available: frozenset = frozenset({"openvino", "onnx"})) -> dict:
