@@ -288,6 +288,10 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                                          raw)
                     if quoting != csv.QUOTE_NONE and '"' in raw:  # cheap first: most records hold no quote
                         _check_closed_quotes(raw, delim, f"{path}:{start}")
+                    if not by_index and len(row) > ncols:
+                        raise InputError(f"row has {len(row)} fields, the header {ncols}: a field holds an unquoted "
+                                         f"{delim!r}, and its text would be cut there", f"{path}:{reader.line_num}",
+                                         _extra_fields_fix(delim))
                     if max(idx) >= len(row):
                         raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
                                          f"{path}:{reader.line_num}", "fix the row or choose other columns")
@@ -345,6 +349,13 @@ def _check_closed_quotes(raw: str, delim: str, where: str) -> None:
                          'write a quote inside a quoted field as "" (e.g. "a ""quoted"" word"), or do not start '
                          "the field with a quote; a file without quoted fields can be saved tab-separated (.tsv: "
                          "read with quoting off)")
+
+
+def _extra_fields_fix(delim: str) -> str:
+    if delim == "\t":  # read with quoting off (STS-B's bare quotes): a tab cannot be inside a field
+        return "remove the tab from that field (or replace it by a space)"
+    return (f'quote the field ("Hello{delim} world"), or pass --delimiter with the character that separates the '
+            "columns")
 
 
 SEPARATORS = ";|\t,"  # what a one-column header that should have been several is usually split by

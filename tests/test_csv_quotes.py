@@ -67,3 +67,19 @@ def test_a_semicolon_csv_read_with_commas_says_which_delimiter_to_pass(tmp_path)
     (tmp_path / "x.csv").write_text("text;label\nhello;1\n", encoding="utf-8")
     msg = _refused(tmp_path / "x.csv", ColumnSpec(label="label"), "x.csv:1", "--delimiter ';'")
     assert "not in the header" in msg
+
+
+@pytest.mark.parametrize("name, content, line, fix", [
+    ("comma.csv", "id,text\n1,Hello, world and more\n2,Plain text\n", 2, 'quote the field ("Hello, world")'),
+    ("ragged.csv", "text,label\nhello,1,extra,cols\nworld\n", 2, "--delimiter"),
+    ("tab.tsv", 'text\tlabel\nhe said "hi\tthere\t1\nok\t0\n', 2, "remove the tab"),
+])
+def test_a_row_with_more_fields_than_the_header_is_refused_with_its_line(tmp_path, name, content, line, fix):
+    """The probe's I031/I032/I040/I009: `1,Hello, world and more` stored the text "Hello" with exit 0."""
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    _refused(tmp_path / name, ColumnSpec(), f"{name}:{line}", "fields, the header", fix)
+
+
+def test_a_row_with_fewer_fields_keeps_its_text_when_the_wanted_column_is_there(tmp_path):
+    (tmp_path / "x.csv").write_text("text,label\nhello,1\nworld\n", encoding="utf-8")
+    assert read_inputs([str(tmp_path / "x.csv")], ColumnSpec()).texts == ["hello", "world"]
