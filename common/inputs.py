@@ -174,13 +174,31 @@ def _text_lines(path: str) -> Iterator[tuple[int, str]]:
 
 def _decode(raw: bytes, path: str, line: int) -> str:
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(
-            f"the file is not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})",
-            f"{path}:{line}",
-            "re-encode it, e.g. iconv -f latin1 -t utf-8 IN > OUT",
-        ) from None
+        raise InputError(f"the file is not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})",
+                         f"{path}:{line}", reencode_fix(path)) from None
+    if "\0" in text:  # no text holds NUL: a binary file, or UTF-16 re-encoded as if it were latin1
+        raise InputError("the line holds NUL characters: not a text file, or a UTF-16 one read as 8-bit",
+                         f"{path}:{line}", "pass a text file; one written as UTF-16 converts with iconv -f utf-16 -t "
+                         "utf-8 ORIGINAL > OUT (from the original file, not one re-encoded already)")
+    return text
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def reencode_fix(path: str) -> str:
+    """How to make `path` UTF-8: from UTF-16 where its first bytes say so (a byte-order mark, or NULs between
+    ASCII letters), else from latin1 (the usual 8-bit legacy)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        head = b""
+    source = "utf-16" if head.startswith(_UTF16_BOMS) or head[1:8:2] == b"\0\0\0\0" or head[0:8:2] == b"\0\0\0\0" \
+        else "latin1"
+    return f"re-encode it, e.g. iconv -f {source} -t utf-8 IN > OUT"
 
 
 def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
@@ -299,7 +317,7 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                 start = reader.line_num + 1
         except UnicodeDecodeError as e:
             raise InputError("the file is not UTF-8", f"{path} (near line {reader.line_num + 1})",
-                             "re-encode it, e.g. iconv -f latin1 -t utf-8 IN > OUT") from e
+                             reencode_fix(path)) from e
 
 
 MAX_QUOTED_FIELD = 100_000  # characters; far beyond any encoder's input, so only a runaway quote gets there

@@ -85,6 +85,22 @@ def test_bad_inputs_name_file_line_and_column(tmp_path, content, spec, message, 
     assert message in str(e.value) and where in str(e.value) and "fix:" in str(e.value)
 
 
+@pytest.mark.parametrize(("name", "encode", "message", "fix"), [
+    ("bom.txt", lambda t: t.encode("utf-16"), "not UTF-8", "iconv -f utf-16"),  # a byte-order mark
+    ("le.txt", lambda t: t.encode("utf-16-le"), "NUL characters", "iconv -f utf-16"),  # none: NULs between letters
+    ("le.csv", lambda t: ("text\n" + t).encode("utf-16"), "not UTF-8", "iconv -f utf-16"),
+    ("latin.txt", lambda t: t.encode("latin1") + "café\n".encode("latin1"), "not UTF-8", "iconv -f latin1"),
+    ("twice.txt", lambda t: t.encode("utf-16").decode("latin1").encode("utf-8"), "NUL characters", "ORIGINAL"),
+])
+def test_a_file_in_another_encoding_gets_the_fix_for_that_encoding(tmp_path, name, encode, message, fix):
+    """The probe's I004: a UTF-16 file with its byte-order mark was told to convert from latin1, and the file that
+    made (text full of NULs) was accepted."""
+    (tmp_path / name).write_bytes(encode("the market fell\nprices rose\n"))
+    with pytest.raises(InputError) as e:
+        read_inputs([str(tmp_path / name)], ColumnSpec())
+    assert message in str(e.value) and fix in e.value.fix and f"{name}:" in str(e.value)
+
+
 def test_missing_and_unsupported_files(tmp_path):
     with pytest.raises(InputError, match="input file not found"):
         expand_inputs([str(tmp_path / "nope.txt")])
