@@ -31,13 +31,12 @@ __all__ = ["distill", "precompute", "train_student"]
 
 
 def precompute(inputs: str | os.PathLike | Sequence[str | os.PathLike] = (), out: str | os.PathLike | None = None,
-               teachers: Sequence[str] = ("minilm",), **options: Any) -> Store:
+               teachers: str | Sequence[str] = ("minilm",), **options: Any) -> Store:
     """`kd precompute`: run `teachers` (packaged names, checkpoint folders or NAME=DIR) over `inputs` once and
     write (or resume, or grow) the store at `out`; returns the store, opened and verified. Growing a store with
     only new teachers or outputs: `precompute(add_to=store, teachers=[...], outputs=[...])` (no inputs, no out)."""
     files = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    summary = _precompute([os.fspath(f) for f in files], None if out is None else os.fspath(out), list(teachers),
-                          **options)
+    summary = _precompute([os.fspath(f) for f in files], None if out is None else os.fspath(out), teachers, **options)
     return Store.open(summary.store)
 
 

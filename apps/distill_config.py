@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.options import check_ranges, option
+from kd.common.options import check_ranges, one_value_as_sequence, option
 
 if TYPE_CHECKING:
     from kd.apps.recipe import Recipe
@@ -44,6 +44,7 @@ class DistillConfig:
     RESUMABLE = ("export", "evaluate", "dry_run", "progress")
 
     def __post_init__(self) -> None:
+        one_value_as_sequence(self)
         self.inputs = [os.fspath(p) for p in self.inputs]
         self.out = os.fspath(self.out)
         if not self.inputs:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.options import bounded, check_ranges, option
+from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
 
 Measure = B.Measure  # one definition: an Enum (typer takes no list of Literals for the repeatable --task)
 
@@ -64,6 +64,7 @@ class EvalConfig:
     progress: bool = option(True, help="Show progress bars")
 
     def __post_init__(self) -> None:
+        one_value_as_sequence(self)
         check_ranges(self, "kd eval options")
         self.measures = [Measure(m) for m in self.measures]
         if self.sts_split is not None:

@@ -66,6 +66,8 @@ def search_text(
 ) -> SearchResult:
     """Embed `query` with exactly one of student/teacher and return the top-k rows of the store."""
     B.check("kd search options", ("-k", k, B.K))
+    if not isinstance(query, str) or not query.strip():  # an empty text has no meaning to be near to
+        raise InputError("the query text is empty", "kd search QUERY", 'pass the text to search for, e.g. "rates rose"')
     if (student is None) == (teacher is None):
         raise InputError("give exactly one query encoder", "kd search", "pass --student DIR or --teacher NAME")
     store = Store.open(store_path)

@@ -67,3 +67,15 @@ def check_ranges(config: Any, where: str) -> None:
     """Raise InputError for the first field (in declaration order) whose value is outside its declared range."""
     B.check(where, *((flag_of(f.name, o), getattr(config, f.name), o.range)
                      for f, o in declared(type(config)) if o.range is not None))
+
+
+def one_value_as_sequence(config: Any) -> None:
+    """A str a Python caller gives to a field of several values is one value, never a sequence of characters:
+    `teachers="minilm"` is ("minilm",), a comma option's `outputs="cls,mean"` is split as on the command line.
+    Called first in every config's __post_init__ (frozen ones too: set through object.__setattr__)."""
+    for f, o in declared(type(config)):
+        value, kind = getattr(config, f.name), str(f.type)
+        if not isinstance(value, str) or not kind.startswith(("tuple[", "list[")):
+            continue
+        parts = [p.strip() for p in value.split(",")] if o.comma else [value]
+        object.__setattr__(config, f.name, tuple(parts) if kind.startswith("tuple[") else parts)

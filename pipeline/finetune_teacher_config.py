@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from kd.common import bounds as B
 from kd.common import task_file_options as T
 from kd.common.hardware import check_device
-from kd.common.options import bounded, check_ranges, option
+from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TeacherFinetuneConfig:
     progress: bool = option(True, help="Show a progress bar")
 
     def __post_init__(self) -> None:
+        one_value_as_sequence(self)
         from kd.common.finetune import task_options  # (torch: only when a run is configured, not for --help)
 
         task_options(self)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import check_device
-from kd.common.options import bounded, check_ranges, option
+from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
 from kd.common.options import flag as option_flag
 from kd.pipeline import inputs as inp
 from kd.pipeline import ray_probe
@@ -107,6 +107,7 @@ class PrecomputeJob:
     ray: RayOptions | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
+        one_value_as_sequence(self)
         # lists from Python callers become tuples: a job cannot change after its checks
         for name in ("inputs", "teachers", "outputs"):
             value = getattr(self, name)

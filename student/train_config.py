@@ -11,7 +11,7 @@ from typing import Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.hardware import check_device
-from kd.common.options import bounded, check_ranges, flag, option
+from kd.common.options import bounded, check_ranges, flag, one_value_as_sequence, option
 
 
 class Schedule(str, Enum):
@@ -142,6 +142,7 @@ class TrainConfig:
                  "progress", "resume", "overwrite")
 
     def __post_init__(self) -> None:
+        one_value_as_sequence(self)
         # The arch's defaults are filled in here, the one place: the CLI, the demo and the Python API pass None
         # for what the user left out, so every door trains the same student from the same options.
         tuned = arch_defaults(self.arch, {k: getattr(self, k) for k in TUNED}, init=self.init is not None)

@@ -109,3 +109,17 @@ def test_subpackages_are_attributes_of_kd():
     assert out.stdout.split() == ["kd.student.saved", "kd.dataset"], out
     with pytest.raises(AttributeError):
         kd.no_such_thing  # noqa: B018
+
+
+def test_a_string_where_several_values_go_is_one_value(corpus, tiny_teacher, tmp_path):
+    """The probe's API_P02/P05: `teachers="tiny=DIR"` was read per character ("unknown teacher 't'") and
+    `outputs="cls,mean"`, the CLI's own form, gave "unknown output 'c'"."""
+    from kd.apps.eval_config import EvalConfig
+    from kd.student.train_config import TrainConfig
+
+    store = kd.precompute(corpus, tmp_path / "s", teachers=f"tiny={tiny_teacher}", outputs="cls,mean",
+                          shard_rows=20, progress=False)
+    assert store.manifest.teachers() == ["tiny"]
+    assert [c for c in store.table("teachers/tiny").columns if c in ("cls", "mean", "sentence")] == ["cls", "mean"]
+    assert TrainConfig(str(tmp_path / "s"), str(tmp_path / "st"), objectives="cosine:2").objectives == ["cosine:2"]
+    assert EvalConfig(students="runs/a", teacher="minilm").students == ["runs/a"]
