@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -46,7 +47,7 @@ from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, wr
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
-from kd.storage.store import Store, open_writer, readable_manifest
+from kd.storage.store import Store, open_writer, readable_manifest, remove_if_nothing_committed
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "corpus_rows", "precompute", "run"]
 
@@ -91,16 +92,22 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,
                        "rows_per_shard": job.shard_rows, "num_shards": plan.num_shards, "counts": counts.record()},
                       versions=package_versions())
-    with _disk_full_is_clear(job.out):
-        writer = open_writer(loc, header, f"writer-{index:05d}-of-{count:05d}", job.overwrite, existing)
-        try:
-            ctx = Prepared(job, writer, teachers, outputs, rows, plan, plan.owned(index, count), index, counts,
-                           spec.pair is not None, t0, reuse)
-            remove_own_temps(writer, ctx.names, ctx.owned)
-            summary = ray_engine.write(ctx, job.ray) if job.ray else local_engine.write(ctx)
-            return _write_per_teacher(ctx, summary) if index == 0 else summary
-        finally:
-            writer.close()
+    created = loc.is_local and not os.path.exists(loc.root)
+    try:
+        with _disk_full_is_clear(job.out):
+            writer = open_writer(loc, header, f"writer-{index:05d}-of-{count:05d}", job.overwrite, existing)
+            try:
+                ctx = Prepared(job, writer, teachers, outputs, rows, plan, plan.owned(index, count), index, counts,
+                               spec.pair is not None, t0, reuse)
+                remove_own_temps(writer, ctx.names, ctx.owned)
+                summary = ray_engine.write(ctx, job.ray) if job.ray else local_engine.write(ctx)
+                return _write_per_teacher(ctx, summary) if index == 0 else summary
+            finally:
+                writer.close()
+    except Exception:
+        if created:  # refused after the folder was made (a --reuse shard, the Ray runtime): leave no half store
+            remove_if_nothing_committed(loc)
+        raise
 
 
 def inputs_header(files: list[str], options: dict) -> dict:

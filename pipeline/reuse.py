@@ -106,6 +106,7 @@ def _index(store: Store, name: str) -> ReuseSource:
     """The sorted id index of `store`'s table `teachers/<name>` (only its complete shards)."""
     ids, shard, row = [], [], []
     for k in sorted(store.table(f"teachers/{name}").shards):
+        store.check_schema(f"teachers/{name}", k)  # a shard of other types: refused before anything is written
         col = store.read_shard(f"teachers/{name}", k, ["id"], verify=False)["id"].to_numpy()
         store.check_aligned(f"teachers/{name}", k, ids_digest(col))  # a foreign shard: refused before any encoding
         ids.append(col)

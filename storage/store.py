@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -159,13 +160,16 @@ class Store:
         self.check_aligned(name, k, shard_digest(data))
         return data
 
-    def check_schema(self, name: str, k: int, data: bytes) -> None:
+    def check_schema(self, name: str, k: int, data: bytes | None = None) -> None:
         """Refuse shard k whose bytes are not Parquet, or whose columns are not the types the manifest declares
         for its table (a file swapped in with its checksum forged to match): readers would fail on it deep
-        inside numpy or DuckDB, or read other numbers."""
+        inside numpy or DuckDB, or read other numbers. `data`: its bytes, already read (None: its footer is read
+        from the file)."""
         path = self.loc.path(self.shard_record(name, k).file)
         try:
-            have = {f.name: type_name(f.type) for f in pq.read_schema(pa.BufferReader(data))}
+            with (contextlib.nullcontext(pa.BufferReader(data)) if data is not None
+                  else self.loc.fs.open_input_file(self.path_of(self.shard_record(name, k).file))) as f:
+                have = {f.name: type_name(f.type) for f in pq.read_schema(f)}
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"not a readable Parquet file ({' '.join(str(e).split())[:200]})", path, REPAIR) from e
         for col, typ in self.table(name).columns.items():
@@ -409,9 +413,10 @@ def _wipe(loc: fs.Location) -> None:
         loc.fs.delete_file(loc.path(MANIFEST))
 
 
-def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existing: Manifest | None) -> Manifest | None:
-    """The store at `loc` a writer of `header` may extend (None: none, or wiped by `overwrite`); refuses a
-    folder of other files, or a store of other inputs or settings, unless `overwrite`."""
+def _refuse_foreign_folder(loc: fs.Location, overwrite: bool, existing: Manifest | None) -> None:
+    """Refuse a folder of other files (no kd store) unless `overwrite`. Checked before the lock is made and again
+    under it: the first check leaves the user's folder untouched (no `locks/` in it), the second closes the race
+    with another writer of the same run creating the store."""
     if existing is None and not _is_empty_dir(loc) and not overwrite:
         names = [i.base_name for i in loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))]
         # Only a store's own folders (another writer of the same run is creating it and has not renamed
@@ -420,8 +425,38 @@ def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existin
             raise StoreError(
                 "the output folder is not empty and holds no kd store",
                 loc.root,
-                "choose an empty or new --out, or pass --overwrite to replace its store files",
+                "choose an empty or new --out (kd writes a store only into an empty folder or its own store)",
             )
+
+
+def remove_if_nothing_committed(loc: fs.Location) -> bool:
+    """Remove a store folder this run created when it holds no committed shard and no other writer holds a lock in
+    it (a run refused after it made the folder: a bad --reuse source, a Ray address): rerunning must not meet a
+    half-made store. Returns whether it was removed."""
+    if not loc.is_local or not os.path.isdir(loc.root):
+        return False
+    with contextlib.suppress(StoreError):
+        m = load_manifest(loc)
+        if m is not None and any(rec.shards for rec in m.tables.values()):
+            return False
+    held = []
+    try:
+        for name in fs.list_files(loc, LOCKS):
+            lock = fs.exclusive_lock(loc.path(LOCKS, name))
+            if lock is None:  # another writer of this store is at work
+                return False
+            held.append(lock)
+        shutil.rmtree(loc.root, ignore_errors=True)
+        return True
+    finally:
+        for lock in held:
+            lock.close()
+
+
+def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existing: Manifest | None) -> Manifest | None:
+    """The store at `loc` a writer of `header` may extend (None: none, or wiped by `overwrite`); refuses a
+    folder of other files, or a store of other inputs or settings, unless `overwrite`."""
+    _refuse_foreign_folder(loc, overwrite, existing)
     if existing is not None and plan_problems(existing):
         if not overwrite:
             check_plan_sound(existing, loc.root)
@@ -453,6 +488,7 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
       it as `.existing` (None once --overwrite wiped it).
     """
     loc = fs.resolve(uri)
+    _refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:

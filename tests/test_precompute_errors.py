@@ -30,23 +30,29 @@ def _temps(root) -> list[str]:
     return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names if fs.TMP_MARK in n]
 
 
-def test_disk_full_is_a_clear_error_and_the_rerun_resumes(tmp_path, corpus, tiny_teacher, monkeypatch):
-    """ENOSPC while a teacher shard is written: exit 2 naming the disk, the shard uncommitted, its temp file
-    removed; a temp file a killed run left is removed by the next run, which finishes the store."""
-    out = tmp_path / "store"
+def _full_disk_at(monkeypatch, inside: str):
+    """ENOSPC when a file whose path holds `inside` is synced; returns the real os.fsync (to restore it)."""
     real_fsync = os.fsync
 
     def full_disk(fd: int) -> None:
-        if "/teachers/" in os.readlink(f"/proc/self/fd/{fd}"):
+        if inside in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", full_disk)
+    return real_fsync
+
+
+def test_disk_full_is_a_clear_error_and_the_rerun_resumes(tmp_path, corpus, tiny_teacher, monkeypatch):
+    """ENOSPC while a teacher shard is written: exit 2 naming the disk, the shard uncommitted, its temp file
+    removed; a temp file a killed run left is removed by the next run, which finishes the store."""
+    out = tmp_path / "store"
+    real_fsync = _full_disk_at(monkeypatch, "/teachers/tiny/part-00001")
     res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(out), "--shard-rows", "20")
     assert res.exit_code == 2 and "the disk is full" in res.output and "rerun" in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert _temps(out) == []
-    assert not Store.open(out).manifest.tables["teachers/tiny"].shards  # nothing of it committed
+    assert sorted(Store.open(out).manifest.tables["teachers/tiny"].shards) == [0]  # shard 1 not committed
     monkeypatch.setattr(os, "fsync", real_fsync)
 
     killed = out / "teachers" / "tiny" / "part-00001.parquet.tmp-0badf00d"  # what a kill -9 mid-write leaves
@@ -57,6 +63,30 @@ def test_disk_full_is_a_clear_error_and_the_rerun_resumes(tmp_path, corpus, tiny
     assert _temps(out) == [] and not killed.exists()
     assert sorted(Store.open(out).manifest.tables["teachers/tiny"].shards) == [0, 1]
     assert validate(Store.open(out)) == []
+
+
+def test_a_run_refused_before_its_first_shard_leaves_no_folder_it_made(tmp_path, corpus, tiny_teacher, monkeypatch):
+    """A new -o, and the run fails before any shard is committed (here the disk, on the first shard; the probe's
+    cases: a damaged --reuse source, a Ray runtime that would not start): it left a store folder of locks and
+    fragments. Now no folder; a folder the user made is kept; the rerun writes the store."""
+    real_fsync = _full_disk_at(monkeypatch, "/teachers/")
+    (tmp_path / "mine").mkdir()
+    for out in (tmp_path / "new", tmp_path / "mine"):
+        res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(out), "--shard-rows", "20")
+        assert res.exit_code == 2 and "the disk is full" in res.output, res.output
+    assert not (tmp_path / "new").exists() and (tmp_path / "mine").is_dir()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(tmp_path / "new"))
+    assert res.exit_code == 0 and validate(Store.open(tmp_path / "new")) == [], res.output
+
+
+def test_a_folder_of_the_users_files_is_refused_and_left_untouched(tmp_path, corpus, tiny_teacher):
+    """It was refused, but only after `locks/` had been made in it."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine\n")
+    res = _run("precompute", str(corpus), "-t", f"tiny={tiny_teacher}", "-o", str(tmp_path / "mine"))
+    assert res.exit_code == 2 and "holds no kd store" in res.output, res.output
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 @pytest.mark.parametrize("args", [("--num-shards", "2", "--shard-index", "2"),

@@ -78,3 +78,37 @@ def test_reuse_refuses_other_settings_the_output_itself_and_ray(old_store, tmp_p
         precompute([src], str(tmp_path / "e"), [f"tiny={tiny_teacher}"], outputs=["mean"], max_length=16,
                    reuse=str(old_store), progress=False)
     assert not any((tmp_path / d).exists() for d in "abcde")  # refused before anything was written
+
+
+def test_a_reuse_source_with_a_shard_of_other_types_is_refused_before_anything_is_written(old_store, tmp_path,
+                                                                                        tiny_teacher, sentences):
+    """The probe's B05: a shard 31 wide in a 32-wide table, its checksum forged, was copied with exit 0; then it was
+    refused mid-run, leaving a half store at -o. Now refused while OLD is indexed: no folder is made."""
+    import hashlib
+    import io
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = Path(shutil.copytree(old_store, tmp_path / "old"))
+    rel = "teachers/tiny/part-00001.parquet"
+    t = pq.read_table(old / rel)
+    narrow = pa.list_(pa.float32(), 31)
+    t = t.set_column(t.schema.get_field_index("mean"), pa.field("mean", narrow),
+                     pa.array([v[:31] for v in t["mean"].to_pylist()], narrow))
+    buf = io.BytesIO()
+    pq.write_table(t, buf)
+    (old / rel).write_bytes(buf.getvalue())
+    for m in [old / "manifest.json", *(old / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"]["teachers/tiny"]["shards"]["1"].update(sha256=hashlib.sha256(buf.getvalue()).hexdigest(),
+                                                            bytes=len(buf.getvalue()))
+        m.write_text(json.dumps(d))
+    res = CliRunner().invoke(app, ["precompute", _write(tmp_path / "in.txt", sentences[:80]), "-t",
+                                   f"tiny={tiny_teacher}", "--outputs", "mean", "--shard-rows", "50", "--dedup",
+                                   "-o", str(tmp_path / "new"), "--reuse", str(old), "--no-progress"])
+    assert res.exit_code == 2 and "column 'mean' is float[31], the manifest declares float[32]" in res.output, \
+        res.output
+    assert rel in res.output and not (tmp_path / "new").exists()
