@@ -35,7 +35,7 @@ from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, merge, plan_problems
 from kd.storage.names import real_inside
-from kd.storage.schema import canonical_type, non_finite_columns, tensors_problem, type_name
+from kd.storage.schema import non_finite_columns, tensors_problem, unlike_declared
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -203,11 +203,9 @@ def _unlike_declared(loc: fs.Location, rel: str, columns: dict[str, str]) -> str
             table = pq.ParquetFile(f).read()
     except (OSError, pa.ArrowException) as e:
         return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
-    have = {c.name: type_name(c.type) for c in table.schema}
-    columns = {c: canonical_type(t) for c, t in columns.items()}
-    wrong = [c for c, t in columns.items() if have.get(c, t) != t]
+    wrong = [w for w in unlike_declared(table.schema, columns) if w[1] is not None]
     if wrong:
-        return f"column {wrong[0]!r} is {have[wrong[0]]}, the manifest declares {columns[wrong[0]]}"
+        return f"column {wrong[0][0]!r} is {wrong[0][1]}, the manifest declares {wrong[0][2]}"
     bad = non_finite_columns(table)
     return f"column {bad[0][0]!r} has non-finite (NaN/Inf) values in {bad[0][1]} row(s)" if bad else None
 

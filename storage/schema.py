@@ -156,7 +156,19 @@ def type_name(t: pa.DataType) -> str:
     return str(t)
 
 
-def non_finite_columns(table: pa.Table) -> list[tuple[str, list]]:
+def unlike_declared(schema: pa.Schema, declared: dict[str, str]) -> list[tuple[str, str | None, str]]:
+    """(column, its type in the file or None where it is missing, the declared type) for each declared column the
+    file does not hold as declared: one comparison for validate, --repair and every reader (`Store.check_schema`)."""
+    have = {f.name: type_name(f.type) for f in schema}
+    out = []
+    for col, typ in declared.items():
+        want = canonical_type(typ)
+        if have.get(col) != want:
+            out.append((col, have.get(col), want))
+    return out
+
+
+def non_finite_columns(table: pa.Table) -> list[tuple[str, int, list]]:
     """(column, first ids of its bad rows) for every float vector column holding NaN/Inf (what an fp16 overflow
     or a damaged file writes): validate reports them, --repair drops their shard, readers refuse them."""
     import pyarrow.compute as pc

@@ -27,7 +27,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, TableRecord, check_plan_sound, merge, plan_problems
-from kd.storage.schema import canonical_type, tensors_problem, type_name
+from kd.storage.schema import tensors_problem, unlike_declared
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -169,13 +169,14 @@ class Store:
         try:
             with (contextlib.nullcontext(pa.BufferReader(data)) if data is not None
                   else self.loc.fs.open_input_file(self.path_of(self.shard_record(name, k).file))) as f:
-                have = {f.name: type_name(f.type) for f in pq.read_schema(f)}
+                schema = pq.read_schema(f)
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"not a readable Parquet file ({' '.join(str(e).split())[:200]})", path, REPAIR) from e
-        for col, typ in self.table(name).columns.items():
-            typ = canonical_type(typ)
-            if have.get(col, typ) != typ:  # (a missing column is the reader's to name: it asks for columns)
-                raise StoreError(f"column {col!r} is {have[col]}, the manifest declares {typ}", path, REPAIR)
+        # (a missing column is the reader's to name: it asks for columns)
+        wrong = [w for w in unlike_declared(schema, self.table(name).columns) if w[1] is not None]
+        if wrong:
+            raise StoreError(f"column {wrong[0][0]!r} is {wrong[0][1]}, the manifest declares {wrong[0][2]}", path,
+                             REPAIR)
 
     def check_aligned(self, name: str, k: int, digest: str | None) -> None:
         """Refuse shard k of table `name` whose ids (`digest`: of the ids read) are not those of texts shard k.

@@ -16,7 +16,7 @@ from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
 from kd.storage.manifest import plan_problems, teacher_table
-from kd.storage.schema import is_int8, non_finite_columns, table_vectors, type_name
+from kd.storage.schema import is_int8, non_finite_columns, table_vectors, unlike_declared
 from kd.storage.store import Store
 
 
@@ -103,14 +103,10 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
     out = []
     if table.num_rows != shard.rows:
         out.append(Problem(path, f"{table.num_rows} rows, manifest says {shard.rows}"))
-    have = {f.name: type_name(f.type) for f in table.schema}
-    for col, typ in columns.items():
-        if col not in have:
-            out.append(Problem(path, f"column {col!r} missing"))
-        elif have[col] != typ:
-            out.append(Problem(path, f"column {col!r} is {have[col]}, manifest says {typ}"))
+    out += [Problem(path, f"column {col!r} missing" if have is None else f"column {col!r} is {have}, manifest says "
+                          f"{want}") for col, have, want in unlike_declared(table.schema, columns)]
     out += _non_finite(table, path) + _bad_scales(table, path)
-    if "id" in have:
+    if "id" in table.column_names:
         why = _ids_problem(store, name, k, shard, table["id"].combine_chunks(), text_ids)
         out += [Problem(path, why)] if why else []
     return out

@@ -34,6 +34,7 @@ def test_a_malicious_checkpoint_is_refused_and_never_run(store_path, tmp_path):
     MARKER.unlink(missing_ok=True)
     out = tmp_path / "received"
     out.mkdir()
+    (out / ".kd-train.lock").touch()  # a copied run folder, as kd left it (without it: not kd's, refused earlier)
     torch.save({"config": {}, "world": 1, "model": {}, "rng": [], "evil": _Evil()}, out / "checkpoint.pt")
     res = _cli("--shards", str(store_path), "--out", str(out), "--arch", "bilstm", "--max-steps", "2")
     assert res.exit_code == 2, res.output
