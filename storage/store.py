@@ -123,7 +123,11 @@ class Store:
     def path_of(self, rel: str, field: str = "file") -> str:
         """The path of a store-relative path the manifest records (in `field`), refused with a StoreError when
         it leads out of the store ('..', an absolute path, a symlink pointing elsewhere): see `fs.member`."""
-        return fs.member(self.loc, rel, self.loc.path(MANIFEST), field)
+        try:
+            return fs.member(self.loc, rel, self.loc.path(MANIFEST), field)
+        except StoreError as e:  # the store's own fix: --repair drops the record and sets such a link aside
+            raise StoreError(e.what, e.where, f"replace the symlink by the file itself, or {file_repair(self.root)}") \
+                from None
 
     def read_verified(self, rec: ShardRecord) -> bytes:
         """A committed file's bytes, hashed while read; a size or sha256 other than the manifest's is refused.
