@@ -39,5 +39,9 @@ def inside(root: str, *parts: str) -> str:
     """The real path of root/parts, refusing one that escapes root (e.g. through '..' or a symlink)."""
     target, ok = real_inside(root, *parts)
     if not ok:
-        raise KdError("refusing to write outside the store", target, "use a plain name without '..' or '/'")
+        linked = any(os.path.islink(os.path.join(root, *parts[:i])) for i in range(1, len(parts) + 1))
+        fix = (f"a symlink in the store leads out of it: run kd validate {root} --repair (it sets the link aside), "
+               "or replace the link by a folder or file of the store" if linked
+               else "use a plain name without '..' or '/'")
+        raise KdError("refusing to write outside the store", target, fix)
     return target

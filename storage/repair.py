@@ -292,13 +292,18 @@ def _set_aside(loc: fs.Location, rel: str) -> None:
 
 
 def _link_aside(loc: fs.Location, rel: str) -> None:
-    """A symlink in the store leading out of it: the link itself (never its target) becomes `<rel>.damaged`, so
-    the rerun of precompute writes a real file at `rel` (it refuses to write through a link leading out)."""
+    """A symlink in the store leading out of it, at `rel` or at a folder above it: the link itself (never its target)
+    becomes `<link>.damaged`, so the rerun of precompute writes a real file at `rel` (it refuses to write through a
+    link leading out)."""
     if not loc.is_local:
         return
-    link = os.path.join(loc.root, rel)
-    if os.path.islink(link) and real_inside(loc.root, os.path.dirname(rel))[1]:
-        os.replace(link, link + SET_ASIDE)
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):  # the first link on the way (the file, or a folder above it: `teachers`)
+        link = os.path.join(loc.root, *parts[:i])
+        if os.path.islink(link):
+            if not real_inside(loc.root, *parts[:i])[1] and real_inside(loc.root, *parts[:i - 1])[1]:
+                os.replace(link, link + SET_ASIDE)
+            return
 
 
 def describe(report: RepairReport) -> list[str]:

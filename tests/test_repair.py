@@ -265,23 +265,24 @@ def test_a_nan_vector_under_a_forged_checksum_is_repaired_by_the_documented_fix(
     assert _tables(store) == _tables(clean)
 
 
-def test_a_shard_symlinked_out_of_the_store_is_set_aside_so_the_rerun_writes_it(clean, tmp_path, tiny_teacher):
-    """The probe's RA05: the documented sequence (--repair, then the same precompute) failed with "refusing to
-    write outside the store", because the link stayed where the shard goes. The link itself is now moved aside
-    (its target is never touched)."""
+@pytest.mark.parametrize("link", ["texts/part-00000.parquet", "teachers"])
+def test_a_symlink_leading_out_is_set_aside_so_the_rerun_writes_the_store(clean, tmp_path, tiny_teacher, link):
+    """The probe's RA05 (a shard) and RA30 (the whole `teachers` folder): the documented sequence (--repair, then the
+    same precompute) failed with "refusing to write outside the store", because the link stayed where the files
+    go. The link itself is now moved aside (its target is never touched)."""
     store = shutil.copytree(clean, tmp_path / "store")
     src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
-    outside = shutil.copy(store / "texts/part-00000.parquet", tmp_path / "outside.parquet")
-    before = outside.read_bytes()
-    (store / "texts/part-00000.parquet").unlink()
-    (store / "texts/part-00000.parquet").symlink_to(outside)
+    outside = tmp_path / "outside"
+    shutil.move(store / link, outside)
+    (store / link).symlink_to(outside, target_is_directory=outside.is_dir())
+    before = sorted(p.name for p in outside.rglob("*"))
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
-    assert "dropped shard 0 of texts: leads out of the store" in res.output, res.output
-    assert (store / "texts/part-00000.parquet.damaged").is_symlink()
+    assert "leads out of the store" in res.output, res.output
+    assert (store / (link + ".damaged")).is_symlink()
     precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
-    assert not (store / "texts/part-00000.parquet").is_symlink()
+    assert not (store / link).is_symlink()
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
-    assert _tables(store) == _tables(clean) and outside.read_bytes() == before
+    assert _tables(store) == _tables(clean) and sorted(p.name for p in outside.rglob("*")) == before
 
 
 def test_nan_input_embeddings_under_a_forged_checksum_are_found_repaired_and_restored(clean, tmp_path, tiny_teacher):
