@@ -37,6 +37,7 @@ import math
 import random
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,8 +220,10 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
         return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists():
-            raise KdError("the output folder holds a student (and no checkpoint to resume)", str(out),
-                          "use a new --out, or pass --overwrite")
+            other = _other_options(_finished_with(out), cfg)[:3]
+            raise KdError("the output folder holds a finished student" + (f" trained with other options ("
+                          f"{'; '.join(other)})" if other else ""), str(out),
+                          "use a new --out, or pass --overwrite to train it again with these options")
         if (out / METRICS).exists():  # a run that stopped before its first checkpoint (or lost it)
             raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to resume "
                           "and no student", str(out), "pass --overwrite to start again, or use a new --out")
@@ -285,8 +288,39 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
     return total / n if n else None
 
 
+# What a rerun may change and still be the same run (how it is shown, where it runs, how it may resume)
+_SAME_RUN_IGNORES = ("progress", "overwrite", "resume", "device", "num_workers", "log_every")
+
+
+def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
+    """Whether `out` holds the finished student this very config trains: the same command run again (a script
+    rerun after a kill that came too late) then has nothing to do, as a complete store has for precompute."""
+    out = Path(cfg.out)
+    if cfg.overwrite or (out / CHECKPOINT).exists() or not _kd_trained(out):
+        return False
+    done = _finished_with(out)
+    return bool(done) and not _other_options(done, cfg)
+
+
+def _other_options(done: dict, cfg: TrainConfig) -> list[str]:
+    """The options in which `cfg` differs from a finished run's training_args.json, as 'name: there -> here'."""
+    return [f"{k}: {done.get(k)!r} there, {v!r} here" for k, v in cfg.to_json().items()
+            if k not in _SAME_RUN_IGNORES and done.get(k) != v]
+
+
+def _finished_with(out: Path) -> dict:
+    try:
+        done = json.loads((out / "training_args.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return done if isinstance(done, dict) else {}
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train a student as configured; returns the output folder (a loadable student)."""
+    if _finished_by_the_same_command(cfg):
+        print(f"{cfg.out} already holds the student this command trains: nothing to do", file=sys.stderr)
+        return Path(cfg.out)
     d = init_dist(cfg.device)
     fresh = not Path(cfg.out).exists()
     try:

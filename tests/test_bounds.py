@@ -239,3 +239,18 @@ def test_train_student_never_writes_into_a_folder_of_files_kd_did_not_write(stor
         assert {p.name: p.read_text() for p in folder.iterdir()} == files  # no lock, no metrics, nothing replaced
     res = _train(store_path, tmp_path / "mine")  # kd's own student: --overwrite still replaces it
     assert res.exit_code == 0 and _train(store_path, tmp_path / "mine", "--overwrite").exit_code == 0
+
+
+def test_the_same_command_after_it_finished_has_nothing_to_do(store_path, tmp_path, monkeypatch):
+    """The replayed probe's IT_TERM_14: a kill that came after the run had finished, then the same command again,
+    was refused ("holds a student ... pass --overwrite"). The same command now finds its student and exits 0
+    without training; other options are refused naming them."""
+    out = tmp_path / "st"
+    assert _train(store_path, out).exit_code == 0
+    before = (out / "model.safetensors").read_bytes()
+    monkeypatch.setattr(T, "_train", lambda cfg, d: (_ for _ in ()).throw(AssertionError("trained again")))
+    res = _train(store_path, out, "--no-progress")  # how it is shown is not what it trains
+    assert res.exit_code == 0 and (out / "model.safetensors").read_bytes() == before, res.output
+    monkeypatch.undo()
+    res = _train(store_path, out, "--lr", "0.5")
+    assert res.exit_code == 2 and "trained with other options (lr:" in res.output and "--overwrite" in res.output
