@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -283,6 +284,9 @@ def probe_address(address: str, where: str, timeout: float = PROBE_TIMEOUT_S) ->
     """
     if address in ("auto", "local"):
         return
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is None:  # what Ray Client needs
+        raise KdError(f"{address} is a Ray Client address, and Ray Client is not installed", where,
+                      "pip install 'ray[client]', or pass the head's GCS address HOST:PORT (6379 by default)")
     host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not sep or not host or not port.isdigit():
         raise InputError(f"the Ray address {address!r} is not HOST:PORT", where,

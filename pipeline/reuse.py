@@ -153,4 +153,5 @@ def refuse_non_finite_rows(source: ReuseSource, rows: pa.Table) -> None:
             raise StoreError(f"--reuse: the store holds {len(bad)} non-finite (NaN/Inf) {c!r} vector(s) of teacher "
                              f"{source.teacher!r}, first at row id {rows['id'][int(bad[0])].as_py()}; nothing of "
                              "this shard was committed", where,
-                             "rebuild that store's table (kd validate lists the bad shards), or drop --reuse")
+                             f"run kd validate {source.store.root} --repair (it drops the bad shards), or drop "
+                             "--reuse; the rows committed here are kept and a rerun resumes")

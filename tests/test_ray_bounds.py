@@ -198,3 +198,16 @@ def test_sigterm_ends_a_ray_driver_within_seconds(tiny_teacher, tmp_path):
     took = time.monotonic() - t0
     assert driver.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err.decode(), err.decode()[-2000:]
     assert took <= bound, (took, bound, os.getloadavg())
+
+
+def test_a_ray_client_address_without_ray_client_installed_is_refused_with_the_install(monkeypatch):
+    """The replayed probe: `--ray-address ray://HOST:10001` without ray[client] printed Ray's ValueError with no
+    where or fix (after the store folder was made)."""
+    import importlib.util
+
+    pytest.importorskip("ray")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    with pytest.raises(KdError, match="Ray Client is not installed") as e:
+        ray_options("ray", "ray://10.0.0.5:10001", None, None, None, None, None)
+    assert e.value.where == "--ray-address ray://10.0.0.5:10001" and "ray[client]" in e.value.fix
