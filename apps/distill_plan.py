@@ -14,6 +14,7 @@ Each step's estimate is then its fixed cost plus its rows over its measured rate
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import tempfile
@@ -62,6 +63,14 @@ class Plan:
             t.add_row(s.name, _minutes(s.seconds), s.detail)
         t.add_row("total", _minutes(self.seconds), "")
         return t
+
+    def __str__(self) -> str:
+        """The table as plain text, so `print(kd.distill(..., dry_run=True))` shows the plan, not an object."""
+        from rich.console import Console
+
+        console = Console(width=120, record=True, file=io.StringIO())
+        console.print(self.table())
+        return console.export_text()
 
 
 def _minutes(s: float) -> str:

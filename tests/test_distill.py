@@ -192,6 +192,17 @@ def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe
         assert step in text, text
 
 
+def test_the_python_dry_run_prints_as_its_plan(tmp_path, corpus, recipe_file):
+    """The replayed probe: `print(kd.distill(..., dry_run=True).table())` showed `<rich.table.Table object>`; the
+    plan itself now prints as the CLI's table, and nothing is written."""
+    import kd
+
+    plan = kd.distill(corpus, tmp_path / "planned", recipe=str(recipe_file), evaluate=False, dry_run=True)
+    text = str(plan)
+    assert "precompute the teacher" in text and "total" in text and "object at" not in text
+    assert not (tmp_path / "planned").exists()
+
+
 def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, corpus, tiny_teacher):
     """Export and evaluation included: the sentence-transformers folder encodes like the chosen student, its
     card carries the suite table, and the report has a row per model with every suite column."""
