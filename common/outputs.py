@@ -35,6 +35,7 @@ next run under the lock, so rerunning the same command needs no `--overwrite`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -43,7 +44,7 @@ import shutil
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
-from kd.common.errors import InputError
+from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
@@ -60,7 +61,8 @@ def _has_format(path: Path, name: str) -> bool:
             head = f.read(_HEAD).decode("utf-8", "replace")
     except OSError:
         return False
-    return re.search(r'"format"\s*:\s*"' + re.escape(name) + '"', head) is not None
+    # anchored: a user's JSON holding the same pair deeper ({"meta": {"format": ...}}) is not kd's record
+    return re.match(r'\s*\{\s*"format"\s*:\s*"' + re.escape(name) + '"', head) is not None
 
 
 def _is_store(folder: Path) -> bool:
@@ -230,7 +232,10 @@ def is_kd_file(path: str | os.PathLike) -> bool:
         return False
 
 
-def _unwritable(path: Path, flag: str, e: OSError) -> InputError:
+def _unwritable(path: Path, flag: str, e: OSError) -> KdError:
+    disk = as_kd_error(e) if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
+    if disk is not None:  # a full disk or the file-size limit: not the folder's rights
+        return KdError(disk.what, str(path), disk.fix)
     return InputError(f"{flag} cannot be written: {e.strerror or e}", str(path),
                       f"pass a {flag} in a folder you can write to")
 

@@ -327,8 +327,8 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     try:
         with step(f"loading teacher {ref.name}"):
             model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
-    except (OSError, ValueError) as e:
-        raise KdError(f"cannot load the teacher checkpoint ({e})", ref.path,
+    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: weights of other shapes than config.json says
+        raise KdError(f"cannot load the teacher checkpoint ({' '.join(str(e).split())[:300]})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
     dtype = resolve_precision(Precision(precision), dev)
     cast = cast_weights(dev, dtype)

@@ -203,9 +203,11 @@ def _unlike_declared(loc: fs.Location, rel: str, columns: dict[str, str]) -> str
             table = pq.ParquetFile(f).read()
     except (OSError, pa.ArrowException) as e:
         return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
-    wrong = [w for w in unlike_declared(table.schema, columns) if w[1] is not None]
+    wrong = unlike_declared(table.schema, columns)  # a missing column too: validate reports it, readers fail on it
     if wrong:
-        return f"column {wrong[0][0]!r} is {wrong[0][1]}, the manifest declares {wrong[0][2]}"
+        col, have, want = wrong[0]
+        return f"column {col!r} is missing" if have is None else \
+            f"column {col!r} is {have}, the manifest declares {want}"
     bad = non_finite_columns(table)
     return f"column {bad[0][0]!r} has non-finite (NaN/Inf) values in {bad[0][1]} row(s)" if bad else None
 

@@ -200,6 +200,16 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
     ckpt = out / CHECKPOINT
     if out.exists() and not out.is_dir():
         raise KdError("--out is an existing file, not a folder", str(out), "pass a folder path for the student")
+    made_lock = d.main and not (out / TRAIN_LOCK).exists()
+    try:
+        return _claim_out(cfg, d, out, ckpt, store_id)
+    except KdError:
+        if made_lock and not (out / CHECKPOINT).exists() and not (out / METRICS).exists():
+            (out / TRAIN_LOCK).unlink(missing_ok=True)  # refused before any work: leave the folder as it was
+        raise
+
+
+def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) -> tuple[Path, dict | None]:
     if d.main:
         # Two runs into one folder would interleave metrics and race on every rename: the second stops.
         lock = fs.exclusive_lock(str(out / TRAIN_LOCK))

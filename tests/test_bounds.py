@@ -254,3 +254,16 @@ def test_the_same_command_after_it_finished_has_nothing_to_do(store_path, tmp_pa
     monkeypatch.undo()
     res = _train(store_path, out, "--lr", "0.5")
     assert res.exit_code == 2 and "trained with other options (lr:" in res.output and "--overwrite" in res.output
+
+
+def test_a_refused_run_leaves_no_lock_in_a_folder_whose_config_only_mentions_kd(store_path, tmp_path):
+    """The replayed probe's N06: a user's config.json holding {"meta": {"format": "kd-student"}} passed for a kd
+    student's (the check looked anywhere in the first bytes), and the refused run left `.kd-train.lock`, after which
+    the folder counted as a student."""
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"meta": {"format": "kd-student"}}')
+    (folder / "README.md").write_text("mine\n")
+    for extra in ((), ("--overwrite",)):
+        assert _train(store_path, folder, *extra).exit_code == 2
+        assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json"]

@@ -151,3 +151,17 @@ def test_a_teacher_folder_with_a_junk_config_is_named_not_a_traceback(tmp_path, 
     res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"))
     assert res.exit_code == 2 and "config.json cannot be read" in res.output, res.output
     assert str(teacher / "config.json") in res.output and not (tmp_path / "store").exists()
+
+
+def test_a_teacher_whose_weights_disagree_with_its_config_is_named(tmp_path, corpus, tiny_teacher):
+    """The replayed probe's N36: hidden_size edited in config.json gave transformers' RuntimeError traceback."""
+    import json
+    import shutil
+
+    teacher = shutil.copytree(tiny_teacher, tmp_path / "teacher")
+    cfg = json.loads((teacher / "config.json").read_text())
+    cfg["hidden_size"] *= 2
+    (teacher / "config.json").write_text(json.dumps(cfg))
+    res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"), "--backend", "torch")
+    assert res.exit_code == 2 and "cannot load the teacher checkpoint" in res.output, res.output
+    assert not (tmp_path / "store").exists()

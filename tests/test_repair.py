@@ -315,3 +315,16 @@ def test_nan_input_embeddings_under_a_forged_checksum_are_found_repaired_and_res
     assert f"set aside {rel} (tensor 'weight' holds NaN/Inf values)" in res.output, res.output
     precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / rel).read_bytes() == good
+
+
+def test_a_teacher_shard_lacking_its_columns_under_a_forged_checksum_is_repaired(clean, tmp_path, tiny_teacher):
+    """The replayed probe's RN6: the texts shard copied over teacher shard 0, its record forged: validate said
+    "column 'mean' missing" but --repair dropped nothing and precompute said "already complete"."""
+    store = shutil.copytree(clean, tmp_path / "store")
+    src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
+    _forge_record(store, "teachers/tiny", 0, (store / "texts/part-00000.parquet").read_bytes())
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "dropped shard 0 of teachers/tiny: column" in res.output and "is missing" in res.output, res.output
+    precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    assert _tables(store) == _tables(clean)
