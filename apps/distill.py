@@ -1,7 +1,8 @@
 """`kd distill`: one command from a corpus to a served student, following a recipe (apps.recipe).
 
 The run is a list of steps, each one an existing kd job that resumes itself, in OUT:
-    store/             kd precompute: the teacher's targets, then the start model's outputs (init, vocab)
+    store/             kd precompute: the teacher's targets, then the start model's outputs (init, vocab);
+                       --store puts it elsewhere, so that runs on one corpus share one teacher pass
     exclude.txt        kd leakage: the rows that are also evaluation text, never trained on
     stages/<name>/     kd train-student, one folder per recipe stage (each starts from the one it names)
     choice.json        the stage chosen on STS-B dev (dev splits only: test is read once, in the report)
@@ -56,7 +57,9 @@ class _Run:
     def __init__(self, cfg: DistillConfig, recipe: R.Recipe) -> None:
         self.cfg, self.recipe = cfg, recipe
         self.out = Path(cfg.out).resolve()
-        self.store = self.out / "store"
+        # Another run's store: its precompute finds the outputs there and has nothing to do (the teacher pass is
+        # most of a run's time: two presets on one corpus should pay it once).
+        self.store = Path(cfg.store).resolve() if cfg.store else self.out / "store"
         self.exclude = self.out / "exclude.txt"
         self.specs = {"teacher": cfg.teacher or recipe.teacher, "start": cfg.start or recipe.start}
         self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
@@ -123,6 +126,8 @@ def _claim(run: _Run) -> dict[str, Any]:
 
     expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
+    if run.cfg.store:
+        _check_store(run)
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
@@ -140,6 +145,31 @@ def _claim(run: _Run) -> dict[str, Any]:
     state = {"format": FORMAT, "identity": ident, "done": []}
     _save_state(run, state)
     return state
+
+
+def _check_store(run: _Run) -> None:
+    """--store: a kd store, a new folder or an empty one, and not one of the run's own folders; checked before the
+    run is recorded, so a refused --store leaves no run behind that its corrected rerun would call different."""
+    from kd.common.outputs import STORE, kind_of
+
+    where = f"--store {run.cfg.store}"
+    if run.store == run.out or (run.out in run.store.parents and run.store != run.out / "store"):
+        raise InputError("--store is inside --out, where kd distill writes its own folders", where,
+                         f"pass a folder outside {run.out}, or leave --store out to use {run.out / 'store'}")
+    claim_output(run.store, "kd distill", (STORE,), run.cfg.inputs, flag="--store")
+    if run.store.is_dir() and any(run.store.iterdir()) and kind_of(run.store) != STORE:
+        raise InputError("--store holds files but no kd store", where,
+                         "pass a kd store (another run's OUT/store), or a new or empty folder")
+    if kind_of(run.store) == STORE:
+        from kd.pipeline.grow import file_differences, option_differences
+        from kd.storage.store import Store
+
+        m, now = Store.open(run.store).manifest, corpus_header(run)
+        if m.fingerprint != now["fingerprint"]:
+            diffs = file_differences(m.inputs.get("files") or [], now["files"]) + \
+                option_differences(m.inputs.get("options") or {}, now["options"])
+            raise InputError(f"--store was made from another corpus or other row options: {'; '.join(diffs[:3])}",
+                             where, "pass the corpus and options it was made from, or another --store")
 
 
 def _save_state(run: _Run, state: dict[str, Any]) -> None:
@@ -172,6 +202,16 @@ def _steps(run: _Run) -> list[Step]:
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
     return dict(text_column=cfg.text_column, segment=cfg.segment, dedup=cfg.dedup, sample=cfg.sample,
                 shard_rows=cfg.shard_rows, progress=cfg.progress)
+
+
+def corpus_header(run: _Run) -> dict[str, Any]:
+    """The fingerprint precompute gives this run's corpus and row options (files hashed, nothing segmented)."""
+    from kd.pipeline.inputs import expand_inputs
+    from kd.pipeline.job import PrecomputeJob
+    from kd.pipeline.precompute import inputs_header
+
+    job = PrecomputeJob(run.cfg.inputs, str(run.store), [run.teacher_spec("teacher")], **corpus_options(run.cfg))
+    return inputs_header(expand_inputs(run.cfg.inputs), job.input_options(job.columns()))
 
 
 def _precompute(run: _Run, role: str, outputs: list[str] | None = None):

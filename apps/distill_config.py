@@ -23,6 +23,8 @@ class DistillConfig:
 
     inputs: list[str] = option(argument=True, help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")
     out: str = option(short="-o", help="Folder for the store, the stages, the model and the report")
+    store: str | None = option(None, help="Use (and grow) this store instead of OUT/store: one that already holds "
+                                          "the teacher's outputs for this corpus (another run's) is not recomputed")
     student: str = option("tiny6", help="Preset: tiny6 | tiny3 | static | bilstm (apps/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
     teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
@@ -47,6 +49,7 @@ class DistillConfig:
         one_value_as_sequence(self)
         self.inputs = [os.fspath(p) for p in self.inputs]
         self.out = os.fspath(self.out)
+        self.store = None if self.store is None else os.fspath(self.store)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kd.apps import recipe as R
-from kd.apps.distill import DistillConfig, _precompute, _Run, corpus_options
+from kd.apps.distill import DistillConfig, _precompute, _Run, corpus_header, corpus_options
 from kd.common.outputs import claim_output
 
 # The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
@@ -89,7 +89,7 @@ def estimate(cfg: DistillConfig) -> Plan:
                            sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
         plan = Plan(recipe, rows)
-        plan.steps += _precompute_steps(cal, rows, read_s)
+        plan.steps += _precompute_steps(run, cal, rows, read_s)
         if cfg.exclude_leakage:
             plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
         stage_s, encode_rate = _stages(cal, rows, plan)
@@ -129,10 +129,13 @@ class _Rate:
         return self.load_s + rows / self.rate
 
 
-def _precompute_steps(cal: _Run, rows: int, read_s: float) -> list[PlannedStep]:
+def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[PlannedStep]:
     """The teacher's step (reading the corpus, its load, its rows at its measured rate, its vocab output) and the
-    start model's (the same without the reading: its texts come back from the store)."""
+    start model's (the same without the reading: its texts come back from the store); only the load and the reading
+    where run.store already holds them. The sample store is filled either way: the stages calibrate on it."""
     from kd.storage.store import Store
+
+    stored = {role: bool(run.specs.get(role)) and _stored(run, role) for role in ("teacher", "start")}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
     secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
@@ -142,14 +145,44 @@ def _precompute_steps(cal: _Run, rows: int, read_s: float) -> list[PlannedStep]:
         secs += vocab * 3 / (teacher.rate * tokens * VOCAB_SPEEDUP)
         detail += f"; vocab: {vocab:,} tokens"
         _precompute(cal, "teacher")  # the stages start from it: the sample store needs it too
+    if stored["teacher"]:
+        secs, detail = read_s + teacher.load_s, "already in the store: nothing to compute"
     steps = [PlannedStep("precompute the teacher", secs, detail)]
     if cal.specs["start"] and cal.recipe.outputs["start"]:
         # a model new to the store encodes its default row outputs beside its init/vocab outputs
         start = _timed(cal, "start", cal.recipe.outputs["start"])
-        steps.append(PlannedStep("precompute the start model", start.seconds(rows),
+        steps.append(PlannedStep("precompute the start model", start.load_s, "already in the store") if
+                     stored["start"] else
+                     PlannedStep("precompute the start model", start.seconds(rows),
                                  f"{', '.join(cal.recipe.outputs['start'])}; {rows:,} rows at {start.rate:,.0f} "
                                  "rows/s"))
     return steps
+
+
+def _stored(run: _Run, role: str) -> bool:
+    """Whether run.store already holds every output the recipe asks of this role, for this very corpus (a --store
+    another run filled): its precompute will find nothing to do. Read from the manifest alone."""
+    from kd.common.errors import KdError
+    from kd.pipeline.job import PER_TEACHER
+    from kd.pipeline.keep_layers import folder_name
+    from kd.storage.manifest import teacher_table
+    from kd.storage.store import Store
+
+    name, outputs = run.names[role], run.recipe.outputs[role]
+    try:
+        m = Store.open(run.store).manifest
+        same = m.fingerprint == corpus_header(run)["fingerprint"]
+    except (KdError, OSError):  # no store yet, or one the run itself will refuse with its reason
+        return False
+    rec, files = m.tables.get(teacher_table(name)), m.extras.get("files", {})
+    rows = set(outputs) - set(PER_TEACHER)
+    want = [f"teachers/{name}/vocab.safetensors"] * ("vocab" in outputs)
+    if "init" in outputs and run.recipe.keep_layers is not None:
+        layers = [int(x) for x in str(run.recipe.keep_layers).split(",")]
+        want.append(f"teachers/{name}/{folder_name(layers)}/model.safetensors")
+    some_init = "init" not in outputs or any(f.startswith(f"teachers/{name}/init-") for f in files)
+    return (same and rec is not None and m.is_complete(teacher_table(name)) and some_init
+            and rows <= set(rec.meta.get("outputs", [])) and all(f in files for f in want))
 
 
 def _timed(cal: _Run, role: str, outputs: list[str]) -> _Rate:

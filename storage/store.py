@@ -26,7 +26,15 @@ import pyarrow.parquet as pq
 from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
-from kd.storage.manifest import Manifest, ShardRecord, TableRecord, check_plan_sound, merge, plan_problems
+from kd.storage.manifest import (
+    Manifest,
+    ShardRecord,
+    TableRecord,
+    check_plan_sound,
+    merge,
+    plan_problems,
+    same_settings,
+)
 from kd.storage.schema import tensors_problem, unlike_declared
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
@@ -315,6 +323,10 @@ class StoreWriter:
 
     def declare(self, name: str, kind: str, columns: dict[str, str], meta: dict) -> None:
         rec = self.manifest.tables.get(name)
+        if rec is not None and rec.columns == columns and same_settings(rec.meta, meta):
+            # Declared so already: a rerun (resumed, or with nothing to do) leaves the record, whose measured keys
+            # (fidelity, why --backend auto chose) describe the writes that made the stored values.
+            return
         if rec is None:
             self.manifest.tables[name] = TableRecord(kind, dict(columns), dict(meta))
         else:

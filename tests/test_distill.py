@@ -241,3 +241,46 @@ def test_a_missing_corpus_records_no_run(tmp_path, corpus, recipe_file):
     with pytest.raises(InputError, match="not found|no file"):
         distill(_cfg(tmp_path / "nosuch.txt", out, recipe_file))
     assert not (out / "distill.json").exists()
+
+
+def _store_files(store: Path) -> dict[str, bytes]:
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*"))
+            if p.is_file() and "locks" not in p.parts}
+
+
+def test_a_run_on_another_runs_store_computes_nothing_and_trains_the_same(tmp_path, uninterrupted, corpus,
+                                                                        recipe_file):
+    """--store: a second recipe on the same corpus pays no teacher pass (the expensive part), and the shared store
+    gives the weights a run with its own store gives."""
+    store = uninterrupted / "store"
+    before = _store_files(store)
+    out = tmp_path / "second"
+    plan = " ".join(CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store),
+                                                                                "--dry-run"]).output.split())
+    assert plan.count("already in the store") == 2, plan  # teacher and start model: only their load is estimated
+    proc = _kd(_args(corpus, out, recipe_file) + ["--store", str(store)])
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert _store_files(store) == before and not (out / "store").exists()
+    assert _weights(out) == _weights(uninterrupted)
+    with pytest.raises(InputError, match="store was"):  # the same OUT on its own store is another run
+        distill(_cfg(corpus, out, recipe_file))
+
+
+@pytest.mark.parametrize("where", ["inside --out", "a folder of other files", "a student", "another corpus's"])
+def test_a_wrong_store_is_refused_before_anything_is_recorded(tmp_path, uninterrupted, corpus, recipe_file, where):
+    """Refused before distill.json is written: the corrected command then starts, not 'other settings'."""
+    out = tmp_path / "run"
+    store = {"inside --out": out / "stages", "a folder of other files": tmp_path / "mine",
+             "a student": uninterrupted / "stages" / "one", "another corpus's": uninterrupted / "store"}[where]
+    if where == "a folder of other files":
+        store.mkdir()
+        (store / "notes.txt").write_text("mine", encoding="utf-8")
+    if where == "another corpus's":
+        corpus = tmp_path / "other.txt"
+        corpus.write_text("A different corpus.\nWith two sentences.\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--store" in text, res.output
+    if where == "another corpus's":
+        assert "another corpus" in text and "other.txt is not one of the store's inputs" in text, text
+    assert not out.exists()
