@@ -495,9 +495,10 @@ class TrainStream(IterableDataset):
 
 
 def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 0,
-                  tokenizer: Any = None) -> Iterator[dict]:
+                  tokenizer: Any = None, pin: bool = False) -> Iterator[dict]:
     """Batches [start, plan.steps(epoch)) of an epoch for one rank, in the canonical order (`tokenizer`: the
-    plan's tokenizer if already loaded; DataLoader workers fork with it)."""
+    plan's tokenizer if already loaded; DataLoader workers fork with it). `pin`: page-locked batches (training on a
+    GPU), whose copies to it then run asynchronously beside the step (`non_blocking`)."""
     order = canonical_order(plan.reader_batches(epoch, rank))[: plan.steps(epoch)]
     skip = [order[:start].count(r) for r in range(plan.readers_per_rank)]
     if start >= len(order):
@@ -509,7 +510,7 @@ def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 
     loader = DataLoader(
         TrainStream(store, plan, epoch, rank, skip, tokenizer), batch_size=None, num_workers=nw,
         generator=torch.Generator(),  # keeps DataLoader from drawing on the global RNG (exact resume)
-        prefetch_factor=2 if nw else None,
+        prefetch_factor=2 if nw else None, pin_memory=pin,
     )
     waiting: list[deque] = [deque() for _ in range(plan.readers_per_rank)]
     it = iter(loader)

@@ -427,7 +427,8 @@ def _fit_head(cfg: TrainConfig, s: Setup, plan: D.Plan, student: Student, d: Dis
 def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
     """The rest of epoch `st.epoch` from batch `st.batch_no`; stops early at the last step or on early stopping."""
     n_batches = run.plan.steps(st.epoch)
-    for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank, run.s.tok):
+    pin = run.d.device.type == "cuda"
+    for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank, run.s.tok, pin):
         batch = _to(batch, run.d.device)
         parts = _train_step(run, st, batch)
         st.step, st.batch_no = st.step + 1, st.batch_no + 1
