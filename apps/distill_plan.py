@@ -85,8 +85,9 @@ def estimate(cfg: DistillConfig) -> Plan:
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         rows, read_s, sample = _corpus(run, Path(tmp))
-        cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), text_column=None, segment="none",
-                           sample=None, exclude_leakage=False, progress=False), recipe)
+        # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing
+        cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), store=None, text_column=None,
+                           segment="none", sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
         plan = Plan(recipe, rows)
         plan.steps += _precompute_steps(run, cal, rows, read_s)

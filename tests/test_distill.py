@@ -249,15 +249,21 @@ def _store_files(store: Path) -> dict[str, bytes]:
 
 
 def test_a_run_on_another_runs_store_computes_nothing_and_trains_the_same(tmp_path, uninterrupted, corpus,
-                                                                        recipe_file):
+                                                                        recipe_file, monkeypatch):
     """--store: a second recipe on the same corpus pays no teacher pass (the expensive part), and the shared store
     gives the weights a run with its own store gives."""
+    from kd.apps import distill_plan
+
     store = uninterrupted / "store"
     before = _store_files(store)
     out = tmp_path / "second"
-    plan = " ".join(CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store),
-                                                                                "--dry-run"]).output.split())
-    assert plan.count("already in the store") == 2, plan  # teacher and start model: only their load is estimated
+    # a calibration sample smaller than the corpus, as on any real corpus: it once went into --store (refused there
+    # as another corpus; when the sample was the whole corpus, silently precomputed into it)
+    monkeypatch.setattr(distill_plan, "SAMPLE_ROWS", 64)
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store), "--dry-run"])
+    plan = " ".join(res.output.split())
+    assert res.exit_code == 0 and plan.count("already in the store") == 2, plan  # only their load is estimated
+    assert _store_files(store) == before and not out.exists()
     proc = _kd(_args(corpus, out, recipe_file) + ["--store", str(store)])
     assert proc.wait() == 0, proc.stderr.read().decode()
     assert _store_files(store) == before and not (out / "store").exists()
