@@ -309,7 +309,7 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                     if not by_index and len(row) > ncols:
                         raise InputError(f"row has {len(row)} fields, the header {ncols}: a field holds an unquoted "
                                          f"{delim!r}, and its text would be cut there", f"{path}:{reader.line_num}",
-                                         _extra_fields_fix(delim))
+                                         extra_fields_fix(delim))
                     if max(idx) >= len(row):
                         raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
                                          f"{path}:{reader.line_num}", "fix the row or choose other columns")
@@ -369,7 +369,7 @@ def _check_closed_quotes(raw: str, delim: str, where: str) -> None:
                          "read with quoting off)")
 
 
-def _extra_fields_fix(delim: str) -> str:
+def extra_fields_fix(delim: str) -> str:
     if delim == "\t":  # read with quoting off (STS-B's bare quotes): a tab cannot be inside a field
         return "remove the tab from that field (or replace it by a space)"
     return (f'quote the field ("Hello{delim} world"), or pass --delimiter with the character that separates the '

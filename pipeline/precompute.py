@@ -80,6 +80,7 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
     if existing is not None and not job.overwrite:  # before any teacher loads: name what differs
         check_plan_sound(existing, loc.root)
         check_same_inputs(existing, fingerprint, job.out, grown)
+        check_committed_files(existing, loc)
     teachers = _load_teachers(job, None if job.overwrite else existing)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
     check_keep_layers(job, teachers)
@@ -108,6 +109,18 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
         if created:  # refused after the folder was made (a --reuse shard, the Ray runtime): leave no half store
             remove_if_nothing_committed(loc)
         raise
+
+
+def check_committed_files(existing: Manifest, loc: fs.Location) -> None:
+    """Refuse a store whose manifest records a shard whose file is gone (deleted by hand, a partial copy): the run
+    would count it as done and say the store is complete while every reader refuses it. One listing call."""
+    files = [rec.file for table in existing.tables.values() for rec in table.shards.values()]
+    infos = loc.fs.get_file_info([loc.path(f) for f in files]) if files else []
+    gone = [f for f, info in zip(files, infos) if info.type == fs.pafs.FileType.NotFound]
+    if gone:
+        raise StoreError(f"{len(gone)} shard file(s) the manifest records are missing (first: {', '.join(gone[:3])})",
+                         loc.root, f"run `kd validate {loc.root} --repair` (it drops their records), then this command "
+                         "again: it recomputes them")
 
 
 def inputs_header(files: list[str], options: dict) -> dict:

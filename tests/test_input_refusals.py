@@ -170,6 +170,23 @@ def test_a_nan_score_in_jsonl_pairs_is_refused_with_its_line(tmp_path):
     assert "p.jsonl:2" in str(e.value)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_pair_row_with_more_fields_than_its_header_is_refused_with_its_line(tmp_path, suffix):
+    """The probe's wart: eval's own pair reader kept such a row, its second text cut at the unquoted delimiter
+    (the corpus readers refuse it). A well-formed file with quoted commas still reads."""
+    sts = tasks.load_stsb("dev").head(4)
+    d = "," if suffix == ".csv" else "\t"
+    q = (lambda t: '"' + t.replace('"', '""') + '"') if suffix == ".csv" else (lambda t: t)
+    rows = [f"score{d}sentence1{d}sentence2"] + [f"{s}{d}{q(a)}{d}{q(b)}" for s, a, b in zip(sts.scores, sts.a, sts.b)]
+    (tmp_path / f"ok{suffix}").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert tasks.load_pairs(str(tmp_path / f"ok{suffix}"), "score").b == sts.b
+    rows[3] = f"{sts.scores[2]}{d}{q(sts.a[2])}{d}Half a sentence{d} and the rest"
+    (tmp_path / f"p{suffix}").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match="row has 4 fields, the header 3") as e:
+        tasks.load_pairs(str(tmp_path / f"p{suffix}"), "score")
+    assert f"p{suffix}:4" in str(e.value), str(e.value)
+
+
 def test_eval_with_an_empty_pair_file_exits_2(tmp_path, tiny_teacher):
     (tmp_path / "p.tsv").write_text("", encoding="utf-8")
     r = CliRunner().invoke(app, ["eval", "--teacher", f"tiny={tiny_teacher}", "--task", "sts", "--pairs",

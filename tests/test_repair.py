@@ -328,3 +328,23 @@ def test_a_teacher_shard_lacking_its_columns_under_a_forged_checksum_is_repaired
     precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
     assert _tables(store) == _tables(clean)
+
+
+@pytest.mark.parametrize("table", ["teachers/tiny", "texts"])
+def test_a_shard_deleted_by_hand_is_named_not_called_complete(clean, tmp_path, tiny_teacher, table):
+    """The probe's wart: with a shard file deleted by hand precompute said "already complete" while validate and every
+    reader refused the store. Now it is refused naming the file and the repair, and the documented sequence ends
+    with the undamaged store."""
+    store = shutil.copytree(clean, tmp_path / "store")
+    src = shutil.copy(clean.parent / "news.txt", tmp_path / "news.txt")
+    (store / table / "part-00001.parquet").unlink()
+    res = CliRunner().invoke(app, ["precompute", str(src), "-t", f"tiny={tiny_teacher}", "--shard-rows", "40", "-o",
+                                   str(store), "--no-progress"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"{table}/part-00001.parquet" in text and "--repair" in text, res.output
+    assert "complete" not in text
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"dropped shard 1 of {table}" in res.output, res.output
+    precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    assert _tables(store) == _tables(clean)
