@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+from collections.abc import Iterator
 
 
 class KdError(Exception):
@@ -116,3 +118,16 @@ def as_kd_error(exc: BaseException) -> KdError | None:
         return InputError(f"a file is not UTF-8 text ({exc.reason} at byte {exc.start}; a binary file?)", None,
                           "pass a UTF-8 text file (convert with: iconv -t utf-8)")
     return None
+
+
+@contextlib.contextmanager
+def located(where: str) -> Iterator[None]:
+    """Inside: a user-caused error (`as_kd_error`) that names no place is raised as kd's error at `where` (a full
+    disk reported inside DuckDB's or safetensors' own exception names no file; the output being written is it)."""
+    try:
+        yield
+    except Exception as e:
+        err = as_kd_error(e)
+        if err is None or (err is e and err.where):
+            raise
+        raise type(err)(err.what, err.where or where, err.fix) from e

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from kd.common.errors import InputError, KdError, StoreError, as_kd_error
+from kd.common.errors import InputError, KdError, StoreError, located
 from kd.common.outputs import claim_output, write_file
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
@@ -275,8 +275,8 @@ def export(
 
     try:
         last = _run_all_but_last(con, sql)
-        write_file(out, copy, "kd query")
+        with located(str(out)):  # a full disk is not the SQL's fault: it is the file being written
+            write_file(out, copy, "kd query")
         return rows[0]
-    except duckdb.Error as e:  # a full disk is not the SQL's fault
-        raise as_kd_error(e) or KdError(f"query failed: {e}", None,
-                                        "check the SQL; COPY needs a single SELECT as last statement") from e
+    except duckdb.Error as e:
+        raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e

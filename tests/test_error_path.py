@@ -173,6 +173,8 @@ def test_the_file_size_limit_inside_a_library_write_is_a_message(store_path, tra
                                      "-o", str(tmp_path / "q.csv"))
     assert res.returncode == 2 and "size limit" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert "SQL" not in res.stderr and sorted(p.name for p in tmp_path.iterdir()) == []
+    where = str(tmp_path / ("e" if command == "export" else "q.csv"))
+    assert f"where: {where}" in res.stderr, res.stderr  # the probe's last wart: query's message had no where
 
 
 def test_a_library_error_that_is_not_a_disk_error_keeps_its_traceback():

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from kd.common.bounds import ExportFormat, Quantize, choices
-from kd.common.errors import InputError
+from kd.common.errors import InputError, located
 
 FORMATS = choices(ExportFormat)
 QUANTIZE = choices(Quantize)
@@ -35,10 +35,11 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
     if missing:
         raise InputError(f"--format {fmt} needs {', '.join(missing)}, which is not installed", fmt,
                          f"pip install {' '.join(m.replace('_', '-') for m in missing)} (kd's 'export' extra)")
-    if fmt == "onnx":
-        from kd.student.exporters.onnx_graph import export_onnx
+    with located(os.fspath(out)):  # a full disk inside safetensors' or ONNX's writer names no file: it is --out
+        if fmt == "onnx":
+            from kd.student.exporters.onnx_graph import export_onnx
 
-        return export_onnx(student_dir, out, overwrite, quantize)
-    from kd.student.exporters.st_directory import export_sentence_transformers
+            return export_onnx(student_dir, out, overwrite, quantize)
+        from kd.student.exporters.st_directory import export_sentence_transformers
 
-    return export_sentence_transformers(student_dir, out, overwrite)
+        return export_sentence_transformers(student_dir, out, overwrite)
