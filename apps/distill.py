@@ -127,7 +127,7 @@ def _claim(run: _Run) -> dict[str, Any]:
     expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     if run.cfg.store:
-        _check_store(run)
+        check_store(run)
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
@@ -147,7 +147,7 @@ def _claim(run: _Run) -> dict[str, Any]:
     return state
 
 
-def _check_store(run: _Run) -> None:
+def check_store(run: _Run) -> None:
     """--store: a kd store, a new folder or an empty one, and not one of the run's own folders; checked before the
     run is recorded, so a refused --store leaves no run behind that its corrected rerun would call different."""
     from kd.common.outputs import STORE, kind_of

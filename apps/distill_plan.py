@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kd.apps import recipe as R
-from kd.apps.distill import DistillConfig, _precompute, _Run, corpus_header, corpus_options
+from kd.apps.distill import DistillConfig, _precompute, _Run, check_store, corpus_header, corpus_options
 from kd.common.outputs import claim_output
 
 # The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
@@ -83,6 +83,8 @@ def estimate(cfg: DistillConfig) -> Plan:
     recipe = cfg.plan()
     run = _Run(cfg, recipe)
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
+    if cfg.store:
+        check_store(run)
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         rows, read_s, sample = _corpus(run, Path(tmp))
         # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing

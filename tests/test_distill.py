@@ -284,9 +284,10 @@ def test_a_wrong_store_is_refused_before_anything_is_recorded(tmp_path, uninterr
     if where == "another corpus's":
         corpus = tmp_path / "other.txt"
         corpus.write_text("A different corpus.\nWith two sentences.\n", encoding="utf-8")
-    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store)])
-    text = " ".join(res.output.split())
-    assert res.exit_code == 2 and "--store" in text, res.output
-    if where == "another corpus's":
-        assert "another corpus" in text and "other.txt is not one of the store's inputs" in text, text
-    assert not out.exists()
+    for dry in ([], ["--dry-run"]):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store), *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and "--store" in text, res.output
+        if where == "another corpus's":
+            assert "another corpus" in text and "other.txt is not one of the store's inputs" in text, text
+        assert not out.exists()
