@@ -32,3 +32,25 @@ def test_bucketing_cuts_padding_and_keeps_every_row(tmp_path, tiny_teacher, sent
     assert pad < 0.5 * plain_pad, (pad, plain_pad)
     again, _ = _epoch(store, True)  # deterministic: a resumed run sees the same batches
     assert all(np.array_equal(a, b) for a, b in zip(ids, again))
+
+
+def test_buckets_sort_by_tokens_not_characters(tmp_path, tiny_teacher, sentences):
+    """Characters per token vary between texts (numbers, names, punctuation), so batches sorted by characters keep
+    padding that sorting by the student's own token counts removes; the rows and batch sizes are unchanged."""
+    store = Store.open(precompute_news(tmp_path, tiny_teacher, sentences, 600, 300))
+    cfg = D.DataConfig(str(store.root), ["tiny.mean"], "tiny", batch_size=16, max_length=2048, val_percent=0.0,
+                       shuffle_buffer=64, bucket=True)
+    plan = D.build_plan(store, cfg)
+    tok = D.Tokenize(cfg.tokenizer_path(store), cfg.max_length)
+
+    def padding(tokens) -> tuple[float, list[int]]:
+        rng = np.random.default_rng(0)
+        batches = list(D.shuffled_rows(store, plan, plan.units(0, 0, 0), rng, tokens))
+        counts = [tok.count(list(b["text"])) for b in batches]
+        real, slots = sum(int(c.sum()) for c in counts), sum(int(c.max()) * len(c) for c in counts)
+        return 1 - real / slots, sorted(np.concatenate([b["id"] for b in batches]).tolist())
+
+    by_chars, rows_chars = padding(None)
+    by_tokens, rows_tokens = padding(tok.count)
+    assert rows_tokens == rows_chars
+    assert by_tokens < 0.8 * by_chars, (by_tokens, by_chars)
