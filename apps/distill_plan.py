@@ -138,7 +138,8 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     where run.store already holds them. The sample store is filled either way: the stages calibrate on it."""
     from kd.storage.store import Store
 
-    stored = {role: bool(run.specs.get(role)) and _stored(run, role) for role in ("teacher", "start")}
+    corpus = corpus_header(run)["fingerprint"] if run.store.is_dir() else None  # the corpus hashed once
+    stored = {role: bool(run.specs.get(role)) and _stored(run, role, corpus) for role in ("teacher", "start")}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
     secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
@@ -162,29 +163,31 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     return steps
 
 
-def _stored(run: _Run, role: str) -> bool:
-    """Whether run.store already holds every output the recipe asks of this role, for this very corpus (a --store
-    another run filled): its precompute will find nothing to do. Read from the manifest alone."""
+def _stored(run: _Run, role: str, corpus: str | None) -> bool:
+    """Whether run.store already holds every output the recipe asks of this role, for this very corpus (`corpus`:
+    its fingerprint; a --store another run filled): its precompute will find nothing to do. Read from the manifest
+    alone."""
     from kd.common.errors import KdError
+    from kd.common.layers import parse_layers
     from kd.pipeline.job import PER_TEACHER
     from kd.pipeline.keep_layers import folder_name
+    from kd.pipeline.vocab import VOCAB_FILE
     from kd.storage.manifest import teacher_table
     from kd.storage.store import Store
 
     name, outputs = run.names[role], run.recipe.outputs[role]
     try:
         m = Store.open(run.store).manifest
-        same = m.fingerprint == corpus_header(run)["fingerprint"]
     except (KdError, OSError):  # no store yet, or one the run itself will refuse with its reason
         return False
     rec, files = m.tables.get(teacher_table(name)), m.extras.get("files", {})
     rows = set(outputs) - set(PER_TEACHER)
-    want = [f"teachers/{name}/vocab.safetensors"] * ("vocab" in outputs)
-    if "init" in outputs and run.recipe.keep_layers is not None:
-        layers = [int(x) for x in str(run.recipe.keep_layers).split(",")]
+    want = [f"teachers/{name}/{VOCAB_FILE}"] * ("vocab" in outputs)
+    if "init" in outputs and run.recipe.keep_layers is not None:  # checked when the recipe loaded
+        layers = parse_layers(str(run.recipe.keep_layers), 1024, "[outputs] keep_layers")
         want.append(f"teachers/{name}/{folder_name(layers)}/model.safetensors")
     some_init = "init" not in outputs or any(f.startswith(f"teachers/{name}/init-") for f in files)
-    return (same and rec is not None and m.is_complete(teacher_table(name)) and some_init
+    return (m.fingerprint == corpus and rec is not None and m.is_complete(teacher_table(name)) and some_init
             and rows <= set(rec.meta.get("outputs", [])) and all(f in files for f in want))
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from kd.common.bounds import StsSplit, check_choice
 from kd.common.errors import InputError
-from kd.common.inputs import extra_fields_fix
+from kd.common.inputs import extra_fields_error
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -212,22 +212,16 @@ def _pair_rows(p: Path, by_index: bool) -> tuple[list[str], list[tuple[int, Any]
             rows = [(reader.line_num, r) for r in reader]
         for n, r in rows:  # DictReader keeps a row's extra fields under None: a text cut at an unquoted comma
             if None in r:
-                _no_extra_fields(len(reader.fieldnames or []), len(r) - 1 + len(r[None]), ",", p, n)
+                raise extra_fields_error(len(r) - 1 + len(r[None]), len(reader.fieldnames or []), ",", f"{p}:{n}")
         return list(reader.fieldnames or []), rows
     raw = _numbered_tsv(p)
     if by_index or not raw:
         return [], raw
     header = raw[0][1]
     for n, r in raw[1:]:
-        _no_extra_fields(len(header), len(r), "\t", p, n)
+        if len(r) > len(header):
+            raise extra_fields_error(len(r), len(header), "\t", f"{p}:{n}")
     return header, [(n, dict(zip(header, r))) for n, r in raw[1:]]
-
-
-def _no_extra_fields(ncols: int, fields: int, delim: str, p: Path, line: int) -> None:
-    """Refuse a row with more fields than its header, as every corpus reader does (common.inputs)."""
-    if fields > ncols:
-        raise InputError(f"row has {fields} fields, the header {ncols}: a field holds an unquoted {delim!r}, and its "
-                         "text would be cut there", f"{p}:{line}", extra_fields_fix(delim))
 
 
 def load_sst2(train_rows: int = 4000, seed: int = 0, bundle: bool = True) -> LabelledTexts:

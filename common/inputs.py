@@ -307,9 +307,7 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                     if quoting != csv.QUOTE_NONE and '"' in raw:  # cheap first: most records hold no quote
                         _check_closed_quotes(raw, delim, f"{path}:{start}")
                     if not by_index and len(row) > ncols:
-                        raise InputError(f"row has {len(row)} fields, the header {ncols}: a field holds an unquoted "
-                                         f"{delim!r}, and its text would be cut there", f"{path}:{reader.line_num}",
-                                         extra_fields_fix(delim))
+                        raise extra_fields_error(len(row), ncols, delim, f"{path}:{reader.line_num}")
                     if max(idx) >= len(row):
                         raise InputError(f"row has {len(row)} fields, column {max(idx)} is missing",
                                          f"{path}:{reader.line_num}", "fix the row or choose other columns")
@@ -369,7 +367,13 @@ def _check_closed_quotes(raw: str, delim: str, where: str) -> None:
                          "read with quoting off)")
 
 
-def extra_fields_fix(delim: str) -> str:
+def extra_fields_error(fields: int, ncols: int, delim: str, where: str) -> InputError:
+    """A row with more fields than its header: one field holds an unquoted delimiter (every delimited reader)."""
+    return InputError(f"row has {fields} fields, the header {ncols}: a field holds an unquoted {delim!r}, and its "
+                      "text would be cut there", where, _extra_fields_fix(delim))
+
+
+def _extra_fields_fix(delim: str) -> str:
     if delim == "\t":  # read with quoting off (STS-B's bare quotes): a tab cannot be inside a field
         return "remove the tab from that field (or replace it by a space)"
     return (f'quote the field ("Hello{delim} world"), or pass --delimiter with the character that separates the '
