@@ -28,7 +28,7 @@ from typing import Any
 
 from kd.apps import recipe as R
 from kd.apps.distill_config import DistillConfig
-from kd.common.errors import InputError
+from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
 
 STATE = "distill.json"
@@ -40,6 +40,7 @@ FORMAT = "kd-distill"
 class Step:
     name: str
     run: Callable[[], Any]
+    stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class _Run:
         self.exclude = self.out / "exclude.txt"
         self.specs = {"teacher": cfg.teacher or recipe.teacher, "start": cfg.start or recipe.start}
         self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
+        self._keys: dict[str, str] = {}
 
     def teacher_spec(self, role: str) -> str:
         spec, name = self.specs[role], self.names[role]
@@ -80,6 +82,39 @@ class _Run:
                            target=f"{self.names['teacher']}.{self.recipe.target}",
                            exclude_ids=str(self.exclude) if self.cfg.exclude_leakage else None,
                            progress=self.cfg.progress, **(stage.options | extra))
+
+    def stage_key(self, stage: R.Stage) -> str:
+        """apps.shared_stages.stage_key of a stage of this run (needs the store's tables: after the precomputes)."""
+        from kd.apps.shared_stages import stage_key, store_tables
+
+        if stage.name not in self._keys:
+            source = None if stage.source in R.ROLES else self.stage_key(self.recipe.stage(stage.source))
+            reads = store_tables(self.store, [self.names["teacher"], self.names[self.recipe.role_of(stage)]])
+            self._keys[stage.name] = stage_key(self.train_config(stage).to_json(), source, reads)
+        return self._keys[stage.name]
+
+    def other_runs(self) -> list[Path]:
+        """The runs whose finished stages this one may copy: the one whose own store its --store is (OTHER/store),
+        and the runs beside --out. Only a stage trained on this very store can have the same key."""
+        if not self.cfg.store:
+            return []
+        near = [self.store.parent] + (sorted(p for p in self.out.parent.iterdir() if p.is_dir())
+                                      if self.out.parent.is_dir() else [])
+        return [p for p in dict.fromkeys(near) if p != self.out and (p / STATE).is_file()]
+
+    def shared_stage(self, stage: R.Stage) -> Path | None:
+        """A finished stage of another run on this store with this stage's key (apps.shared_stages), if any."""
+        from kd.apps.shared_stages import finished_stage
+
+        for other in self.other_runs():
+            try:
+                found = finished_stage(other, json.loads((other / STATE).read_text(encoding="utf-8")),
+                                       self.stage_key(stage))
+            except (OSError, ValueError, KdError):  # a damaged record, or (dry run) a store still to be made
+                continue
+            if found:
+                return found
+        return None
 
 
 def _table_name(spec: str, role: str) -> str:
@@ -104,8 +139,10 @@ def distill(cfg: DistillConfig) -> DistillResult:
             continue
         _say(cfg, f"[{i}/{len(steps)}] {step.name}")
         t = time.perf_counter()
-        step.run()
+        result = step.run()
         seconds[step.name] = time.perf_counter() - t
+        if step.stage:
+            state.setdefault("stages", {})[step.stage] = result
         state["done"].append(step.name)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
@@ -190,7 +227,7 @@ def _steps(run: _Run) -> list[Step]:
     if run.cfg.exclude_leakage:
         steps.append(Step("leave out evaluation text", lambda: _leakage(run)))
     for stage in run.recipe.stages:
-        steps.append(Step(f"train stage {stage.name}", lambda s=stage: _train(run, s)))
+        steps.append(Step(f"train stage {stage.name}", lambda s=stage: _train(run, s), stage.name))
     steps.append(Step("choose on STS-B dev", lambda: _choose(run)))
     if run.cfg.export:
         steps.append(Step("export", lambda: _export(run)))
@@ -230,14 +267,23 @@ def _leakage(run: _Run) -> None:
     check_store(str(run.store), exclude_out=str(run.exclude), overwrite=True)
 
 
-def _train(run: _Run, stage: R.Stage) -> None:
+def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
+    """Train the stage, or copy it from the run that owns the store when that run finished it with the same key
+    (apps.shared_stages); the stage's record for the state."""
+    from kd.apps.shared_stages import copy_stage, untouched
     from kd.student.checkpoint import CHECKPOINT
     from kd.student.trainer import train
 
-    folder = run.stage_dir(stage.name)
+    folder, key = run.stage_dir(stage.name), run.stage_key(stage)
     if (folder / "config.json").is_file() and not (folder / CHECKPOINT).exists():
-        return  # finished before a kill that came ahead of the state's update
+        return {"key": key}  # finished before a kill that came ahead of the state's update
+    src = run.shared_stage(stage)
+    if src is not None and untouched(folder):
+        _say(run.cfg, f"    the same stage as {src}: copied, not trained")
+        copy_stage(src, folder)
+        return {"key": key, "copied_from": str(src)}
     train(run.train_config(stage))
+    return {"key": key}
 
 
 def _choose(run: _Run) -> None:

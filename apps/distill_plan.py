@@ -96,7 +96,7 @@ def estimate(cfg: DistillConfig) -> Plan:
         if cfg.exclude_leakage:
             plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
         stage_s, encode_rate = _stages(cal, rows, plan)
-        plan.steps += stage_s
+        plan.steps += _copied(run, stage_s)
         dev = 2 * 1500  # STS-B dev: 1,500 pairs
         plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.stages) * dev / encode_rate,
                                       f"{len(recipe.stages)} students x {dev:,} sentences"))
@@ -231,6 +231,17 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
         out.append(PlannedStep(f"train stage {stage.name}", fixed + train_s + val / (3 * rate),
                                f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
     return out, _encode_rate(cal)
+
+
+def _copied(run: _Run, planned: list[PlannedStep]) -> list[PlannedStep]:
+    """The stages the run will copy from the run that owns its store (apps.shared_stages) cost a copy, not their
+    training (the calibration trains them all the same: the stages after them start from them)."""
+    out = []
+    for stage, step in zip(run.recipe.stages, planned, strict=True):
+        src = run.shared_stage(stage)
+        what = f"copied from {src.parent.parent.name}/stages/{src.name} (the same stage)" if src else ""
+        out.append(PlannedStep(step.name, 1.0, what) if src else step)
+    return out
 
 
 def _encode_rate(cal: _Run) -> float:

@@ -106,7 +106,10 @@ def test_presets_load():
     tiny3 = R.load("tiny3")
     epochs = sum(s.options.get("epochs", 0) for s in tiny3.stages)
     assert [s.source for s in tiny3.stages] == ["start", "six-layer", "three-layer"] and epochs <= 3
-    assert sum(s.options.get("epochs", 0) for s in R.load("tiny6").stages) <= 2
+    tiny6 = R.load("tiny6")
+    assert sum(s.options.get("epochs", 0) for s in tiny6.stages) <= 2
+    # the same settings as tiny6's first stage: tiny3 after tiny6 on one store copies it (apps.shared_stages)
+    assert tiny3.stages[0].options == tiny6.stages[0].options and tiny3.stages[0].source == tiny6.stages[0].source
 
 
 def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
@@ -248,28 +251,61 @@ def _store_files(store: Path) -> dict[str, bytes]:
             if p.is_file() and "locks" not in p.parts}
 
 
-def test_a_run_on_another_runs_store_computes_nothing_and_trains_the_same(tmp_path, uninterrupted, corpus,
-                                                                        recipe_file, monkeypatch):
-    """--store: a second recipe on the same corpus pays no teacher pass (the expensive part), and the shared store
-    gives the weights a run with its own store gives."""
+def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_shares(
+        tmp_path, uninterrupted, corpus, tiny_teacher, monkeypatch):
+    """--store: a second recipe on the same corpus pays no teacher pass (the expensive part) and copies the stages
+    the store's run finished with the same settings, training only those that differ; the result is the run the
+    recipe gives on a store of its own, byte for byte."""
     from kd.apps import distill_plan
 
+    second = STAGES.format(steps=30).replace('"relational:25:mode=kl"]', '"relational:25:mode=kl"]\nseed = 7')
+    recipe = write_recipe(tmp_path / "second.toml", tiny_teacher, second, start=tiny_teacher)  # "two" the same
     store = uninterrupted / "store"
     before = _store_files(store)
     out = tmp_path / "second"
     # a calibration sample smaller than the corpus, as on any real corpus: it once went into --store (refused there
     # as another corpus; when the sample was the whole corpus, silently precomputed into it)
     monkeypatch.setattr(distill_plan, "SAMPLE_ROWS", 64)
-    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store), "--dry-run"])
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--store", str(store), "--dry-run"])
     plan = " ".join(res.output.split())
     assert res.exit_code == 0 and plan.count("already in the store") == 2, plan  # only their load is estimated
+    assert plan.count("copied from") == 1 and f"{uninterrupted.name}/stages/two" in plan, plan
     assert _store_files(store) == before and not out.exists()
-    proc = _kd(_args(corpus, out, recipe_file) + ["--store", str(store)])
+    proc = _kd(_args(corpus, out, recipe) + ["--store", str(store)])
     assert proc.wait() == 0, proc.stderr.read().decode()
     assert _store_files(store) == before and not (out / "store").exists()
-    assert _weights(out) == _weights(uninterrupted)
+    stages = json.loads((out / "distill.json").read_text())["stages"]
+    assert stages["two"]["copied_from"] == str(uninterrupted / "stages" / "two") and "copied_from" not in stages["one"]
+    assert _weights(out)["stages/two/model.safetensors"] == _weights(uninterrupted)["stages/two/model.safetensors"]
+    assert _weights(out)["stages/one/model.safetensors"] != _weights(uninterrupted)["stages/one/model.safetensors"]
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "third", recipe), "--store", str(store),
+                                   "--dry-run"])  # a run beside `second` on the same store: nothing left to train
+    plan = " ".join(res.output.split())
+    assert f"{uninterrupted.name}/stages/two" in plan and "second/stages/one" in plan, plan
+    alone = tmp_path / "alone"  # the same recipe, its own store: every stage trained
+    proc = _kd(_args(corpus, alone, recipe))
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert "stages" in json.loads((alone / "distill.json").read_text()) and _weights(alone) == _weights(out)
     with pytest.raises(InputError, match="store was"):  # the same OUT on its own store is another run
-        distill(_cfg(corpus, out, recipe_file))
+        distill(_cfg(corpus, out, recipe))
+
+
+def test_a_stage_key_holds_what_the_weights_depend_on(monkeypatch):
+    """Options that change the weights, the start, the tables read and the code change the key; where the stage is
+    written and how the run reports do not."""
+    from kd.apps import shared_stages as S
+    from kd.student.train_config import TrainConfig
+
+    base = TrainConfig("s", "o", arch="transformer-init", objectives=["cosine"]).to_json()
+    reads = {"store": "/s", "mpnet": {"table": {"shards": {"0": {"sha256": "a"}}}, "files": {}}}
+    key = S.stage_key(base, None, reads)
+    assert S.stage_key(base | {"out": "elsewhere", "progress": False}, None, reads) == key
+    for changed in (base | {"lr": 3e-5}, base | {"seed": 1}, base | {"objectives": ["cosine", "relational:25"]}):
+        assert S.stage_key(changed, None, reads) != key
+    assert S.stage_key(base, "a-stage-key", reads) != key
+    assert S.stage_key(base, None, reads | {"mpnet": {"table": {"shards": {"0": {"sha256": "b"}}}}}) != key
+    monkeypatch.setattr(S, "code_digest", lambda: "other code")
+    assert S.stage_key(base, None, reads) != key
 
 
 @pytest.mark.parametrize("where", ["inside --out", "a folder of other files", "a student", "another corpus's"])
