@@ -28,6 +28,7 @@ from typing import Any
 
 from kd.apps import recipe as R
 from kd.apps.distill_config import DistillConfig
+from kd.common import progress
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
 
@@ -137,9 +138,11 @@ def distill(cfg: DistillConfig) -> DistillResult:
     for i, step in enumerate(steps, 1):
         if step.name in state["done"]:
             continue
-        _say(cfg, f"[{i}/{len(steps)}] {step.name}")
+        label = f"[{i}/{len(steps)}] {step.name}"
+        _say(cfg, label)
         t = time.perf_counter()
-        result = step.run()
+        with progress.within(label):
+            result = step.run()
         seconds[step.name] = time.perf_counter() - t
         if step.stage:
             state.setdefault("stages", {})[step.stage] = result

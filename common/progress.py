@@ -61,7 +61,9 @@ class Bar:
 
     def __init__(self, label: str, total: float, unit: str = "rows", enabled: bool = True, completed: float = 0,
                  every: float = 30.0) -> None:
-        self.label, self.total, self.unit, self.enabled, self.every = label, total, unit, enabled, every
+        within = _WITHIN.get()
+        self.label = f"{within} · {label}" if within else label
+        self.total, self.unit, self.enabled, self.every = total, unit, enabled, every
         self.done, self.start_done, self.fields = completed, completed, {}
         self._console = Console(stderr=True)
         self._rich: Progress | None = None
@@ -104,6 +106,20 @@ class Bar:
             self._rich.__exit__(*exc)
         elif self.enabled and self.done != self.start_done:
             self._log()
+
+
+# A job made of jobs (kd distill) names the step each bar belongs to: "[4/9] train stage six-layer · train: ...".
+_WITHIN: ContextVar[str] = ContextVar("kd_progress_within", default="")
+
+
+@contextlib.contextmanager
+def within(step_label: str) -> Iterator[None]:
+    """Bars made inside this block carry `step_label` before their own."""
+    token = _WITHIN.set(step_label)
+    try:
+        yield
+    finally:
+        _WITHIN.reset(token)
 
 
 # Steps run deep inside library calls (resolve, export, load) that have no progress flag of their own, so the

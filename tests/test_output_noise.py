@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.common import quiet
 from kd.common.errors import KdError
-from kd.common.progress import showing, step
+from kd.common.progress import Bar, showing, step, within
 from kd.pipeline.resolve import resolve_teacher
 
 HF_NOISE = ("LOAD REPORT", "Loading weights", "Writing model shards")
@@ -39,6 +39,17 @@ def test_a_step_prints_a_start_and_a_done_line_when_progress_is_on(capsys):
         pass
     err = capsys.readouterr().err
     assert "unpacking mpnet ..." in err and "unpacking mpnet: done in" in err
+
+
+def test_a_bar_inside_a_step_of_a_whole_run_names_that_step(capsys):
+    """kd distill's log: each training line says which step of the run it belongs to, not just "train"."""
+    with within("[4/9] train stage six-layer"), Bar("train", total=10, unit="steps", every=0) as bar:
+        bar.advance(5, loss=0.25)
+    with Bar("train", total=10, unit="steps", every=0) as bar:  # outside: the bar's own label alone
+        bar.advance(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("[4/9] train stage six-layer · train: 5/10 steps (50.0%)"), lines
+    assert "loss 0.25" in lines[0] and lines[-1].startswith("train: 1/10 steps"), lines
 
 
 def test_a_step_is_silent_when_progress_is_off(capsys):
