@@ -112,14 +112,18 @@ class Bar:
 _WITHIN: ContextVar[str] = ContextVar("kd_progress_within", default="")
 
 
-@contextlib.contextmanager
-def within(step_label: str) -> Iterator[None]:
+def within(step_label: str) -> contextlib.AbstractContextManager[None]:
     """Bars made inside this block carry `step_label` before their own."""
-    token = _WITHIN.set(step_label)
+    return _scoped(_WITHIN, step_label)
+
+
+@contextlib.contextmanager
+def _scoped(var: ContextVar, value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _WITHIN.reset(token)
+        var.reset(token)
 
 
 # Steps run deep inside library calls (resolve, export, load) that have no progress flag of their own, so the
@@ -128,14 +132,9 @@ _STEPS: ContextVar[bool] = ContextVar("kd_progress_steps", default=True)
 SLOW_S = 2.0  # a spinner's step ending sooner leaves no line behind: a quick load is not news
 
 
-@contextlib.contextmanager
-def showing(enabled: bool) -> Iterator[None]:
+def showing(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """Steps inside this block print only when `enabled` (a job's `progress` option)."""
-    token = _STEPS.set(enabled)
-    try:
-        yield
-    finally:
-        _STEPS.reset(token)
+    return _scoped(_STEPS, enabled)
 
 
 @contextlib.contextmanager
