@@ -99,9 +99,12 @@ class _Run:
         and the runs beside --out. Only a stage trained on this very store can have the same key."""
         if not self.cfg.store:
             return []
-        near = [self.store.parent] + (sorted(p for p in self.out.parent.iterdir() if p.is_dir())
-                                      if self.out.parent.is_dir() else [])
-        return [p for p in dict.fromkeys(near) if p != self.out and (p / STATE).is_file()]
+        try:
+            near = [self.store.parent, *sorted(self.out.parent.iterdir())] if self.out.parent.is_dir() else \
+                [self.store.parent]
+        except OSError:  # an unreadable parent: the store's own run alone
+            near = [self.store.parent]
+        return [p for p in dict.fromkeys(near) if p != self.out and _is_run(p)]
 
     def shared_stage(self, stage: R.Stage) -> Path | None:
         """A finished stage of another run on this store with this stage's key (apps.shared_stages), if any."""
@@ -116,6 +119,13 @@ class _Run:
             if found:
                 return found
         return None
+
+
+def _is_run(folder: Path) -> bool:
+    try:
+        return (folder / STATE).is_file()
+    except OSError:  # a folder we may not read is no run of ours
+        return False
 
 
 def _table_name(spec: str, role: str) -> str:
