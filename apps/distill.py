@@ -300,7 +300,7 @@ def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
 
 
 def _choose(run: _Run) -> None:
-    """Among the stages whose student has the recipe's final shape (tiny3's 6-layer stage is a means, never the
+    """Among the stages whose student has the recipe's final shape (tiny3's 6-layer stages are a means, never the
     result), the one that scores best on STS-B dev (never test). Every stage's score is recorded."""
     from kd.apps import metrics, tasks
     from kd.student.saved import load

@@ -1,6 +1,6 @@
 """Stages shared between `kd distill` runs on one store: a run on another run's store (`--store OTHER/store`) copies
 each stage OTHER has finished with the same key instead of training it again. The presets share stages on
-purpose (tiny3's first stage is tiny6's `cosine` stage), so trying a second preset after the first pays only for
+purpose (tiny3's first two stages are tiny6's), so trying a second preset after the first pays only for
 the stages that differ, as `--store` already spares it the teacher pass.
 
 A stage's key hashes everything its weights depend on, so equal keys mean the copy is the stage that training would
