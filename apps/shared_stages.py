@@ -30,11 +30,11 @@ NOT_IN_KEY = ("out", "progress", "resume", "overwrite")
 
 @functools.cache
 def code_digest() -> str:
-    """sha256 over kd's own Python source (the installed package's files; tests, benches and docs excluded)."""
-    import kd
-
-    root = Path(kd.__file__).resolve().parent
-    files = sorted(root.glob("*.py")) + sorted(p for sub in kd.SUBPACKAGES for p in (root / sub).rglob("*.py"))
+    """sha256 over kd's own Python source: the package root's modules and its subpackages' (the folders with an
+    __init__.py: tests, benches and docs have none)."""
+    root = Path(__file__).resolve().parents[1]  # kd/apps/shared_stages.py -> kd
+    subs = sorted(d for d in root.iterdir() if (d / "__init__.py").is_file())
+    files = sorted(root.glob("*.py")) + sorted(p for sub in subs for p in sub.rglob("*.py"))
     h = hashlib.sha256()
     for p in files:
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
