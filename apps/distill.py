@@ -17,6 +17,7 @@ uninterrupted run. Different options on an existing OUT are refused with the opt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -99,11 +100,9 @@ class _Run:
         and the runs beside --out. Only a stage trained on this very store can have the same key."""
         if not self.cfg.store:
             return []
-        try:
-            near = [self.store.parent, *sorted(self.out.parent.iterdir())] if self.out.parent.is_dir() else \
-                [self.store.parent]
-        except OSError:  # an unreadable parent: the store's own run alone
-            near = [self.store.parent]
+        near = [self.store.parent]
+        with contextlib.suppress(OSError):  # --out's parent absent (a dry run) or unreadable: the store's run alone
+            near += sorted(self.out.parent.iterdir())
         return [p for p in dict.fromkeys(near) if p != self.out and _is_run(p)]
 
     def shared_stage(self, stage: R.Stage) -> Path | None:
@@ -281,7 +280,7 @@ def _leakage(run: _Run) -> None:
 
 
 def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
-    """Train the stage, or copy it from the run that owns the store when that run finished it with the same key
+    """Train the stage, or copy it from another run on the store that finished it with the same key
     (apps.shared_stages); the stage's record for the state."""
     from kd.apps.shared_stages import copy_stage, untouched
     from kd.student.checkpoint import CHECKPOINT
