@@ -78,14 +78,17 @@ def retrieval(cfg, teacher, others, rows, info, bars) -> None:
                          f"vectors from the {src}")
 
 
-def suite_text_count() -> int:
-    """How many texts the default suite encodes per model (what `kd distill --dry-run` times the step by)."""
+def suite_text_sets() -> list[list[str]]:
+    """The text lists the default suite hands each model, one per task, exactly as `kd eval --task suite` builds
+    them (the teacher's vectors are cached per list, apps/eval_cache.py; tests/test_eval_cache.py holds them
+    equal): what `kd distill --dry-run` times the step by, and looks up in the cache."""
     sts, sst = tasks.load_stsb("test"), tasks.load_sst2()
-    cluster = tasks.load_cluster_set()
-    n = 2 * len(sts.a) + len(sst.train_texts) + len(sst.test_texts) + len(cluster.test_texts) + len(cluster.dev_texts)
-    n += len(tasks.load_lee().docs) + 2 * len(tasks.load_title_retrieval().queries)
+    cluster, retrieval = tasks.load_cluster_set(), tasks.load_title_retrieval()
+    sets = [sts.a + sts.b, sst.train_texts + sst.test_texts, cluster.dev_texts + cluster.test_texts,
+            tasks.load_lee().docs, retrieval.queries + retrieval.docs]
     try:
-        n += sum(2 * len(tasks.load_mrpc(s).a) for s in tasks.MRPC_SPLITS)
+        train, test = [tasks.load_mrpc(s) for s in tasks.MRPC_SPLITS]
+        sets.append(train.a + train.b + test.a + test.b)
     except InputError:
         pass  # not run without the shared data
-    return n
+    return sets

@@ -207,9 +207,10 @@ def test_the_python_dry_run_prints_as_its_plan(tmp_path, corpus, recipe_file):
     assert not (tmp_path / "planned").exists()
 
 
-def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, corpus, tiny_teacher):
+def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, corpus, tiny_teacher, monkeypatch):
     """Export and evaluation included: the sentence-transformers folder encodes like the chosen student, its
-    card carries the suite table, and the report has a row per model with every suite column."""
+    card carries the suite table, and the report has a row per model with every suite column. Then the dry run's
+    suite estimate knows the teacher's and the start model's vectors are cached, and only then."""
     stages = STAGES.format(steps=10).split("[[stage]]")[1]
     start = build_tiny_bert(tmp_path / "start", seed=3)  # another model of the same tokenizer
     recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, "[[stage]]" + stages, start=start)
@@ -237,6 +238,31 @@ def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, 
     from kd.student.exporters import export_student
 
     export_student(out / "stages" / "two", "sentence-transformers", out / "model", overwrite=True)
+    _suite_estimate_reads_the_cache(tmp_path, corpus, recipe, monkeypatch)
+
+
+def _suite_estimate_reads_the_cache(tmp_path: Path, corpus: Path, recipe: Path, monkeypatch) -> None:
+    """After a run, the suite's text lists (`suite_text_sets`, the ones the dry run looks up) are exactly the ones
+    kd eval cached for both reference models: the estimate is the student's encoding alone, neither model
+    loaded. With an empty cache both are loaded and timed."""
+    from kd.apps import distill_plan
+    from kd.apps.distill import _Run
+    from kd.apps.suite_tasks import suite_text_sets
+
+    cfg = DistillConfig([str(corpus)], str(tmp_path / "again"), recipe=str(recipe), progress=False)
+    cal, n, timed = _Run(cfg, cfg.plan()), sum(map(len, suite_text_sets())), []
+
+    def reference_rate(_cal, role):
+        timed.append(role)
+        return 2.0, 50.0
+
+    monkeypatch.setattr(distill_plan, "_reference_rate", reference_rate)
+    warm = distill_plan._evaluate(cal, 100.0)
+    assert timed == [] and warm.seconds == pytest.approx(n / 100.0), warm
+    assert warm.detail.endswith(f"teacher ({n:,} cached), start ({n:,} cached)"), warm.detail
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "empty-cache"))
+    cold = distill_plan._evaluate(cal, 100.0)
+    assert timed == ["teacher", "start"] and cold.seconds == pytest.approx(n / 100.0 + 2 * (2.0 + n / 50.0))
 
 
 def test_a_missing_corpus_records_no_run(tmp_path, corpus, recipe_file):
