@@ -8,7 +8,8 @@ The calibration runs the real steps on a small sample of the corpus in a tempora
 - every stage trains CALIBRATION_STEPS steps on the sample store, from the stage it names: rows/s from its
   metrics (the last window, after warm-up) and the set-up time around them;
 - the chosen student is exported in both formats, and encodes STS-B dev sentences (the choice, the suite);
-- the teacher and the start model, loaded as `kd eval` loads them (fp32 reference models), encode 240 rows.
+- the teacher and the start model, loaded as `kd eval` loads them (fp32 reference models), encode 240 rows
+  (each only when the eval cache lacks some of its suite vectors).
 Each step's estimate is then its fixed cost plus its rows over its measured rate.
 """
 

@@ -80,7 +80,7 @@ def retrieval(cfg, teacher, others, rows, info, bars) -> None:
 
 def suite_text_sets() -> list[list[str]]:
     """The text lists the default suite hands each model, one per task, exactly as `kd eval --task suite` builds
-    them (the teacher's vectors are cached per list, apps/eval_cache.py; tests/test_eval_cache.py holds them
+    them (the teacher's vectors are cached per list, apps/eval_cache.py; tests/test_distill.py holds them
     equal): what `kd distill --dry-run` times the step by, and looks up in the cache."""
     sts, sst = tasks.load_stsb("test"), tasks.load_sst2()
     cluster, retrieval = tasks.load_cluster_set(), tasks.load_title_retrieval()
