@@ -25,20 +25,15 @@ file is read, before anything is computed: a bad recipe costs nothing.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError, KdError
 from kd.common.layers import parse_layers
+from kd.common.parsing import parse_toml
 from kd.student.objectives.base import parse_objective
 from kd.student.train_config import TrainConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PRESET_DIR = Path(__file__).with_name("recipes")
 PRESETS = tuple(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
@@ -97,9 +92,10 @@ def load(spec: str) -> Recipe:
     """Read and check a recipe (a preset name or a file); every error names the file, the stage and the key."""
     path = find(spec)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"the recipe is not valid TOML: {e}", str(path), "fix the file (toml.io)") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"the recipe is not UTF-8 text ({e})", str(path), "save the file as UTF-8") from None
+    raw = parse_toml(text, str(path), "fix the file (toml.io)")
     return _recipe(raw, path)
 
 

@@ -9,6 +9,12 @@
   FLOAT vectors whatever the store's dtype; the scale columns themselves are not shown.
 - `outputs` joins every aligned table to `texts` on id (LEFT JOIN: rows of an incomplete table
   read NULL), each column prefixed with its table's view name.
+- The connection cannot touch a file (issue 48): views read the shards through pyarrow datasets
+  registered with DuckDB, then DuckDB's own `enable_external_access = false` and `lock_configuration`
+  refuse every file access SQL can ask for (COPY ... TO, EXPORT DATABASE, ATTACH, read_csv, INSTALL) and
+  any later SET that would lift them. Parsing the SQL for writes instead would miss a form; a setting of
+  the engine misses none. A result leaves only through `export` (kd query -o), which streams it into a
+  second connection that runs nothing but kd's own COPY.
 
 View names (`view_names`):
     texts                    -> texts
@@ -24,8 +30,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from enum import Enum
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -34,12 +43,14 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError, located
 from kd.common.outputs import claim_output, write_file
+from kd.common.stop import Stopped
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
 from kd.storage.schema import is_int8, vector_shape
 from kd.storage.store import Store
 
 RESERVED = ("texts", "outputs")
+T = TypeVar("T")
 _KIND_PREFIX = {"teacher": "teacher_", "student": "student_", "derived": "derived_"}
 
 
@@ -162,12 +173,9 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
         files = _committed_files(store, table)
         if not files:
             continue
-        if store.loc.is_local:
-            source = "read_parquet([" + ", ".join(_sql_str(f) for f in files) + "])"
-        else:
-            raw = f"__raw_{view}"
-            con.register(raw, ds.dataset(files, format="parquet", filesystem=store.loc.fs))
-            source = _ident(raw)
+        raw = f"__raw_{view}"
+        con.register(raw, ds.dataset(files, format="parquet", filesystem=store.loc.fs))
+        source = _ident(raw)
         schema = pq.read_schema(files[0], filesystem=store.loc.fs)
         schemas[table] = _view_schema(schema)
         body = f"SELECT {', '.join(_select_list(schema, None, 's'))} FROM {source} AS s"
@@ -177,7 +185,14 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
     if "texts" in schemas:
         con.execute(f"CREATE VIEW outputs AS {_outputs_sql(names, schemas)}")
     _status(con, store)
+    _lock(con)
     return con
+
+
+def _lock(con: duckdb.DuckDBPyConnection) -> None:
+    """No file access from SQL from here on, and no SET that would give it back (see module docstring)."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def _status(con: duckdb.DuckDBPyConnection, store: Store) -> None:
@@ -234,17 +249,47 @@ def _run_all_but_last(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     return statements[-1]
 
 
+def _interruptible(cons: list[duckdb.DuckDBPyConnection], work: Callable[[], T]) -> T:
+    """`work()` in a thread, so that Ctrl-C interrupts the query. DuckDB holds the calling thread in C++ until
+    a query ends, so a KeyboardInterrupt raised there waits for the whole query; a main thread that only
+    waits takes it at once and asks every connection of the work to stop (`interrupt`)."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = work()
+        except BaseException as e:  # handed to the main thread below, whatever it is
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="kd-query", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        for con in cons:
+            con.interrupt()
+        thread.join()
+        raise Stopped(signal.SIGINT, "the query was interrupted; nothing was written") from None
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
+
+
 def run_query(
     store_path: str | os.PathLike | Store, sql: str, con: duckdb.DuckDBPyConnection | None = None
 ) -> pa.Table:
     """Run SQL (one or more ';'-separated statements) on the store; the last statement's result."""
     con = connect(store_path) if con is None else con
-    try:
-        last = _run_all_but_last(con, sql)
-        rel = con.sql(last)  # None for statements without a result (SET, CREATE ...)
+
+    def work() -> pa.Table:
+        rel = con.sql(_run_all_but_last(con, sql))  # None for statements without a result (SET, CREATE ...)
         if rel is None:
             return pa.table({})
         return rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+
+    try:
+        return _interruptible([con], work)
     except duckdb.Error as e:
         raise KdError(f"query failed: {e}", None, "list the views with: SHOW TABLES") from e
 
@@ -259,7 +304,10 @@ def export(
     overwrite: bool = False,
 ) -> int:
     """Write the last statement's result to `out` with DuckDB COPY; returns the number of rows. An existing
-    `out` is replaced only with `overwrite`, and only when kd wrote it (`common.outputs`)."""
+    `out` is replaced only with `overwrite`, and only when kd wrote it (`common.outputs`).
+
+    The store's connection cannot write files, so its result streams (Arrow batches) into a second,
+    empty connection whose only statement is kd's COPY to a temporary file beside `out`."""
     fmt = Format(fmt)
     if fmt is Format.table:
         raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")
@@ -267,16 +315,28 @@ def export(
     claim_output(out, "kd query", inputs=[root], overwrite=overwrite, file=True)  # never into the store
     con = connect(store_path) if con is None else con
     opts = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}[fmt.value]
+    writer = duckdb.connect()
     rows: list[int] = []
 
     def copy(tmp: os.PathLike) -> None:
-        res = con.execute(f"COPY ({last}) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
-        rows.append(int(res[0]) if res else 0)
+        def work() -> int:
+            rel = con.sql(_run_all_but_last(con, sql))
+            if rel is None:
+                raise InputError("the last statement returns no rows to write", str(out),
+                                 "end the SQL with a SELECT (or another statement that returns rows)")
+            # streamed: the result never has to fit in memory (to_arrow_reader from DuckDB 1.4; the old name before)
+            result = rel.to_arrow_reader() if hasattr(rel, "to_arrow_reader") else rel.fetch_record_batch()
+            writer.register("kd_result", result)
+            res = writer.execute(f"COPY (SELECT * FROM kd_result) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
+            return int(res[0]) if res else 0
+
+        rows.append(_interruptible([con, writer], work))
 
     try:
-        last = _run_all_but_last(con, sql)
         with located(str(out)):  # a full disk is not the SQL's fault: it is the file being written
             write_file(out, copy, "kd query")
         return rows[0]
     except duckdb.Error as e:
         raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e
+    finally:
+        writer.close()

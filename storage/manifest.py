@@ -18,6 +18,7 @@ from typing import Any
 
 from kd.common import bounds as B
 from kd.common.errors import StoreError
+from kd.common.parsing import parse_json
 from kd.storage.fs import check_relative
 
 FORMAT_NAME = "kd-store"
@@ -147,12 +148,7 @@ class Manifest:
         """Parse and check a manifest or fragment: format, version, the row plan's bounds (`check_plan`) and
         every shard record (`check_shards`), before any reader loops over or opens what it names."""
         fix = DAMAGED_FIX
-        try:
-            d = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StoreError(f"the manifest is not valid JSON ({e})", where, fix) from e
-        except RecursionError as e:  # '[' * 100000: json's C parser gives up, and no kd manifest nests so deep
-            raise StoreError("the manifest is nested too deeply to be a kd manifest", where, fix) from e
+        d = parse_json(text, where, fix, StoreError, what="manifest")
         if not isinstance(d, dict) or not isinstance(d.get("inputs"), dict) \
                 or not isinstance(d.get("tables", {}), dict) or not isinstance(d.get("extras", {}), dict):
             raise StoreError("this is not a kd store manifest (not a JSON object with inputs and tables)", where, fix)

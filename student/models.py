@@ -377,18 +377,19 @@ def parameter_count(cfg: StudentConfig) -> int:
 
 def _encoder_parameters(cfg: StudentConfig) -> int:
     e, h, n = cfg.embed_dim, cfg.hidden_dim, cfg.num_layers
+    # Products, never per-layer lists: a received config.json may say num_layers = 10**9 (issue 48), and the
+    # count must come back (and be refused by the memory check) without building anything that long.
     if cfg.arch in (Arch.bilstm, Arch.bigru):
         gates = 4 if cfg.arch is Arch.bilstm else 3
-        inputs = [e] + [2 * h] * (n - 1)
-        return sum(2 * gates * h * (i + h + 2) for i in inputs)  # two directions; bias_ih and bias_hh
+        layer = lambda i: 2 * gates * h * (i + h + 2)  # noqa: E731  two directions; bias_ih and bias_hh
+        return layer(e) + (n - 1) * layer(2 * h)
     if cfg.arch is Arch.cnn:
         k = len(cfg.kernel_sizes)
         channels = [h // k + (i < h % k) for i in range(k)]
-        inputs = [e] + [h] * (n - 1)
-        return sum(i * size * c + c for i in inputs for size, c in zip(cfg.kernel_sizes, channels))
+        layer = lambda i: sum(i * size * c + c for size, c in zip(cfg.kernel_sizes, channels))  # noqa: E731
+        return layer(e) + (n - 1) * layer(h)
     if cfg.arch is Arch.ffn:
-        widths = [e] + [h] * n
-        return sum(a * b + b for a, b in zip(widths, widths[1:]))
+        return (e * h + h) + (n - 1) * (h * h + h)
     if cfg.arch is Arch.transformer:
         inp = e * h + h if e != h else 0
         return inp + cfg.max_length * h + 2 * h + n * _attention_layer(h, cfg.ffn_dim)

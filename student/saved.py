@@ -35,6 +35,7 @@ from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
 from kd.common.padding import pad_rows
+from kd.common.parsing import read_json
 from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
@@ -221,11 +222,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
                "from the folder runs), or point at the student folder it was exported from")
     if not cfg_file.exists():
         raise InputError("no trained student here (no config.json)", str(p), fix)
-    try:
-        info = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[' * 100000
-        raise InputError(f"config.json is not valid JSON ({str(e)[:200]})", str(cfg_file),
-                         "the student folder is damaged: copy it again, or retrain with --overwrite") from e
+    info = read_json(cfg_file, "the student folder is damaged: copy it again, or retrain with --overwrite")
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise InputError("config.json is not a kd student config", str(cfg_file), fix)
     if info.get("format_version") != FORMAT_VERSION:

@@ -20,13 +20,13 @@ unnecessary for every arch:
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
+from kd.common.parsing import read_json
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
 ST_PREFIX = "sentence_transformers."
@@ -131,8 +131,4 @@ def _model_settings(root: Path) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: '[' * 100000
-        raise InputError(f"{path.name} cannot be read ({str(e)[:200]})", str(path),
-                         "copy the export folder again, or export the student again") from e
+    return read_json(path, "copy the export folder again, or export the student again")
