@@ -422,7 +422,9 @@ def distill(cfg: DistillConfig) -> None:
         _fail(e)
     if res.report is not None:
         term.print((res.out / "report.md").read_text(encoding="utf-8"))
-    term.print(f"distilled: the [bold]{res.chosen}[/] stage, chosen on STS-B dev; everything is in [bold]{res.out}[/]")
+    term.print(f"distilled: {res.choice or res.chosen}; everything is in [bold]{res.out}[/]", highlight=False)
+    if res.model is not None:
+        term.print(f"the model: {res.model}; load it with: SentenceTransformer({str(res.model)!r})", highlight=False)
 
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------

@@ -52,6 +52,7 @@ class DistillResult:
     model: Path | None
     report: Any = None  # apps.eval.EvalReport
     seconds: dict[str, float] = field(default_factory=dict)
+    choice: str = ""  # apps.distill.choice_line: the chosen stage's dev score beside the baseline's
 
 
 class _Run:
@@ -158,9 +159,10 @@ def distill(cfg: DistillConfig) -> DistillResult:
         state["done"].append(step.name)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
-    choice = json.loads((run.out / "choice.json").read_text())["chosen"]
+    choice = json.loads((run.out / "choice.json").read_text())
     report = _read_report(run) if cfg.evaluate else None
-    return DistillResult(run.out, choice, run.out / "model" if cfg.export else None, report, seconds)
+    line = choice_line(choice["chosen"], choice["sts_dev"]) if R.BASELINE in choice["sts_dev"] else ""
+    return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
 
 
 def _say(cfg: DistillConfig, line: str) -> None:
@@ -238,7 +240,7 @@ def _steps(run: _Run) -> list[Step]:
         steps.append(Step("precompute the start model", lambda: _precompute(run, "start")))
     if run.cfg.exclude_leakage:
         steps.append(Step("leave out evaluation text", lambda: _leakage(run)))
-    for stage in run.recipe.stages:
+    for stage in run.recipe.students:
         steps.append(Step(f"train stage {stage.name}", lambda s=stage: _train(run, s), stage.name))
     steps.append(Step("choose on STS-B dev", lambda: _choose(run)))
     if run.cfg.export:
@@ -299,21 +301,36 @@ def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
 
 
 def _choose(run: _Run) -> None:
-    """Among the stages whose student has the recipe's final shape (tiny3's 6-layer stages are a means, never the
-    result), the one that scores best on STS-B dev (never test). Every stage's score is recorded."""
+    """Among the baseline (apps.recipe.BASELINE: the first student, untrained) and the stages whose student has the
+    recipe's final shape (tiny3's 6-layer stages are a means, never the result), the one that scores best on STS-B
+    dev (never test); a tie keeps the baseline, which cost nothing. Every stage's score is recorded, and the choice
+    is said beside the baseline's score."""
     from kd.apps import metrics, tasks
     from kd.student.saved import load
 
     dev = tasks.load_stsb("dev")
     scores, shapes = {}, {}
-    for stage in run.recipe.stages:
+    for stage in run.recipe.students:
         model = load(run.stage_dir(stage.name))
         scores[stage.name] = metrics.sts_spearman(model.encode(dev.a), model.encode(dev.b), dev.scores)
         shapes[stage.name] = (model.config.arch.value, model.num_parameters())
     final = shapes[run.recipe.stages[-1].name]
-    candidates = [n for n in scores if shapes[n] == final]
-    chosen = max(candidates, key=lambda n: scores[n])
-    _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates})
+    candidates = [n for n in scores if shapes[n] == final or n == R.BASELINE]
+    chosen = max(candidates, key=lambda n: scores[n])  # the first of equals: the baseline, listed first
+    _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates,
+                                          "baseline": R.BASELINE})
+    _say(run.cfg, "    " + choice_line(chosen, scores))
+
+
+def choice_line(chosen: str, scores: dict[str, float]) -> str:
+    """What was chosen, on which dev score, beside the baseline's (and what it means when the baseline won)."""
+    base = scores[R.BASELINE]
+    if chosen == R.BASELINE:
+        best = max((n for n in scores if n != R.BASELINE), key=lambda n: scores[n])
+        return (f"chose the baseline (the untrained start): STS-B dev {base:.2f}; training did not beat it (best "
+                f"stage {best}: {scores[best]:.2f}), so the baseline is what this run exports")
+    return f"chose stage {chosen}: STS-B dev {scores[chosen]:.2f}, {scores[chosen] - base:+.2f} over the baseline " \
+           f"(the untrained start: {base:.2f})"
 
 
 def chosen_dir(run: _Run) -> Path:
@@ -333,7 +350,9 @@ def _evaluate(run: _Run) -> None:
     from kd.apps.eval import EvalConfig, Measure, evaluate, write_outputs
 
     common = dict(measures=[Measure.suite], baseline=False, progress=run.cfg.progress)
-    cfg = EvalConfig(students=[str(chosen_dir(run))], store=str(run.store), teacher=run.names["teacher"],
+    # the baseline's row is always there: beside the chosen student, or as the chosen one
+    students = list(dict.fromkeys([chosen_dir(run), run.stage_dir(R.BASELINE)]))
+    cfg = EvalConfig(students=[str(s) for s in students], store=str(run.store), teacher=run.names["teacher"],
                      json_path=str(run.out / "report.json"), markdown_path=str(run.out / "report.md"), overwrite=True,
                      **common)
     report = evaluate(cfg)
@@ -350,7 +369,7 @@ def _model_card(run: _Run, report: Any) -> None:
     from string import Template
 
     choice = json.loads((run.out / "choice.json").read_text())
-    stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.stages)
+    stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
     start = run.specs["start"]
     text = Template(CARD.read_text(encoding="utf-8")).substitute(
         name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"],

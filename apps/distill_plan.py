@@ -99,8 +99,8 @@ def estimate(cfg: DistillConfig) -> Plan:
         stage_s, encode_rate = _stages(cal, rows, plan)
         plan.steps += _copied(run, stage_s)
         dev = 2 * 1500  # STS-B dev: 1,500 pairs
-        plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.stages) * dev / encode_rate,
-                                      f"{len(recipe.stages)} students x {dev:,} sentences"))
+        plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.students) * dev / encode_rate,
+                                      f"{len(recipe.students)} students x {dev:,} sentences"))
         if cfg.export:
             plan.steps.append(_export(cal))
         if cfg.evaluate:
@@ -229,6 +229,9 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
         train_s = steps * full.batch_size / rate
         fixed = max(0.0, wall - CALIBRATION_STEPS * cfg.batch_size / rate)
         val = min(rows * full.val_percent / 100, full.max_val_rows) * (full.epochs if not full.max_steps else 1)
+        if not out:  # the baseline is the first stage untrained: its set-up and one step, never calibrated apart
+            out.append(PlannedStep(f"train stage {R.BASELINE}", fixed + full.batch_size / rate,
+                                   "the first stage's student, untrained: its start"))
         out.append(PlannedStep(f"train stage {stage.name}", fixed + train_s + val / (3 * rate),
                                f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
     return out, _encode_rate(cal)
@@ -238,7 +241,7 @@ def _copied(run: _Run, planned: list[PlannedStep]) -> list[PlannedStep]:
     """The stages the run will copy from the run that owns its store (apps.shared_stages) cost a copy, not their
     training (the calibration trains them all the same: the stages after them start from them)."""
     out = []
-    for stage, step in zip(run.recipe.stages, planned, strict=True):
+    for stage, step in zip(run.recipe.students, planned, strict=True):
         src = run.shared_stage(stage)
         what = f"copied from {src.parent.parent.name}/stages/{src.name} (the same stage)" if src else ""
         out.append(PlannedStep(step.name, 1.0, what) if src else step)

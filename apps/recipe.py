@@ -46,6 +46,15 @@ ROW_OUTPUTS = ("cls", "mean", "layers", "sentence", "logits")
 OUTPUTS = (*ROW_OUTPUTS, "vocab", "init")
 
 
+# Every recipe's first stage is its baseline (issue 50): the recipe's first student, untrained. Its start is what a
+# user gets without kd's training (for `static` a model2vec-like table: the teacher's vocab output, PCA, SIF weights;
+# for the Transformer presets the start model's layers), with its head fitted by least squares where the target is
+# wider (student.head_fit). The choice weighs it like any stage, so training that makes a student worse on dev is
+# never what kd distill exports; on a small corpus that happens (static on 1,000 sentences, docs/results.md).
+BASELINE = "baseline"
+UNTRAINED = {"lr": 0.0, "max_steps": 1, "val_percent": 0.0, "patience": 0}  # rate 0: the weights stay as initialised
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -63,10 +72,21 @@ class Recipe:
     target: str
     outputs: dict[str, list[str]]  # role -> outputs kd precompute stores for it
     keep_layers: str | None
-    stages: tuple[Stage, ...] = field(default_factory=tuple)
+    stages: tuple[Stage, ...] = field(default_factory=tuple)  # as the recipe writes them
+
+    @property
+    def baseline(self) -> Stage:
+        """The recipe's first student, untrained (BASELINE)."""
+        first = self.stages[0]
+        return Stage(BASELINE, first.source, first.options | UNTRAINED)
+
+    @property
+    def students(self) -> tuple[Stage, ...]:
+        """What a run trains, in order: the baseline, then the recipe's stages."""
+        return (self.baseline, *self.stages)
 
     def stage(self, name: str) -> Stage:
-        return next(s for s in self.stages if s.name == name)
+        return next(s for s in self.students if s.name == name)
 
     def role_of(self, stage: Stage) -> str:
         """The role (teacher or start) whose tokenizer a stage's student has: its first stage's source."""
@@ -151,8 +171,9 @@ def _stages(raw: Any, where: str) -> list[Stage]:
         name = table.get("name") if isinstance(table, dict) else None
         at = f"{where} [[stage]] {i} ({name or 'unnamed'})"
         _only(table, ("name", "from", *STAGE_OPTIONS), at, "stage option")
-        if not isinstance(name, str) or not name or name in ROLES or "/" in name:
-            raise InputError("a stage needs a name that is not a role or a path", at, 'e.g. name = "cosine"')
+        if not isinstance(name, str) or not name or name in (*ROLES, BASELINE) or "/" in name:
+            raise InputError(f"a stage needs a name that is not a role, {BASELINE!r} (kd's own) or a path", at,
+                             'e.g. name = "cosine"')
         if name in {s.name for s in stages}:
             raise InputError(f"two stages are named {name!r}", at, "give each stage its own name")
         source = table.get("from", "start")

@@ -29,6 +29,10 @@ from kd.common.errors import InputError, KdError
 from kd.student.models import Student
 from kd.student.train_config import HeadInit
 
+# the archs whose fresh students start from the teacher's own vectors (kept layers, the vocab output), so that a
+# least-squares map of their pooled vectors is already close to the target (see student/static.py for static)
+FITTED_ARCHS = ("transformer-init", "static")
+
 
 @dataclass(frozen=True)
 class HeadFit:
@@ -39,13 +43,15 @@ class HeadFit:
     after: float  # the same with the fitted head
 
 
-def wants_fit(mode: HeadInit, student: Student, from_student: bool, has_target: bool) -> bool:
-    """Whether to fit the head: `auto` for a fresh transformer-init student (`from_student` False: not
-    --init, or --init shrunk by --init-layers) with one linear head onto an embedding target; `lstsq`
-    wherever that head exists (refused where it does not)."""
+def wants_fit(mode: HeadInit, student: Student, from_student: bool, has_target: bool, own_width: bool = False
+              ) -> bool:
+    """Whether to fit the head: `auto` for a fresh student of FITTED_ARCHS (`from_student` False: not --init, or
+    --init shrunk by --init-layers) with one linear head onto an embedding target, unless --out-dim chose another
+    width (`own_width`); `lstsq` wherever that head exists (refused where it does not)."""
     linear = isinstance(student.head, nn.Linear)
     if mode is HeadInit.auto:
-        return linear and has_target and not from_student and student.config.arch.value == "transformer-init"
+        return linear and has_target and not from_student and not own_width \
+            and student.config.arch.value in FITTED_ARCHS
     if mode is HeadInit.lstsq and not (linear and has_target):
         why = "no embedding target" if not has_target else "its head is not one linear layer onto a wider target"
         raise InputError(f"--head-init lstsq cannot fit this student's head ({why})", "--head-init",

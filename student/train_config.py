@@ -28,7 +28,7 @@ class EmbeddingInit(str, Enum):
 
 
 class HeadInit(str, Enum):
-    auto = "auto"  # lstsq for transformer-init students whose head is one linear layer, else random
+    auto = "auto"  # lstsq for transformer-init and static students whose head is one linear layer, else random
     lstsq = "lstsq"  # the least-squares map from the start model's pooled vectors to the target (student.head_fit)
     random = "random"  # PyTorch's default initialisation
 
@@ -127,8 +127,8 @@ class TrainConfig:
     # sif: frequent tokens count less
     token_weights: str = option("sif", choices=B.TokenWeights, help="Static students: sif | none")
     head_init: HeadInit = option(HeadInit.auto, choices=B.HeadInit,
-                                 help="The head onto a wider target: auto (lstsq for transformer-init) | lstsq "
-                                      "(least squares from the start model's vectors) | random")
+                                 help="The head onto a wider target: auto (lstsq for transformer-init and static) | "
+                                      "lstsq (least squares from the start model's vectors) | random")
     exclude_ids: str | None = option(None, help="File of row ids to leave out (kd leakage --exclude-out)")
     # transformer-init default: the only stored init output; with --init default: all of that student's layers
     init_layers: str | None = option(None, help="transformer-init: which stored init output, e.g. 2,5; with "

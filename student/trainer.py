@@ -419,7 +419,8 @@ def _fit_head(cfg: TrainConfig, s: Setup, plan: D.Plan, student: Student, d: Dis
     """The head's least-squares start (student.head_fit) where --head-init asks for one; DDP broadcasts
     rank 0's head, so each rank fitting on its own rows is harmless."""
     # a shrunk --init student (--init-layers) counts as fresh: its head was fitted to the layers it lost
-    if not wants_fit(cfg.head_init, student, bool(cfg.init) and not s.kept_layers, bool(s.target)):
+    if not wants_fit(cfg.head_init, student, bool(cfg.init) and not s.kept_layers, bool(s.target),
+                     cfg.out_dim is not None):
         return None
     return fit_head(student, D.train_batches(s.store, plan, 0, 0, d.rank, s.tok), s.target[0])
 

@@ -139,7 +139,8 @@ def uninterrupted(tmp_path_factory, corpus, recipe_file) -> Path:
     proc = _kd(_args(corpus, out, recipe_file))
     assert proc.wait() == 0, proc.stderr.read().decode()
     choice = json.loads((out / "choice.json").read_text())  # the final shape only: "two" is a means to "one"
-    assert choice["chosen"] == "one" and choice["candidates"] == ["one"] and set(choice["sts_dev"]) == {"one", "two"}
+    assert choice["candidates"] == ["baseline", "one"] and set(choice["sts_dev"]) == {"baseline", "one", "two"}
+    assert choice["chosen"] == max(choice["candidates"], key=lambda n: choice["sts_dev"][n])
     state = json.loads((out / "distill.json").read_text())
     assert state["done"][-1] == "choose on STS-B dev" and (out / "exclude.txt").is_file()
     return out
@@ -179,7 +180,7 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, uninterrupted, corpus
     assert not (out / "choice.json").exists(), "the run finished before it was killed: nothing was tested"
     proc = _kd(args)
     assert proc.wait() == 0, proc.stderr.read().decode()
-    assert _weights(out) == _weights(uninterrupted) and len(_weights(out)) == 2
+    assert _weights(out) == _weights(uninterrupted) and len(_weights(out)) == 3  # baseline, one, two
     assert json.loads((out / "choice.json").read_text()) == json.loads((uninterrupted / "choice.json").read_text())
 
 
@@ -220,18 +221,22 @@ def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, 
     out = tmp_path / "run"
     report = json.loads((out / "report.json").read_text())
     names = [m["name"] for m in report["models"]]
-    assert len(names) == 3 and names[1].endswith("(start)"), names
+    chosen = json.loads((out / "choice.json").read_text())["chosen"]
+    # the chosen student, the start model, the baseline (unless it is the chosen one), the teacher
+    assert len(names) == (3 if chosen == "baseline" else 4) and names[1].endswith("(start)"), names
+    assert any(n.startswith("baseline") for n in names), names
     keys = {c["key"] for c in report["columns"]}
     assert {"sts_spearman", "lee_pearson", "retrieval_recall", "probe_accuracy"} <= keys, keys
     card = (out / "model" / "README.md").read_text()
-    assert "| two | start |" in card and "Chosen: **two**" in card and "$" not in card.split("## Training")[0]
+    assert "| two | start |" in card and "| baseline | start |" in card and f"Chosen: **{chosen}**" in card
+    assert "$" not in card.split("## Training")[0]
     from sentence_transformers import SentenceTransformer
 
     from kd.student.saved import load
 
     texts = ["the market fell", "a dog runs in the park"]
     served = SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
-    mine = load(out / "stages" / "two").encode(texts)
+    mine = load(out / "stages" / chosen).encode(texts)
     assert abs(served - mine).max() < 1e-4
     assert (out / "onnx").is_dir()
     # a re-export (a resumed run whose choice changed) replaces kd's own card, which is no user file
@@ -296,7 +301,7 @@ def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_s
     res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--store", str(store), "--dry-run"])
     plan = " ".join(res.output.split())
     assert res.exit_code == 0 and plan.count("already in the store") == 2, plan  # only their load is estimated
-    assert plan.count("copied from") == 1 and f"{uninterrupted.name}/stages/two" in plan, plan
+    assert plan.count("copied from") == 2 and f"{uninterrupted.name}/stages/two" in plan, plan  # and the baseline
     assert _store_files(store) == before and not out.exists()
     proc = _kd(_args(corpus, out, recipe) + ["--store", str(store)])
     assert proc.wait() == 0, proc.stderr.read().decode()

@@ -1,0 +1,81 @@
+"""Issue 50: `kd distill` never exports a student worse than its baseline (the recipe's first student, untrained).
+A stage whose training ends below its start on STS-B dev loses the choice to the baseline: the run exports the
+baseline and says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from single_thread import one_thread  # noqa: F401  (autouse: one thread, so the scores are reproducible)
+from typer.testing import CliRunner
+
+from kd.apps import recipe as R
+from kd.cli import app
+from kd.common.errors import InputError
+
+# A static student from the random teacher's vocab output, trained hard onto the teacher's own sentence vectors:
+# it learns them well (loss ~0.003) and so ends at the random teacher's quality, below its PCA + SIF start.
+RECIPE = """description = "training that makes the student worse"
+teacher = "{teacher}"
+target = "mean"
+
+[outputs]
+teacher = ["mean", "vocab"]
+
+[[stage]]
+name = "worse"
+from = "teacher"
+arch = "static"
+embed_dim = 32
+objectives = ["cosine"]
+lr = 1.0
+epochs = 30
+batch_size = 16
+val_percent = 0
+patience = 0
+"""
+
+
+@pytest.fixture()
+def corpus(tmp_path, sentences) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(sentences[:160]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_training_that_makes_the_student_worse_exports_the_baseline_and_says_so(tmp_path, corpus, tiny_teacher):
+    from sentence_transformers import SentenceTransformer
+
+    from kd.student.saved import load
+
+    recipe = tmp_path / "worse.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher), encoding="utf-8")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-evaluate"])
+    assert res.exit_code == 0, res.output
+    choice = json.loads((out / "choice.json").read_text())
+    scores = choice["sts_dev"]
+    assert scores["worse"] < scores[R.BASELINE] - 1.0, scores  # the premise: training lost on dev
+    assert choice["chosen"] == R.BASELINE and choice["candidates"] == [R.BASELINE, "worse"]
+    said = " ".join(res.output.split())
+    assert "chose the baseline" in said and "training did not beat it" in said, said
+    assert f"{scores[R.BASELINE]:.2f}" in said and f"{scores['worse']:.2f}" in said
+    texts = ["the market fell sharply", "a dog runs in the park", "stocks dropped"]
+    served = SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
+    np.testing.assert_allclose(served, _unit(load(out / "stages" / R.BASELINE).encode(texts)), atol=1e-5)
+    assert not np.allclose(served, _unit(load(out / "stages" / "worse").encode(texts)), atol=1e-3)
+
+
+def test_a_stage_may_not_take_the_baselines_name(tmp_path, tiny_teacher):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher).replace('name = "worse"', 'name = "baseline"'))
+    with pytest.raises(InputError, match="kd.s own"):
+        R.load(str(recipe))
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
