@@ -246,7 +246,8 @@ def _steps(run: _Run) -> list[Step]:
     if run.cfg.export:
         steps.append(Step("export", lambda: _export(run)))
     if run.cfg.evaluate:
-        steps.append(Step("evaluate the suite", lambda: _evaluate(run)))
+        steps.append(Step("evaluate the suite", lambda: _evaluate(run)) if run.cfg.suite else
+                     Step("evaluate on STS-B", lambda: _sts_report(run)))
     return steps
 
 
@@ -362,10 +363,34 @@ def _evaluate(run: _Run) -> None:
         report.models.insert(1, start)
         write_outputs(report, cfg)
     if run.cfg.export:
-        _model_card(run, report)
+        _model_card(run, report.markdown(), "`kd eval --task suite`")
 
 
-def _model_card(run: _Run, report: Any) -> None:
+def _sts_report(run: _Run) -> None:
+    """The evaluation that fits any run: STS-B dev (the choice's) and test, read once here, of the chosen student and
+    its baseline, so a user learns whether training beat the start; students encode thousands of sentences a second,
+    so this costs seconds where the suite's reference models cost tens of minutes on a first CPU run (issue 50).
+    report.json / report.md and the model card, as the suite writes them."""
+    from kd.apps import metrics, tasks
+    from kd.student.saved import load
+
+    choice, test = json.loads((run.out / "choice.json").read_text()), tasks.load_stsb("test")
+    rows = []
+    for name in dict.fromkeys([choice["chosen"], R.BASELINE]):
+        model = load(run.stage_dir(name))
+        score = metrics.sts_spearman(model.encode(test.a), model.encode(test.b), test.scores)
+        kind = "baseline (the untrained start)" if name == R.BASELINE else "student"
+        rows.append({"name": name, "kind": kind + (", chosen" if name == choice["chosen"] else ""),
+                     "sts_dev": round(choice["sts_dev"][name], 2), "sts_test": round(score, 2)})
+    table = "| model | kind | STS-B dev | STS-B test |\n|---|---|---|---|\n" + "\n".join(
+        f"| {r['name']} | {r['kind']} | {r['sts_dev']:.2f} | {r['sts_test']:.2f} |" for r in rows)
+    write_text(run.out / "report.json", json.dumps({"level": "sts", "models": rows}, indent=1), "kd distill", "report")
+    write_text(run.out / "report.md", table + "\n", "kd distill", "report")
+    if run.cfg.export:
+        _model_card(run, table, "`kd distill` (STS-B dev and test; `--suite` for the whole suite)")
+
+
+def _model_card(run: _Run, table: str, measured_by: str) -> None:
     from string import Template
 
     choice = json.loads((run.out / "choice.json").read_text())
@@ -374,7 +399,7 @@ def _model_card(run: _Run, report: Any) -> None:
     text = Template(CARD.read_text(encoding="utf-8")).substitute(
         name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"],
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
-        chosen=choice["chosen"], table=report.markdown(), recipe_text="```toml\n" +
+        chosen=choice["chosen"], table=table, measured_by=measured_by, recipe_text="```toml\n" +
         Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
     write_text(run.out / "model" / "README.md", text, "kd distill", "model card")  # kd's own: a re-export keeps it
 

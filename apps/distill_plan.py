@@ -104,7 +104,10 @@ def estimate(cfg: DistillConfig) -> Plan:
         if cfg.export:
             plan.steps.append(_export(cal))
         if cfg.evaluate:
-            plan.steps.append(_evaluate(cal, encode_rate))
+            test = 2 * 2 * 1379  # STS-B test: 1,379 pairs, through the chosen student and the baseline
+            plan.steps.append(_evaluate(cal, encode_rate) if cfg.suite else
+                              PlannedStep("evaluate on STS-B", test / encode_rate,
+                                          f"2 students x {test // 2:,} sentences (--suite: the whole suite)"))
     plan.calibration_seconds = time.perf_counter() - t0
     return plan
 

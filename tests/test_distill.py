@@ -216,7 +216,7 @@ def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, 
     start = build_tiny_bert(tmp_path / "start", seed=3)  # another model of the same tokenizer
     recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, "[[stage]]" + stages, start=start)
     res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(tmp_path / "run"), "--recipe", str(recipe),
-                                   "--no-progress"])
+                                   "--no-progress", "--suite"])
     assert res.exit_code == 0, res.output
     out = tmp_path / "run"
     report = json.loads((out / "report.json").read_text())

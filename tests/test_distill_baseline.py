@@ -54,7 +54,7 @@ def test_training_that_makes_the_student_worse_exports_the_baseline_and_says_so(
     recipe = tmp_path / "worse.toml"
     recipe.write_text(RECIPE.format(teacher=tiny_teacher), encoding="utf-8")
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-evaluate"])
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe)])
     assert res.exit_code == 0, res.output
     choice = json.loads((out / "choice.json").read_text())
     scores = choice["sts_dev"]
@@ -67,6 +67,35 @@ def test_training_that_makes_the_student_worse_exports_the_baseline_and_says_so(
     served = SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
     np.testing.assert_allclose(served, _unit(load(out / "stages" / R.BASELINE).encode(texts)), atol=1e-5)
     assert not np.allclose(served, _unit(load(out / "stages" / "worse").encode(texts)), atol=1e-3)
+    # the evaluation that fits the run (no --suite): STS-B dev and test of the chosen student and its baseline,
+    # here one and the same, so one row; the card says which was chosen
+    report = json.loads((out / "report.json").read_text())
+    assert [(m["name"], m["sts_dev"]) for m in report["models"]] == [(R.BASELINE, round(scores[R.BASELINE], 2))]
+    assert 0 < report["models"][0]["sts_test"] <= 100 and "STS-B test" in (out / "report.md").read_text()
+    assert "Chosen: **baseline**" in (out / "model" / "README.md").read_text()
+
+
+def test_the_report_shows_the_baseline_beside_a_chosen_stage(tmp_path, corpus, tiny_teacher):
+    """The report's rows when a stage is chosen: that stage, then the baseline. On a random teacher no training
+    passes its start on dev, so the choice is rewritten to the stage and the evaluation step alone run again (a
+    rerun redoes the steps distill.json does not list as done)."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher).replace("epochs = 30", "epochs = 1"), encoding="utf-8")
+    out = tmp_path / "run"
+    args = ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-export"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    choice_file, state_file = out / "choice.json", out / "distill.json"
+    choice, state = json.loads(choice_file.read_text()), json.loads(state_file.read_text())
+    choice_file.write_text(json.dumps(choice | {"chosen": "worse"}))
+    state_file.write_text(json.dumps(state | {"done": [s for s in state["done"] if s != "evaluate on STS-B"]}))
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads((out / "report.json").read_text())["models"]
+    assert [(r["name"], r["sts_dev"]) for r in rows] == [("worse", round(choice["sts_dev"]["worse"], 2)),
+                                                          (R.BASELINE, round(choice["sts_dev"][R.BASELINE], 2))]
+    assert rows[0]["sts_test"] != rows[1]["sts_test"]  # two students, each read on test
+    said = " ".join(res.output.split())
+    assert f"chose stage worse: STS-B dev {choice['sts_dev']['worse']:.2f}" in said and "over the baseline" in said
 
 
 def test_a_stage_may_not_take_the_baselines_name(tmp_path, tiny_teacher):
