@@ -15,6 +15,8 @@ Each step's estimate is then its fixed cost plus its rows over its measured rate
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import math
@@ -25,10 +27,14 @@ from pathlib import Path
 
 from kd.apps import recipe as R
 from kd.apps.distill import DistillConfig, _precompute, _Run, check_store, corpus_header, corpus_options
+from kd.common import progress
 from kd.common.outputs import claim_output
 
 # The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
-SAMPLE_ROWS = 1024
+# Rows the teacher's rate is timed on, and the stages train on (20 steps cycle over them). Measured on one AVX2 core,
+# mpnet, a 1,000-sentence corpus: 1,024 rows made a 156 s dry run and estimated 11 rows/s; 256 rows a 69 s one and
+# 8 rows/s (measured in the run: 10.5): the per-shard fixed cost weighs more on fewer rows, so it errs long.
+SAMPLE_ROWS = 256
 CALIBRATION_STEPS = 20  # rows/s from the last 5 steps: the first ones pay oneDNN plans and allocator warm-up
 # The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
 # pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).
@@ -86,26 +92,33 @@ def estimate(cfg: DistillConfig) -> Plan:
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
     if cfg.store:
         check_store(run)
+    say = functools.partial(progress.step, enabled=cfg.progress)  # every calibration step says what it does
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
-        rows, read_s, sample = _corpus(run, Path(tmp))
+        with say("dry run: reading the corpus and drawing its sample"):
+            rows, read_s, sample = _corpus(run, Path(tmp))
         # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing
         cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), store=None, text_column=None,
                            segment="none", sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
         plan = Plan(recipe, rows)
-        plan.steps += _precompute_steps(run, cal, rows, read_s)
+        with say(f"dry run: timing the teacher{' and the start model' if recipe.start else ''} on the sample"):
+            plan.steps += _precompute_steps(run, cal, rows, read_s)
         if cfg.exclude_leakage:
             plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
-        stage_s, encode_rate = _stages(cal, rows, plan)
+        with say(f"dry run: timing {CALIBRATION_STEPS} training steps of each stage"):
+            stage_s, encode_rate = _stages(cal, rows, plan)
         plan.steps += _copied(run, stage_s)
         dev = 2 * 1500  # STS-B dev: 1,500 pairs
         plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.students) * dev / encode_rate,
                                       f"{len(recipe.students)} students x {dev:,} sentences"))
         if cfg.export:
-            plan.steps.append(_export(cal))
+            with say("dry run: timing the export"):
+                plan.steps.append(_export(cal))
         if cfg.evaluate:
             test = 2 * 2 * 1379  # STS-B test: 1,379 pairs, through the chosen student and the baseline
-            plan.steps.append(_evaluate(cal, encode_rate) if cfg.suite else
+            with say("dry run: timing the suite's reference models") if cfg.suite else contextlib.nullcontext():
+                suite = _evaluate(cal, encode_rate) if cfg.suite else None
+            plan.steps.append(suite if suite is not None else
                               PlannedStep("evaluate on STS-B", test / encode_rate,
                                           f"2 students x {test // 2:,} sentences (--suite: the whole suite)"))
     plan.calibration_seconds = time.perf_counter() - t0
@@ -149,10 +162,13 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
     if "vocab" in cal.recipe.outputs["teacher"]:
         vocab = len(Store.open(cal.store).load_tokenizer(cal.names["teacher"]))
-        tokens = _mean_tokens(cal.store, cal.names["teacher"])
-        secs += vocab * 3 / (teacher.rate * tokens * VOCAB_SPEEDUP)
-        detail += f"; vocab: {vocab:,} tokens"
-        _precompute(cal, "teacher")  # the stages start from it: the sample store needs it too
+        if _vocab_cached(cal):  # the stages calibrate on the real table, read from the cache in seconds
+            _precompute(cal, "teacher")
+            detail += f"; vocab: {vocab:,} tokens, in the kd cache"
+        else:  # never the pass itself here: minutes; the stages calibrate on a random table (as fast to train)
+            tokens = _mean_tokens(cal.store, cal.names["teacher"])
+            secs += vocab * 3 / (teacher.rate * tokens * VOCAB_SPEEDUP)
+            detail += f"; vocab: {vocab:,} tokens (once per machine)"
     if stored["teacher"]:
         secs, detail = read_s + teacher.load_s, "already in the store: nothing to compute"
     steps = [PlannedStep("precompute the teacher", secs, detail)]
@@ -204,6 +220,14 @@ def _timed(cal: _Run, role: str, outputs: list[str]) -> _Rate:
     return _Rate(wall - s.encode_seconds, rate)
 
 
+def _vocab_cached(cal: _Run) -> bool:
+    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher import weights_sha256
+    from kd.pipeline.vocab import cached_for
+
+    return cached_for(weights_sha256(resolve_teacher(cal.teacher_spec("teacher")).path))
+
+
 def _mean_tokens(store_path: Path, teacher: str) -> float:
     from kd.storage.store import Store
 
@@ -220,6 +244,8 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
     out = []
     for stage in cal.recipe.stages:
         probe = dict(max_steps=CALIBRATION_STEPS, log_every=5, checkpoint_every=10_000, val_percent=0.0, patience=0)
+        if not _has_vocab(cal, stage):  # its start's values do not change a step's cost
+            probe["init_embeddings"] = "random"
         cfg = cal.train_config(stage, **probe)
         t = time.perf_counter()
         train(cfg)
@@ -238,6 +264,14 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
         out.append(PlannedStep(f"train stage {stage.name}", fixed + train_s + val / (3 * rate),
                                f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
     return out, _encode_rate(cal)
+
+
+def _has_vocab(cal: _Run, stage) -> bool:
+    """Whether the sample store holds the vocab output the stage's student would start from."""
+    from kd.storage.store import Store
+
+    name = cal.names[cal.recipe.role_of(stage)]
+    return f"teachers/{name}/vocab.safetensors" in Store.open(cal.store).manifest.extras.get("files", {})
 
 
 def _copied(run: _Run, planned: list[PlannedStep]) -> list[PlannedStep]:

@@ -191,6 +191,10 @@ def _check_options(options: dict[str, Any], at: str) -> None:
     objectives = options.get("objectives", ["cosine"])
     if not isinstance(objectives, list) or not objectives:
         raise InputError("objectives must be a non-empty list", at, 'e.g. objectives = ["cosine"]')
+    for key, value in options.items():
+        _check_type(key, value, at)
+    if options.get("init_layers") is not None:  # its range needs the teacher; its form is checked now
+        parse_layers(str(options["init_layers"]), 1024, f"{at}: init_layers")
     try:
         for spec in objectives:
             parse_objective(str(spec))
@@ -200,6 +204,24 @@ def _check_options(options: dict[str, Any], at: str) -> None:
     except (TypeError, ValueError) as e:
         raise InputError(f"a stage option has the wrong type or value: {e}", at,
                          "see kd train-student --help") from None
+
+
+# TOML's types for TrainConfig's annotations (enum options are strings in a recipe). A bool is no number here,
+# although Python's bool is an int: `epochs = true` was taken as 1 (issue 48).
+_TOML_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "list[str]": (list,),
+                                            "dict[str, Any]": (dict,)}
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+
+
+def _check_type(key: str, value: Any, at: str) -> None:
+    """A stage option's TOML value has its option's type (None is no TOML value, so optional is the same check)."""
+    name = _FIELD_TYPES[key].removesuffix(" | None")
+    want = _TOML_TYPES.get(name, (str,))
+    if isinstance(value, bool) != (want == (bool,)) or not isinstance(value, want):
+        kind, example = {"int": ("an integer", "3"), "float": ("a number", "0.001"), "bool": ("true or false", "true"),
+                         "list[str]": ("a list", '["..."]'), "dict[str, Any]": ("a table", "{ ... }")}.get(
+                             name, ("a string", '"..."'))
+        raise InputError(f"stage option {key} = {value!r} is not {kind}", at, f"write it as {kind}: {key} = {example}")
 
 
 def _check_inputs(r: Recipe, stage: Stage) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -251,12 +252,19 @@ def write_init(writer: StoreWriter, t: Teacher, keep_layers: str | None) -> bool
 
 def write_vocab(writer: StoreWriter, t: Teacher, progress: bool) -> bool:
     """Write teachers/<name>/vocab.safetensors once (with its sha256 in the manifest); False if present."""
-    from kd.pipeline.vocab import VOCAB_FILE, vocab_bytes
+    from kd.pipeline.vocab import VOCAB_FILE, cached_vocab_bytes, keep_in_cache, vocab_bytes
 
     rel = f"teachers/{t.name}/{VOCAB_FILE}"
     if rel in writer.manifest.extras.get("files", {}) and fs.exists(writer.loc, *rel.split("/")):
         return False
-    with Bar(f"vocab {t.name}", len(t.hf_tokenizer()), "tokens", progress) as bar:
-        data = vocab_bytes(t, on_batch=bar.advance)
+    data = cached_vocab_bytes(t)
+    if data is not None:
+        if progress:
+            print(f"vocab {t.name}: from the kd cache (it depends on the teacher alone: computed once per machine)",
+                  file=sys.stderr, flush=True)
+    else:
+        with Bar(f"vocab {t.name}", len(t.hf_tokenizer()), "tokens", progress) as bar:
+            data = vocab_bytes(t, on_batch=bar.advance)
+        keep_in_cache(t, data)
     record_files(writer, {rel: data})
     return True

@@ -36,6 +36,7 @@ from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
 from kd.common.padding import pad_rows
 from kd.common.parsing import read_json
+from kd.common.progress import Bar
 from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
 from kd.student.models import Arch, Student, StudentConfig, build_student
@@ -126,21 +127,57 @@ class LoadedStudent:
     def size_bytes(self) -> int:
         return (self.path / WEIGHTS).stat().st_size
 
-    def encode(self, texts: str | Sequence[str], batch_size: int = 128, normalize: bool = False) -> np.ndarray:
-        """Embed texts in length-sorted batches (less padding), returned in input order.
+    def encode(self, sentences: str | Sequence[str], batch_size: int = 128, show_progress_bar: bool | None = None,
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False, normalize_embeddings: bool = True,
+               device: str | None = None, precision: str = "float32", **unknown: Any) -> Any:
+        """Embed texts in length-sorted batches (less padding), returned in input order: sentence-transformers'
+        `encode`, with its arguments' names and meanings (issue 49).
 
-        A single string gives one vector ([dim]), a list gives [n, dim].
+        - A single string gives one vector ([dim]), a list gives [n, dim] float32 (numpy; a torch tensor with
+          `convert_to_tensor`, a list of tensors with `convert_to_numpy=False`).
+        - `normalize_embeddings` (default True, as the sentence-transformers export's Normalize module does, so that
+          kd's vectors and the export's are the same); `normalize` is accepted as its old name.
+        - `device` moves the model there first; `show_progress_bar` shows a bar over the texts (None: off);
+          `precision` is "float32" (sentence_transformers.quantization turns it into int8 or binary).
         """
-        if isinstance(texts, str):
-            return self.encode([texts], batch_size, normalize)[0]
-        texts = list(texts)
+        if "normalize" in unknown:
+            normalize_embeddings = bool(unknown.pop("normalize"))
+        if unknown:
+            raise InputError(f"encode() got unknown argument(s) {', '.join(sorted(unknown))}", "LoadedStudent.encode",
+                             "it takes sentence-transformers' arguments: batch_size, show_progress_bar, "
+                             "convert_to_numpy, convert_to_tensor, normalize_embeddings, device, precision")
+        if precision != "float32":
+            raise InputError(f"precision {precision!r} is not computed by kd students", "LoadedStudent.encode",
+                             "encode in float32 and quantize with sentence_transformers.quantization."
+                             "quantize_embeddings(vectors, precision)")
+        if device is not None and resolve_device(device) != self.device:
+            self.device = resolve_device(device)
+            self.model.to(self.device)
+            self.__dict__.pop("_static", None)  # numpy arrays of the weights: CPU only, rebuilt when back there
+        if isinstance(sentences, str):
+            return self.encode([sentences], batch_size, show_progress_bar, convert_to_numpy, convert_to_tensor,
+                               normalize_embeddings)[0]
+        out = self._encode_all(list(sentences), batch_size, bool(show_progress_bar))
+        if normalize_embeddings:
+            out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
+        if convert_to_tensor:
+            return torch.from_numpy(out)
+        return out if convert_to_numpy else list(torch.from_numpy(out))
+
+    def _encode_all(self, texts: list[str], batch_size: int, progress: bool) -> np.ndarray:
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if bad:
             raise InputError(f"encode() takes strings; item {bad[0]} is {type(texts[bad[0]]).__name__}",
                              None, "pass a list of str (drop or replace missing texts first)")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
+        chunk = max(len(texts), 1) if not progress else 16 * batch_size  # a bar moves once per chunk
+        with Bar("encode", len(texts), "texts", progress) as bar:
+            for lo in range(0, len(texts), chunk):
+                self._encode_into(texts[lo : lo + chunk], batch_size, out[lo : lo + chunk])
+                bar.advance(min(chunk, len(texts) - lo))
+        return out
+
+    def _encode_into(self, texts: list[str], batch_size: int, out: np.ndarray) -> None:
         ids = self._token_ids(texts)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         if self.config.arch is Arch.static and len(texts) <= NUMPY_STATIC_TEXTS and self._static_arrays() is not None:
@@ -149,10 +186,6 @@ class LoadedStudent:
             self._encode_bags(ids, lengths, batch_size, out)
         else:
             self._encode_padded(ids, lengths, batch_size, out)
-        if normalize:
-            out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
-        return out
-
 
     def _token_ids(self, texts: list[str]) -> list[list[int]]:
         """The ids training gave these texts (common/fast_tokenizer.py): special tokens, truncated to max_length."""

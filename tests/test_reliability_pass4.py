@@ -157,3 +157,25 @@ def test_parse_json_keeps_ordinary_numbers():
     assert parse_toml("a = 1_000\nb = 2.5\n", "f", "x") == {"a": 1000, "b": 2.5}
     with pytest.raises(InputError, match="TOML"):
         parse_toml(f"a = {HUGE}\n", "f", "x")
+
+
+# --- 5. recipe values: types and layer lists checked when the recipe is read, before any model loads ----------
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("epochs = true", "epochs = True is not an integer"),
+    ('epochs = "3"', "epochs = '3' is not an integer"),
+    ('lr = "1e-4"', "lr = '1e-4' is not a number"),
+    ("objectives = \"cosine\"", "objectives must be a non-empty list"),
+    ('init_layers = "0,99,-1"', "init_layers"),
+])
+def test_a_recipe_value_of_the_wrong_type_is_refused_when_read(tmp_path, line, said):
+    from kd.apps import recipe as R
+
+    path = tmp_path / "r.toml"
+    path.write_text(f'description = "d"\nteacher = "mpnet"\n[outputs]\nteacher = ["sentence", "vocab"]\n'
+                    f'[[stage]]\nname = "a"\nfrom = "teacher"\narch = "static"\n{line}\n', encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        R.load(str(path))
+    assert said in e.value.what or said in (e.value.where or ""), e.value
+    assert str(path) in (e.value.where or ""), e.value

@@ -127,8 +127,8 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(folder / ONNX), options, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64, normalize: bool = False) -> np.ndarray:
-        """float32 [n, dim] in input order."""
+    def encode(self, texts: Sequence[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+        """float32 [n, dim] in input order; unit vectors unless `normalize=False` (as the student's `encode`)."""
         spec = self.spec
         ids = self.tokenizer.encode(list(texts), max_length=spec["max_length"])["input_ids"]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
@@ -148,7 +148,7 @@ class OnnxEncoder:
 
 
 def onnx_encode(folder: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
-                normalize: bool = False) -> np.ndarray:
+                normalize: bool = True) -> np.ndarray:
     """Encode texts with an exported folder in one call (`OnnxEncoder` keeps the session for many calls)."""
     return OnnxEncoder(folder).encode(texts, batch_size, normalize)
 

@@ -7,7 +7,8 @@ Built-in modules wherever they reproduce the student, so the directory loads wit
   becomes one extra vocabulary entry that the tokenizer inserts once per text (a normaliser prepends a
   control character that the BERT normaliser has already removed from the text). The mean then runs over
   n+1 tokens instead of n+2: the same direction, so the output is normalised.
-- transformer-init: `Transformer` (the kept BERT layers with the student's token table) + `Pooling` [+ `Dense`].
+- transformer-init: `Transformer` (the kept BERT layers with the student's token table) + `Pooling` [+ `Dense`]
+  + `Normalize` (every arch ends in Normalize: its vectors are those of the student's default `encode`).
 - bilstm / bigru / cnn / ffn / transformer: `student.st_module.KdTokenEncoder` (no built-in reproduces
   WordPiece ids + these encoders) + `Pooling` [+ `Dense`]. sentence-transformers imports a class outside
   its package only with `trust_remote_code=True`, which lets the folder choose the code that runs; so
@@ -56,9 +57,17 @@ def sentence_transformer(st: LoadedStudent, work: Path):
         modules = _transformer_init_modules(st, work)
     else:
         modules = _custom_modules(st)
+    if not isinstance(modules[-1], _normalize()):  # every export gives unit vectors, as the student's encode does
+        modules.append(_normalize()())
     model = SentenceTransformer(modules=modules, device="cpu")
     model.eval()
     return model
+
+
+def _normalize() -> type:
+    from sentence_transformers.base.modules.normalize import Normalize
+
+    return Normalize
 
 
 def _pooling_and_head(st: LoadedStudent) -> list[nn.Module]:
@@ -115,14 +124,13 @@ def _transformer_init_modules(st: LoadedStudent, work: Path) -> list[nn.Module]:
 
 
 def _static_modules(st: LoadedStudent) -> list[nn.Module]:
-    from sentence_transformers.base.modules.normalize import Normalize
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
 
     tokenizer, offset_ids = _offset_tokenizer(st)
     table = st.model.embed.weight.detach()
     table = torch.cat([table, table[offset_ids].sum(0, keepdim=True)])  # the inserted token: sum of specials
     head = _dense(st.model)
-    return [StaticEmbedding(tokenizer, embedding_weights=table), *([head] if head else []), Normalize()]
+    return [StaticEmbedding(tokenizer, embedding_weights=table), *([head] if head else []), _normalize()()]
 
 
 def _offset_tokenizer(st: LoadedStudent):
