@@ -91,3 +91,65 @@ vectors = onnx_encode("{name}-onnx", ["A sentence.", "Another one."])
 
 {evaluation}
 """
+
+
+def export_card(folder: Path, source: Path) -> None:
+    """folder/README.md for an export of the student folder `source` (issue 49: every export has one), unless the
+    export holds one already: what it is, its teacher, the scores the student's own card has (`kd eval` writes them
+    there), and the one way to load this format."""
+    if (folder / CARD).exists():
+        return
+    info = json.loads((source / "config.json").read_text(encoding="utf-8"))  # read and checked by the export's load
+    cfg = info["student"]
+    targets = info.get("target") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see the student's card"
+    onnx = (folder / "kd_onnx.json").is_file()
+    if onnx:
+        load = ('from kd.student.exporters.onnx_graph import onnx_encode   # tokenizers + onnxruntime, no torch\n'
+                'vectors = onnx_encode("PATH/TO/THIS/FOLDER", ["A sentence.", "Another one."])')
+    elif cfg["arch"] in BUILT_IN:
+        load = ('from sentence_transformers import SentenceTransformer\n'
+                'model = SentenceTransformer("PATH/TO/THIS/FOLDER")\n'
+                'vectors = model.encode(["A sentence.", "Another one."])')
+    else:
+        load = ('from kd.student import load_exported   # builds the modules itself: no trust_remote_code\n'
+                'model = load_exported("PATH/TO/THIS/FOLDER")  # a SentenceTransformer\n'
+                'vectors = model.encode(["A sentence.", "Another one."])')
+    scores = _evaluation(source)
+    text = f"""---
+library_name: {"onnx" if onnx else "sentence-transformers"}
+pipeline_tag: sentence-similarity
+tags: [sentence-transformers, knowledge-distillation, kd]
+---
+
+# {source.name} ({"ONNX" if onnx else "sentence-transformers"} export)
+
+A `{cfg['arch']}` sentence encoder distilled offline with kd from teacher **{teacher}**
+(target `{", ".join(targets) or "none"}`): {info.get('num_parameters', 0):,} parameters, {cfg['out_dim']}-d unit
+vectors, at most {cfg['max_length']} tokens a text. Exported by `kd export` from the kd student folder
+`{source.name}`.
+
+## Use
+
+```python
+{load}
+```
+
+## Evaluation
+
+{scores}
+"""
+    fs.atomic_write_bytes(fs.resolve(str(folder)), text.encode("utf-8"), CARD)
+
+
+def _evaluation(source: Path) -> str:
+    """The evaluation section of the student folder's own card, when `kd eval` has filled it."""
+    try:
+        card = (source / CARD).read_text(encoding="utf-8")
+    except OSError:
+        card = ""
+    section = card.split("## Evaluation", 1)[1].strip() if "## Evaluation" in card else ""
+    if not section or section.startswith("Not evaluated"):
+        return "Not evaluated yet: `kd eval --student STUDENT_FOLDER` scores the student this was exported from."
+    return section

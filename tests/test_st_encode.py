@@ -70,3 +70,12 @@ def test_what_encode_does_not_do_is_a_clear_error(trained, kwargs, said):
     with pytest.raises(InputError, match=said) as e:
         student.load(trained).encode(TEXTS, **kwargs)
     assert e.value.fix
+
+
+@pytest.mark.parametrize("fmt", ["sentence-transformers", "onnx"])
+def test_every_export_folder_has_a_model_card(trained, tmp_path, fmt):
+    res = CliRunner().invoke(app, ["export", str(trained), "--format", fmt, "--out", str(tmp_path / fmt)])
+    assert res.exit_code == 0, res.output
+    card = (tmp_path / fmt / "README.md").read_text(encoding="utf-8")
+    assert "`bilstm` sentence encoder" in card and "teacher **tiny**" in card and "## Evaluation" in card
+    assert ("onnx_encode(" if fmt == "onnx" else "load_exported(") in card

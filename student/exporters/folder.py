@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kd.common.errors import InputError
 from kd.common.outputs import EXPORT, claim_output, is_kd_file, locked_output, partial_folder
+from kd.student.model_card import export_card
 
 
 def prepare_output(out: str | os.PathLike, source: str | os.PathLike, overwrite: bool) -> Path:
@@ -36,6 +37,7 @@ def export_folder(out: str | os.PathLike, source: str | os.PathLike, overwrite: 
         scratch = partial_folder(target)
         try:
             yield target, scratch
+            export_card(scratch / "model", Path(source))
             _shareable(scratch / "model")
             _keep_foreign(scratch / "model", target)
             replace_folder(scratch / "model", target)
