@@ -108,3 +108,32 @@ def test_a_stage_may_not_take_the_baselines_name(tmp_path, tiny_teacher):
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
+
+
+def test_a_transformer_baseline_is_the_start_model_itself(tmp_path, corpus, tiny_teacher):
+    """Its own width and no head: the vectors of the start model (masked mean of its last layer), not a least-squares
+    map of them onto the teacher's space (which scored below MiniLM itself on STS-B dev)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from kd.student.saved import load
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'description = "t"\nteacher = "{tiny_teacher}"\nstart = "{tiny_teacher}"\ntarget = "mean"\n'
+                      '[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,1"\n'
+                      '[[stage]]\nname = "two"\nfrom = "start"\narch = "transformer-init"\ninit_layers = "0,1"\n'
+                      'out_dim = 48\nmax_steps = 2\nbatch_size = 8\n', encoding="utf-8")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-export",
+                                   "--no-evaluate"])
+    assert res.exit_code == 0, res.output
+    base = load(out / "stages" / R.BASELINE)
+    assert base.dim == 32 and load(out / "stages" / "two").dim == 48  # the start's width; the stage's own
+    texts = ["the market fell sharply", "a dog runs in the park"]
+    tok, model = AutoTokenizer.from_pretrained(tiny_teacher), AutoModel.from_pretrained(tiny_teacher).eval()
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    want = ((h * mask).sum(1) / mask.sum(1)).numpy()
+    np.testing.assert_allclose(base.encode(texts), _unit(want), atol=1e-5)
