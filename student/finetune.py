@@ -318,13 +318,15 @@ class TaskPredictor:
         if self.task.pairs:
             if inputs and isinstance(inputs[0], str):
                 raise InputError("this model scores sentence pairs; pass (a, b) tuples", "TaskPredictor.predict")
-            u = self.encoder.encode([a for a, _ in inputs], batch_size)
-            v = self.encoder.encode([b for _, b in inputs], batch_size)
+            # the head was trained on the encoder's own vectors, not unit ones
+            u = self.encoder.encode([a for a, _ in inputs], batch_size, normalize_embeddings=False)
+            v = self.encoder.encode([b for _, b in inputs], batch_size, normalize_embeddings=False)
             z = self.head(torch.from_numpy(u).to(self.encoder.device), torch.from_numpy(v).to(self.encoder.device))
         else:
             if inputs and not isinstance(inputs[0], str):
                 raise InputError("this model classifies single texts; pass strings", "TaskPredictor.predict")
-            z = self.head(torch.from_numpy(self.encoder.encode(inputs, batch_size)).to(self.encoder.device))
+            raw = self.encoder.encode(inputs, batch_size, normalize_embeddings=False)
+            z = self.head(torch.from_numpy(raw).to(self.encoder.device))
         return z.float().cpu().numpy()
 
     def predict(self, inputs: Sequence, batch_size: int = 256) -> np.ndarray:
