@@ -140,7 +140,7 @@ vectors, at most {cfg['max_length']} tokens a text. Exported by `kd export` from
 
 {scores}
 """
-    fs.atomic_write_bytes(fs.resolve(str(folder)), text.encode("utf-8"), CARD)
+    (folder / CARD).write_text(text, encoding="utf-8")  # a plain write: the export's folder is renamed in whole
 
 
 def _evaluation(source: Path) -> str:
