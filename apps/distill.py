@@ -319,14 +319,14 @@ def _choose(run: _Run) -> None:
     recipe's final shape (tiny3's 6-layer stages are a means, never the result), the one that scores best on STS-B
     dev (never test); a tie keeps the baseline, which cost nothing. Every stage's score is recorded, and the choice
     is said beside the baseline's score."""
-    from kd.apps import metrics, tasks
+    from kd.apps import tasks
     from kd.student.saved import load
 
     dev = tasks.load_stsb("dev")
     scores, shapes = {}, {}
     for stage in run.recipe.students:
         model = load(run.stage_dir(stage.name))
-        scores[stage.name] = metrics.sts_spearman(model.encode(dev.a), model.encode(dev.b), dev.scores)
+        scores[stage.name] = _sts(model, dev)
         shapes[stage.name] = (model.config.arch.value, model.num_parameters())
     final = shapes[run.recipe.stages[-1].name]
     candidates = [n for n in scores if shapes[n] == final or n == R.BASELINE]
@@ -334,6 +334,13 @@ def _choose(run: _Run) -> None:
     _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates,
                                           "baseline": R.BASELINE})
     _say(run.cfg, "    " + choice_line(chosen, scores))
+
+
+def _sts(model: Any, task: Any) -> float:
+    """STS-B Spearman x100 of a loaded student on one split (apps.tasks.PairTask)."""
+    from kd.apps import metrics
+
+    return metrics.sts_spearman(model.encode(task.a), model.encode(task.b), task.scores)
 
 
 def choice_line(chosen: str, scores: dict[str, float]) -> str:
@@ -384,14 +391,13 @@ def _sts_report(run: _Run) -> None:
     its baseline, so a user learns whether training beat the start; students encode thousands of sentences a second,
     so this costs seconds where the suite's reference models cost tens of minutes on a first CPU run (issue 50).
     report.json / report.md and the model card, as the suite writes them."""
-    from kd.apps import metrics, tasks
+    from kd.apps import tasks
     from kd.student.saved import load
 
     choice, test = json.loads((run.out / "choice.json").read_text()), tasks.load_stsb("test")
     rows = []
     for name in dict.fromkeys([choice["chosen"], R.BASELINE]):
-        model = load(run.stage_dir(name))
-        score = metrics.sts_spearman(model.encode(test.a), model.encode(test.b), test.scores)
+        score = _sts(load(run.stage_dir(name)), test)
         kind = "baseline (the untrained start)" if name == R.BASELINE else "student"
         rows.append({"name": name, "kind": kind + (", chosen" if name == choice["chosen"] else ""),
                      "sts_dev": round(choice["sts_dev"][name], 2), "sts_test": round(score, 2)})

@@ -47,10 +47,11 @@ OUTPUTS = (*ROW_OUTPUTS, "vocab", "init")
 
 
 # Every recipe's first stage is its baseline (issue 50): the recipe's first student, untrained. Its start is what a
-# user gets without kd's training (for `static` a model2vec-like table: the teacher's vocab output, PCA, SIF weights;
-# for the Transformer presets the start model's layers), with its head fitted by least squares where the target is
-# wider (student.head_fit). The choice weighs it like any stage, so training that makes a student worse on dev is
-# never what kd distill exports; on a small corpus that happens (static on 1,000 sentences, docs/results.md).
+# user gets without kd's training: for `static` a model2vec-like table (the teacher's vocab output, PCA, SIF weights)
+# with its head fitted by least squares onto the teacher's width (student.head_fit); for the Transformer presets the
+# start model itself, at its own width (apps.distill `start_itself`). The choice weighs it like any stage, so
+# training that makes a student worse on dev is never what kd distill exports; on a small corpus that happens
+# (static on 1,000 sentences, docs/results.md).
 BASELINE = "baseline"
 UNTRAINED = {"lr": 0.0, "max_steps": 1, "val_percent": 0.0, "patience": 0}  # rate 0: the weights stay as initialised
 

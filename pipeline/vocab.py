@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import torch
 
 from kd.pipeline.resolve import cache_dir
 from kd.pipeline.teacher import Output, Teacher
+from kd.storage import fs
 
 VOCAB_FILE = "vocab.safetensors"
 ALGORITHM = 1  # bump when vocab_vectors changes what it computes: every cached table is then computed again
@@ -110,11 +109,9 @@ def keep_in_cache(teacher: Teacher, data: bytes) -> None:
     note = json.dumps({"weights_sha256": teacher.meta([Output.mean], "float32")["weights_sha256"]}).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for target, content in ((path, data), (path.with_suffix(".json"), note)):
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".vocab-", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(content)
-            os.replace(tmp, target)
+        folder = fs.resolve(str(path.parent))
+        fs.atomic_write_bytes(folder, data, path.name)
+        fs.atomic_write_bytes(folder, note, path.with_suffix(".json").name)
     except OSError:
         return
 
