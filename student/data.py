@@ -37,6 +37,7 @@ from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
+from kd.student.target import combine
 
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -69,6 +70,9 @@ class Columns:
     teachers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # teacher name -> columns
     label_names: tuple[str, ...] | None = None  # string labels -> index in a teacher's label_names
     pos: bool = False  # add POS: every row's ordinal in the store (0 .. num_rows - 1)
+    # combined targets (student.target): batch key -> (part key, share) of each teacher vector it is built from
+    combined: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    parts_only: tuple[str, ...] = ()  # part keys read only to build a combined target: dropped once it is built
 
     @property
     def pairs(self) -> bool:
@@ -89,13 +93,17 @@ def available_columns(store: Store) -> list[str]:
     return out
 
 
-def resolve_columns(store: Store, specs: list[str]) -> Columns:
-    """Map objective column names to store tables; unknown names raise an error listing what exists."""
+def resolve_columns(store: Store, specs: list[str],
+                    combined: dict[str, tuple[tuple[str, float], ...]] | None = None) -> Columns:
+    """Map objective column names to store tables; unknown names raise an error listing what exists. A combined
+    target's key (`combined`, from the objectives' Context) is read as its parts' columns."""
     texts = store.table("texts")
     text_cols = ("text_a", "text_b") if store.manifest.pairs else ("text",)
     teachers: dict[str, list[str]] = {}
     label = pos = False
-    for spec in dict.fromkeys(specs):
+    combined = {k: v for k, v in (combined or {}).items() if k in specs}
+    parts = [key for k in combined for key, _ in combined[k]]
+    for spec in dict.fromkeys(s for s in [*specs, *parts] if s not in combined):
         if spec == POS:
             pos = True
             continue
@@ -118,7 +126,8 @@ def resolve_columns(store: Store, specs: list[str]) -> Columns:
         teachers.setdefault(teacher, []).append(col)
     names = next((tuple(store.table(teacher_table(t)).meta["label_names"]) for t in teachers
                   if store.table(teacher_table(t)).meta.get("label_names")), None)
-    return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names, pos)
+    return Columns(text_cols, label, {t: tuple(c) for t, c in teachers.items()}, names, pos, combined,
+                   tuple(k for k in dict.fromkeys(parts) if k not in specs))
 
 
 @dataclass
@@ -138,6 +147,7 @@ class DataConfig:
     num_workers: int = 0
     chunk_rows: int = 4_096
     exclude: tuple[int, ...] = ()  # ids never trained or validated on (`kd leakage --exclude-out`)
+    combined: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)  # Columns.combined
     bucket: bool = False  # batches of similar length within the shuffle buffer (less padding); trainer: on
 
     def tokenizer_path(self, store: Store) -> str:
@@ -208,7 +218,7 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     """
     if cfg.tokenizer_dir is None:  # (a student's own tokenizer was loaded and checked by the set-up)
         store.verify_folder("tokenizers", cfg.tokenizer)
-    cols = resolve_columns(store, cfg.columns)
+    cols = resolve_columns(store, cfg.columns, cfg.combined)
     for t in cols.tables():
         store.require_complete(t)
     readers = world * max(1, cfg.num_workers)
@@ -325,6 +335,10 @@ def _zip_chunk(store: Store, cols: Columns, k: int, parts: dict[str, pa.RecordBa
             raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
         for c in names:
             chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
+    for key, members in cols.combined.items():
+        chunk[key] = combine([chunk[m] for m, _ in members], [share for _, share in members])
+    for key in cols.parts_only:
+        del chunk[key]
     return chunk
 
 

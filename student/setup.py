@@ -66,7 +66,7 @@ def setup(cfg: TrainConfig) -> Setup:
     store.require_complete("texts")
     ctx = Context.from_manifest(store.manifest, StudentConfig(), cfg.target)
     keys = _target_keys(ctx)
-    target_teacher = keys[0].split(".", 1)[0] if keys else ctx.pick_teacher("logits", False, None, "the student")
+    target_teacher = ctx.part_teacher(keys[0]) if keys else ctx.pick_teacher("logits", False, None, "the student")
     init_info = read_config(cfg.init) if cfg.init else None
     own_tok = own_tokenizer(store, cfg, init_info)
     if own_tok is not None:  # the --init student's tokenizer, whose teacher this store lacks
@@ -81,7 +81,7 @@ def setup(cfg: TrainConfig) -> Setup:
         student_cfg, kept = init_config(cfg, init_info, tok if own_tok is None else None)
     check_training_memory(cfg, student_cfg)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
-    data = _data_config(cfg, objectives, teacher, own_tok)
+    data = _data_config(cfg, objectives, teacher, own_tok, ctx.ensemble)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
 
 
@@ -144,14 +144,14 @@ def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, e
     return student_cfg
 
 
-def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str,
-                 tokenizer_dir: str | None) -> D.DataConfig:
+def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str, tokenizer_dir: str | None,
+                 combined: dict[str, tuple[tuple[str, float], ...]]) -> D.DataConfig:
     return D.DataConfig(
         cfg.store, required_columns(objectives), teacher, tokenizer_dir, batch_size=cfg.batch_size,
         max_length=cfg.max_length,
         shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
         seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
-        bucket=cfg.bucket,
+        bucket=cfg.bucket, combined=combined,
     )
 
 

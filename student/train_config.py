@@ -85,7 +85,7 @@ class TrainConfig:
                                    help="NAME[:weight][:k=v], repeatable: cosine (default), mse, contrastive, "
                                         "logits, pair, multi-teacher, relational, label")
     target: str | None = option(None, help="teacher.column the embedding matches (default: the teacher's "
-                                           "default_target)")
+                                           "default_target); several as one: mpnet:0.7,minilm:0.3")
     embed_dim: int | None = option(None, range=B.WIDTH, help="Token embedding width (default: min(300, teacher "
                                                               "width; bilstm/bigru 128); static 256")
     hidden_dim: int | None = option(None, range=B.WIDTH, help="Encoder width, per direction for RNNs (default: 512; "

@@ -25,6 +25,7 @@ from kd.common.errors import KdError
 from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import Manifest, teacher_table
 from kd.student.models import StudentConfig, StudentOutput
+from kd.student.target import COLUMN, ENSEMBLE, Target, parse_target
 
 Out = StudentOutput | tuple[StudentOutput, StudentOutput]
 Batch = dict[str, Tensor]
@@ -173,6 +174,8 @@ class Context:
     target_teacher: str | None = None
     target_column: str | None = None
     where: str = field(default="build_objectives")
+    # a combined target (student.target): its batch key -> the part keys it is built from, with their shares
+    ensemble: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, student: StudentConfig, target: str | None) -> Context:
@@ -187,20 +190,38 @@ class Context:
         label = None
         if label_type is not None:
             label = LabelKind.regression if re.search(r"float|double", label_type) else LabelKind.classes
-        teacher, _, column = (target or "").partition(".")
-        ctx = cls(student, manifest.pairs, int(manifest.inputs.get("num_rows", 0)), shapes, meta, label,
-                  teacher or None, column or None)
-        if ctx.target_teacher is not None and ctx.target_teacher not in shapes:
-            raise KdError(f"teacher {ctx.target_teacher!r} is not in the store", f"target {target!r}",
-                          f"teachers in the store: {sorted(shapes) or 'none (run kd precompute)'}")
-        return ctx
+        ctx = cls(student, manifest.pairs, int(manifest.inputs.get("num_rows", 0)), shapes, meta, label)
+        spec = parse_target(target)
+        if spec is None:
+            return ctx
+        if spec.combined:
+            return ctx.with_ensemble(spec)
+        return ctx.with_target(spec.parts[0].ref)
+
+    def with_ensemble(self, spec: Target) -> Context:
+        """This context aiming at several teachers' vectors as one (student.target): a pseudo-teacher ENSEMBLE whose
+        column is as wide as the parts together; each part is checked as a single target would be."""
+        parts = [self.with_target(p.ref).embedding_target() for p in spec.parts]
+        sides = [f"{COLUMN}_a", f"{COLUMN}_b"] if self.pairs else [COLUMN]
+        width = sum(self.shape(keys[0])[0] for keys in parts)
+        ensemble = {f"{ENSEMBLE}.{side}": tuple((keys[i], share) for keys, share in zip(parts, spec.shares()))
+                    for i, side in enumerate(sides)}
+        return dataclasses.replace(self, shapes=self.shapes | {ENSEMBLE: {side: (width,) for side in sides}},
+                                   meta=self.meta | {ENSEMBLE: {}}, target_teacher=ENSEMBLE, target_column=COLUMN,
+                                   ensemble=ensemble)
+
+    def part_teacher(self, key: str) -> str:
+        """The stored teacher behind a batch key: its own, or a combined target's first part's."""
+        parts = self.ensemble.get(key)
+        return (parts[0][0] if parts else key).split(".", 1)[0]
 
     def with_target(self, target: str) -> Context:
         """This context aiming at another "<teacher>[.<column>]" (an objective's own `target=` option)."""
         teacher, _, column = target.partition(".")
-        if teacher not in self.shapes:
+        if teacher not in self.shapes or teacher == ENSEMBLE:
+            stored = sorted(set(self.shapes) - {ENSEMBLE})
             raise KdError(f"teacher {teacher!r} is not in the store", f"target {target!r}",
-                          f"teachers in the store: {sorted(self.shapes)}")
+                          f"teachers in the store: {stored or 'none (run kd precompute)'}")
         return dataclasses.replace(self, target_teacher=teacher, target_column=column or None)
 
     # -- columns -----------------------------------------------------------------------------------

@@ -1,0 +1,150 @@
+"""Several teachers as one target (issue 51): `--target big.mean:0.7,small.mean:0.3`.
+
+The store: real news sentences through two tiny random BERTs of different widths (small 32-d, big 48-d), each
+teacher's own vectors stored; the combined target is built when rows are read, never stored.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_tiny_bert
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.pipeline.precompute import precompute
+from kd.student.target import combine, parse_target
+
+TARGET = "big.mean:0.7,small.mean:0.3"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, sentences) -> Path:
+    root = tmp_path_factory.mktemp("ensemble")
+    teachers = {"small": build_tiny_bert(root / "small"), "big": build_tiny_bert(root / "big", hidden=48, layers=3,
+                                                                                 seed=3)}
+    (root / "news.txt").write_text("\n".join(sentences[:160]) + "\n", encoding="utf-8")
+    precompute([str(root / "news.txt")], str(root / "store"), [f"{k}={v}" for k, v in teachers.items()],
+               shard_rows=80, progress=False)
+    return root / "store"
+
+
+def _train(store: Path, out: Path, *args: str, steps: int = 40):
+    return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--max-steps",
+                                    str(steps), "--val-percent", "0", "--batch-size", "16", "--log-every", "1",
+                                    "--arch", "ffn", "--no-progress", *args])
+
+
+def _stored(store: Path, teacher: str) -> dict[int, np.ndarray]:
+    from kd.storage.store import Store
+
+    t = Store.open(store).read_table(f"teachers/{teacher}", ["id", "mean"])
+    return dict(zip(t["id"].to_pylist(), np.stack(t["mean"].to_numpy(zero_copy_only=False))))
+
+
+def test_the_combined_target_is_the_weighted_concatenation_of_unit_vectors(store):
+    """What a training batch holds: sqrt(0.7) big/|big| beside sqrt(0.3) small/|small|, from the stored vectors; so
+    the cosine of two rows is 0.7 cos_big + 0.3 cos_small, and each teacher's own columns are not carried along."""
+    from kd.storage.store import Store
+    from kd.student import data as D
+    from kd.student.models import StudentConfig
+    from kd.student.objectives.base import Context
+
+    st = Store.open(store)
+    ctx = Context.from_manifest(st.manifest, StudentConfig(), TARGET)
+    key = ctx.embedding_target()[0]
+    assert ctx.shape(key) == (80,) and ctx.part_teacher(key) == "big"
+    cfg = D.DataConfig(str(store), [key], "big", batch_size=32, val_percent=0.0, combined=ctx.ensemble)
+    plan = D.build_plan(st, cfg)
+    big, small = _stored(store, "big"), _stored(store, "small")
+    rows = 0
+    for batch in D.train_batches(st, plan, 0, 0):
+        ids = batch["id"].tolist()
+        want = combine([np.stack([big[i] for i in ids]), np.stack([small[i] for i in ids])], [0.7, 0.3])
+        np.testing.assert_allclose(batch[key].numpy(), want, rtol=1e-6, atol=1e-7)
+        assert "big.mean" not in batch and "small.mean" not in batch
+        got = batch[key].numpy()
+        cos = got[0] @ got[1]
+        unit = {n: v / np.linalg.norm(v, axis=1, keepdims=True) for n, v in
+                (("big", np.stack([big[i] for i in ids[:2]])), ("small", np.stack([small[i] for i in ids[:2]])))}
+        assert cos == pytest.approx(0.7 * unit["big"][0] @ unit["big"][1] + 0.3 * unit["small"][0] @ unit["small"][1],
+                                    abs=1e-5)
+        rows += len(ids)
+    assert rows == 160
+
+
+def test_a_student_learns_the_combined_target_and_is_served_at_its_width(store, tmp_path, sentences):
+    from kd import student
+
+    res = _train(store, tmp_path / "s", "--target", TARGET, "--objective", "cosine", "--objective", "relational:5",
+                 "--lr", "3e-3", steps=80)
+    assert res.exit_code == 0, res.output
+    info = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert info["target"] == ["ensemble.target"]
+    model = student.load(tmp_path / "s")
+    big, small = _stored(store, "big"), _stored(store, "small")
+    from kd.storage.store import Store
+
+    t = Store.open(store).read_table("texts", ["id", "text"])
+    ids, texts = t["id"].to_pylist()[:64], t["text"].to_pylist()[:64]
+    want = combine([np.stack([big[i] for i in ids]), np.stack([small[i] for i in ids])], [0.7, 0.3])
+    got = model.encode(texts)
+    assert got.shape == (64, 80)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1)
+    assert cos.mean() > 0.6, cos.mean()  # near the combined target, a space neither teacher has alone
+
+
+def test_new_weights_train_again_from_the_same_store(store, tmp_path):
+    """Weights live in the training options, not in the store: other weights read the same shards (the store's
+    files are untouched) and give another student."""
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    a = _train(store, tmp_path / "a", "--target", "big.mean:0.7,small.mean:0.3", steps=10)
+    b = _train(store, tmp_path / "b", "--target", "big.mean:0.2,small.mean:0.8", steps=10)
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    from kd import student
+
+    va, vb = (student.load(tmp_path / n).encode(["stocks rose"]) for n in "ab")
+    assert not np.allclose(va, vb)
+
+
+@pytest.mark.parametrize("target,says", [
+    ("big.mean:0,small.mean:0", "sum to 0"),
+    ("big.mean:-1,small.mean:2", "negative"),
+    ("big.mean:nan,small.mean:1", "not finite"),
+    ("big.mean:x,small.mean:1", "not a number"),
+    ("big.mean:0.5,nope.mean:0.5", "'nope' is not in the store"),
+    ("big.mean:0.5,small.nothing:0.5", "small.nothing is not in the store"),
+    ("big.mean,big.mean", "twice"),
+    ("big.mean:1,,small.mean:1", "empty part"),
+    ("ensemble.target:1,big.mean:1", "kd's name for a combined target"),
+])
+def test_bad_combined_targets_are_clear_errors(store, tmp_path, target, says):
+    res = _train(store, tmp_path / "s", "--target", target, steps=2)
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "s" / "config.json").exists()
+
+
+def test_teachers_of_different_row_sets_are_refused(store, tmp_path):
+    """A teacher that has not finished (a shard missing) holds other rows than the texts: refused before a step."""
+    forged = shutil.copytree(store, tmp_path / "store")
+    for m in [forged / "manifest.json", *(forged / "manifests").glob("*.json")]:
+        d = json.loads(m.read_text())
+        d["tables"]["teachers/small"]["shards"].pop("1", None)
+        m.write_text(json.dumps(d))
+    res = _train(forged, tmp_path / "s", "--target", TARGET, steps=2)
+    assert res.exit_code == 2, res.output
+    assert "teachers/small" in res.output and "incomplete" in res.output
+
+
+def test_the_target_text_round_trips():
+    t = parse_target(" big.mean:0.7, small:0.3")
+    assert str(t) == "big.mean:0.7,small:0.3" and t.shares() == pytest.approx([0.7, 0.3])
+    assert str(parse_target("big.mean")) == "big.mean" and not parse_target("big.mean").combined
+    assert parse_target("a:2,b:2").shares() == [0.5, 0.5]
