@@ -34,6 +34,7 @@ from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
 
 STATE = "distill.json"
+WEIGHTS = "weights.json"  # several teachers: the weights chosen on STS-B dev, with each one's score
 CARD = Path(__file__).with_name("templates") / "model_card.md"
 FORMAT = "kd-distill"
 
@@ -65,9 +66,26 @@ class _Run:
         # most of a run's time: two presets on one corpus should pay it once).
         self.store = Path(cfg.store).resolve() if cfg.store else self.out / "store"
         self.exclude = self.out / "exclude.txt"
-        self.specs = {"teacher": cfg.teacher or recipe.teacher, "start": cfg.start or recipe.start}
+        teachers = R.check_teachers(cfg.teacher.split(","), "--teacher") if cfg.teacher else recipe.teachers
+        # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the
+        # others of a combined target (student.target) are "teacher2", "teacher3", ...
+        self.teacher_roles = ["teacher", *(f"teacher{i}" for i in range(2, len(teachers) + 1))]
+        self.specs = dict(zip(self.teacher_roles, teachers)) | {"start": cfg.start or recipe.start}
         self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
+        self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)
         self._keys: dict[str, str] = {}
+
+    def target(self) -> str:
+        """The train-student --target of every stage: the teacher's output, or the teachers' as one."""
+        column = self.recipe.target
+        if len(self.teacher_roles) == 1:
+            return f"{self.names['teacher']}.{column}"
+        weights = self.weights or tuple(json.loads((self.out / WEIGHTS).read_text(encoding="utf-8"))["weights"])
+        return ",".join(f"{self.names[r]}.{column}:{w:g}" for r, w in zip(self.teacher_roles, weights))
+
+    def outputs(self, role: str) -> list[str]:
+        """What precompute stores for a role (every teacher of a combined target stores the teacher's outputs)."""
+        return self.recipe.outputs["start" if role == "start" else "teacher"]
 
     def teacher_spec(self, role: str) -> str:
         spec, name = self.specs[role], self.names[role]
@@ -84,7 +102,7 @@ class _Run:
         if stage.name == R.BASELINE and stage.options.get("arch") == "transformer-init":
             extra = self.start_itself(stage, role) | extra
         return TrainConfig(str(self.store), str(self.stage_dir(stage.name)), init=init, init_teacher=self.names[role],
-                           target=f"{self.names['teacher']}.{self.recipe.target}",
+                           target=self.target(),
                            exclude_ids=str(self.exclude) if self.cfg.exclude_leakage else None,
                            progress=self.cfg.progress, **(stage.options | extra))
 
@@ -105,7 +123,8 @@ class _Run:
 
         if stage.name not in self._keys:
             source = None if stage.source in R.ROLES else self.stage_key(self.recipe.stage(stage.source))
-            reads = store_tables(self.store, [self.names["teacher"], self.names[self.recipe.role_of(stage)]])
+            reads = store_tables(self.store, [*(self.names[r] for r in self.teacher_roles),
+                                              self.names[self.recipe.role_of(stage)]])
             self._keys[stage.name] = stage_key(self.train_config(stage).to_json(), source, reads)
         return self._keys[stage.name]
 
@@ -139,6 +158,18 @@ def _is_run(folder: Path) -> bool:
         return (folder / STATE).is_file()
     except OSError:  # a folder we may not read is no run of ours
         return False
+
+
+def _weights(cfg: DistillConfig, recipe: R.Recipe, teachers: int) -> tuple[float, ...] | None:
+    """--weights ("0.7,0.3"), else the recipe's when its teachers are the run's; None: to be chosen on dev."""
+    if cfg.weights is None:
+        return recipe.weights if not cfg.teacher and teachers > 1 else None
+    try:
+        values = [float(w) for w in cfg.weights.split(",")]
+    except ValueError:
+        raise InputError(f"--weights {cfg.weights!r} is not a list of numbers", "--weights",
+                         "write one number per teacher, comma-separated: --weights 0.7,0.3") from None
+    return R.check_weights(values, teachers, "--weights")
 
 
 def _table_name(spec: str, role: str) -> str:
@@ -251,6 +282,8 @@ def _steps(run: _Run) -> list[Step]:
     steps = [Step("precompute the teacher", lambda: _precompute(run, "teacher"))]
     if run.specs["start"] and run.recipe.outputs["start"]:
         steps.append(Step("precompute the start model", lambda: _precompute(run, "start")))
+    if run.weights is None and len(run.teacher_roles) > 1:
+        steps.append(Step("choose the teacher weights on STS-B dev", lambda: _choose_weights(run)))
     if run.cfg.exclude_leakage:
         steps.append(Step("leave out evaluation text", lambda: _leakage(run)))
     for stage in run.recipe.students:
@@ -283,10 +316,30 @@ def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
     """One role's `kd precompute` into the run's store (`outputs`: the recipe's, unless given); its summary."""
     from kd.pipeline.precompute import precompute
 
-    outputs = run.recipe.outputs[role] if outputs is None else outputs
+    outputs = run.outputs(role) if outputs is None else outputs
     keep = run.recipe.keep_layers if "init" in outputs else None
     opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
-    return precompute(run.cfg.inputs, str(run.store), [run.teacher_spec(role)], outputs=outputs, **opts)
+    roles = run.teacher_roles if role == "teacher" else [role]  # the teachers of a combined target in one pass
+    return precompute(run.cfg.inputs, str(run.store), [run.teacher_spec(r) for r in roles], outputs=outputs, **opts)
+
+
+def teacher_weights(run: _Run):  # -> apps.teacher_weights.WeightChoice
+    """The teachers' weights that score best on STS-B dev, from each one's dev vectors (cached per machine)."""
+    from kd.apps import teacher_weights as W
+
+    specs = {run.names[r]: run.teacher_spec(r) for r in run.teacher_roles}
+    cos, gold = W.dev_cosines(lambda name, texts: W.cached_vectors(specs[name], run.recipe.target, texts,
+                                                                   run.cfg.progress), list(specs))
+    return W.choose(list(specs), cos, gold)
+
+
+def _choose_weights(run: _Run) -> None:
+    choice = teacher_weights(run)
+    _write_json(run.out / WEIGHTS, {"teachers": list(choice.teachers), "weights": list(choice.weights),
+                                    "sts_dev": choice.alone | {"ensemble": choice.score},
+                                    "candidates": [[list(w), s] for w, s in choice.candidates.items()]})
+    for line in choice.lines():
+        _say(run.cfg, "    " + line)
 
 
 def _leakage(run: _Run) -> None:
@@ -416,7 +469,7 @@ def _model_card(run: _Run, table: str, measured_by: str) -> None:
     stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
     start = run.specs["start"]
     text = Template(CARD.read_text(encoding="utf-8")).substitute(
-        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"],
+        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"] if len(run.teacher_roles) == 1 else run.target(),
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
         chosen=choice["chosen"], table=table, measured_by=measured_by, recipe_text="```toml\n" +
         Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")

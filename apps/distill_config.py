@@ -28,7 +28,9 @@ class DistillConfig:
     student: str = option("tiny6", help="Preset: tiny6 | tiny3 | static | bilstm (apps/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
     teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
-                                                        "checkpoint folder")
+                                                        "checkpoint folder; several as one target: mpnet,minilm")
+    weights: str | None = option(None, help="Several teachers: their weights, e.g. 0.7,0.3 (default: the recipe's, "
+                                            "else chosen on STS-B dev from the teachers' vectors, in seconds)")
     start: str | None = option(None, help="Replace the recipe's start model: a packaged name or a checkpoint folder")
     text_column: str | None = option(None, help="Column with the text (csv/jsonl/parquet)")
     segment: str = option("none", choices=B.Segment, help="none (whole documents) | sentences (spaCy)")

@@ -20,13 +20,22 @@ import functools
 import io
 import json
 import math
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kd.apps import recipe as R
-from kd.apps.distill import DistillConfig, _precompute, _Run, check_store, corpus_header, corpus_options
+from kd.apps.distill import (
+    DistillConfig,
+    _precompute,
+    _Run,
+    check_store,
+    corpus_header,
+    corpus_options,
+    teacher_weights,
+)
 from kd.common import progress
 from kd.common.outputs import claim_output
 
@@ -103,6 +112,9 @@ def estimate(cfg: DistillConfig) -> Plan:
         plan = Plan(recipe, rows)
         with say(f"dry run: timing the teacher{' and the start model' if recipe.start else ''} on the sample"):
             plan.steps += _precompute_steps(run, cal, rows, read_s)
+        if run.weights is None and len(run.teacher_roles) > 1:
+            with say("dry run: choosing the teacher weights on STS-B dev"):
+                plan.steps.append(_weights(run, cal))
         if cfg.exclude_leakage:
             plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
         with say(f"dry run: timing {CALIBRATION_STEPS} training steps of each stage"):
@@ -156,7 +168,8 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     from kd.storage.store import Store
 
     corpus = corpus_header(run)["fingerprint"] if run.store.is_dir() else None  # the corpus hashed once
-    stored = {role: bool(run.specs.get(role)) and _stored(run, role, corpus) for role in ("teacher", "start")}
+    stored = {"teacher": all(_stored(run, r, corpus) for r in run.teacher_roles),
+              "start": bool(run.specs.get("start")) and _stored(run, "start", corpus)}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
     secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
@@ -183,6 +196,18 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     return steps
 
 
+def _weights(run: _Run, cal: _Run) -> PlannedStep:
+    """The weights chosen as the run will choose them (the same cached dev vectors: the run then takes seconds), each
+    teacher's dev score and the ensemble's printed; the calibration's stages train on that target."""
+    t = time.perf_counter()
+    choice = teacher_weights(run)
+    cal.weights = choice.weights
+    if run.cfg.progress:
+        for line in choice.lines():
+            print("    " + line, file=sys.stderr, flush=True)
+    return PlannedStep("choose the teacher weights on STS-B dev", time.perf_counter() - t, "; ".join(choice.lines()))
+
+
 def _stored(run: _Run, role: str, corpus: str | None) -> bool:
     """Whether run.store already holds every output the recipe asks of this role, for this very corpus (`corpus`:
     its fingerprint; a --store another run filled): its precompute will find nothing to do. Read from the manifest
@@ -195,7 +220,7 @@ def _stored(run: _Run, role: str, corpus: str | None) -> bool:
     from kd.storage.manifest import teacher_table
     from kd.storage.store import Store
 
-    name, outputs = run.names[role], run.recipe.outputs[role]
+    name, outputs = run.names[role], run.outputs(role)
     try:
         m = Store.open(run.store).manifest
     except (KdError, OSError):  # no store yet, or one the run itself will refuse with its reason

@@ -2,7 +2,8 @@
 the store must hold, and the training stages in order; `kd distill` runs it (apps.distill).
 
     description = "..."
-    teacher = "mpnet"          # whose vectors the student learns
+    teacher = "mpnet"          # whose vectors the student learns; several as one target: ["mpnet", "minilm"]
+    weights = [0.7, 0.3]       # optional, several teachers: their weights (default: chosen on STS-B dev)
     start = "minilm"           # optional: whose tokenizer, embeddings and layers it starts from
     target = "sentence"        # the teacher output the student matches
 
@@ -25,6 +26,7 @@ file is read, before anything is computed: a bad recipe costs nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,12 +70,18 @@ class Recipe:
     name: str
     path: str
     description: str
-    teacher: str
+    teachers: tuple[str, ...]  # whose vectors the student learns: one, or several as one target (student.target)
+    weights: tuple[float, ...] | None  # several teachers: their weights; None: chosen on STS-B dev
     start: str | None
     target: str
     outputs: dict[str, list[str]]  # role -> outputs kd precompute stores for it
     keep_layers: str | None
     stages: tuple[Stage, ...] = field(default_factory=tuple)  # as the recipe writes them
+
+    @property
+    def teacher(self) -> str:
+        """The main teacher (the first named): its tokenizer and outputs are what `from = "teacher"` starts from."""
+        return self.teachers[0]
 
     @property
     def baseline(self) -> Stage:
@@ -122,11 +130,12 @@ def load(spec: str) -> Recipe:
 
 def _recipe(raw: dict[str, Any], path: Path) -> Recipe:
     where = str(path)
-    _only(raw, ("description", "teacher", "start", "target", "outputs", "stage"), where, "top-level key")
+    _only(raw, ("description", "teacher", "weights", "start", "target", "outputs", "stage"), where, "top-level key")
     outputs = raw.get("outputs", {})
     _only(outputs, (*ROLES, "keep_layers"), f"{where} [outputs]", "key")
+    teachers = _teachers(raw, where)
     r = Recipe(name=path.stem, path=where, description=_str(raw, "description", where, ""),
-               teacher=_str(raw, "teacher", where), start=raw.get("start"),
+               teachers=teachers, weights=_weights(raw.get("weights"), len(teachers), where), start=raw.get("start"),
                target=_str(raw, "target", where, "sentence"),
                outputs={role: _outputs(outputs, role, where) for role in ROLES},
                keep_layers=outputs.get("keep_layers"), stages=tuple(_stages(raw.get("stage"), where)))
@@ -155,6 +164,42 @@ def _str(raw: dict, key: str, where: str, default: str | None = None) -> str:
     if not isinstance(value, str) or not value:
         raise InputError(f"{key!r} must be a non-empty string", where, f'e.g. {key} = "..."')
     return value
+
+
+def _teachers(raw: dict, where: str) -> tuple[str, ...]:
+    """`teacher = "mpnet"` or `teacher = ["mpnet", "minilm"]`: distinct non-empty names."""
+    value = raw.get("teacher")
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise InputError("'teacher' must be a name or a list of names", where, 'e.g. teacher = "mpnet", or '
+                         'teacher = ["mpnet", "minilm"] for several as one target')
+    return check_teachers(names, where)
+
+
+def check_teachers(names: list[str], where: str) -> tuple[str, ...]:
+    if len(set(names)) < len(names):
+        raise InputError(f"a teacher is named twice: {names}", where, "name each teacher once")
+    return tuple(names)
+
+
+def _weights(value: Any, teachers: int, where: str) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(w, int | float) and not isinstance(w, bool) for w in value):
+        raise InputError("'weights' must be a list of numbers", where, "e.g. weights = [0.7, 0.3]")
+    return check_weights([float(w) for w in value], teachers, where)
+
+
+def check_weights(weights: list[float], teachers: int, where: str) -> tuple[float, ...]:
+    """One finite weight >= 0 per teacher, summing to a positive number (the recipe's and --weights' one check)."""
+    if teachers < 2:
+        raise InputError("weights need several teachers", where, "name several teachers, or drop the weights")
+    if len(weights) != teachers:
+        raise InputError(f"{len(weights)} weights for {teachers} teachers", where, "give one weight per teacher")
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or not sum(weights) > 0:
+        raise InputError(f"the weights {weights} are not finite numbers >= 0 with a positive sum", where,
+                         "e.g. weights = [0.7, 0.3]")
+    return tuple(weights)
 
 
 def _outputs(outputs: dict, role: str, where: str) -> list[str]:

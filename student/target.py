@@ -77,11 +77,11 @@ def parse_target(text: str | None, where: str = "--target") -> Target | None:
     refs = [p.ref for p in parts]
     if len(set(refs)) < len(refs):
         raise InputError(f"the target {text!r} names a teacher output twice", where, "name each once, with its weight")
-    target = Target(tuple(parts))
     if not sum(p.weight for p in parts) > 0:
         raise InputError(f"the weights of {text!r} sum to {sum(p.weight for p in parts):g}", where,
                          "give at least one teacher a positive weight, e.g. mpnet:0.7,minilm:0.3")
-    return target
+    # a teacher at weight 0 adds nothing but zero columns to the target (and the student's width): it is left out
+    return Target(tuple(p for p in parts if p.weight > 0))
 
 
 def _weight(text: str, given: str, item: str, where: str) -> float:

@@ -148,3 +148,116 @@ def test_the_target_text_round_trips():
     assert str(t) == "big.mean:0.7,small:0.3" and t.shares() == pytest.approx([0.7, 0.3])
     assert str(parse_target("big.mean")) == "big.mean" and not parse_target("big.mean").combined
     assert parse_target("a:2,b:2").shares() == [0.5, 0.5]
+
+
+# --------------------------------------------------------------------------------------------------
+# kd distill with several teachers
+
+RECIPE = """description = "two teachers as one target"
+teacher = ["{a}", "{b}"]
+target = "mean"
+{weights}
+[outputs]
+teacher = ["mean", "vocab"]
+
+[[stage]]
+name = "static"
+from = "teacher"
+arch = "static"
+embed_dim = 16
+objectives = ["cosine"]
+epochs = 1
+batch_size = 32
+val_percent = 0
+"""
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("two")
+    return build_tiny_bert(root / "a"), build_tiny_bert(root / "b", hidden=48, layers=3, seed=3)
+
+
+@pytest.fixture()
+def corpus(tmp_path, sentences) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(sentences[:120]) + "\n", encoding="utf-8")
+    return path
+
+
+def _recipe(tmp_path: Path, two: tuple[Path, Path], weights: str = "") -> Path:
+    path = tmp_path / "two.toml"
+    path.write_text(RECIPE.format(a=two[0], b=two[1], weights=weights), encoding="utf-8")
+    return path
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_distill_chooses_the_weights_on_dev_and_new_weights_need_no_teacher_pass(tmp_path, corpus, two):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(_recipe(tmp_path, two)),
+                                   "--no-export"])
+    assert res.exit_code == 0, res.output
+    chosen = json.loads((out / "weights.json").read_text())
+    assert chosen["teachers"] == ["teacher", "teacher2"] and len(chosen["candidates"]) == 11
+    assert sum(chosen["weights"]) == pytest.approx(1.0)
+    dev = chosen["sts_dev"]
+    assert dev["ensemble"] >= max(dev["teacher"], dev["teacher2"])  # the grid holds each teacher alone
+    said = " ".join(res.output.split())
+    assert f"teacher alone: STS-B dev {dev['teacher']:.2f}" in said and f"STS-B dev {dev['ensemble']:.2f}" in said
+    args = json.loads((out / "stages" / "static" / "training_args.json").read_text())
+    parts = [f"{t}.mean:{w:g}" for t, w in zip(chosen["teachers"], chosen["weights"]) if w > 0]
+    assert args["target"] == ",".join(parts)
+
+    # other weights on the same store: the teachers are not run again (the store's files are untouched), the stage
+    # is trained again (another target, so another stage key: not copied) onto the new combined target
+    before = _files(out / "store")
+    again = tmp_path / "again"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(again), "--recipe", str(_recipe(tmp_path, two)),
+                                   "--store", str(out / "store"), "--weights", "0.5,0.5", "--no-export"])
+    assert res.exit_code == 0, res.output
+    assert _files(out / "store") == before
+    assert not (again / "weights.json").exists() and "copied" not in res.output
+    args = json.loads((again / "stages" / "static" / "training_args.json").read_text())
+    assert args["target"] == "teacher.mean:0.5,teacher2.mean:0.5"
+    from kd import student
+
+    assert student.load(again / "stages" / "static").encode(["stocks rose"]).shape == (1, 80)
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--weights", "1"], "1 weights for 2 teachers"),
+    (["--weights", "0,0"], "positive sum"),
+    (["--weights", "0.5,x"], "not a list of numbers"),
+    (["--weights", "-1,2"], "positive sum"),
+])
+def test_bad_distill_weights_are_clear_errors(tmp_path, corpus, two, extra, says):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(_recipe(tmp_path, two)),
+                                   *extra])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()) and not out.exists()
+
+
+@pytest.mark.parametrize("weights,says", [
+    ("weights = [0.5]", "1 weights for 2 teachers"),
+    ("weights = [0, 0]", "positive sum"),
+    ('weights = ["a", 1]', "list of numbers"),
+])
+def test_bad_recipe_weights_are_clear_errors(tmp_path, two, weights, says):
+    from kd.apps import recipe as R
+    from kd.common.errors import InputError
+
+    with pytest.raises(InputError, match=says):
+        R.load(str(_recipe(tmp_path, two, weights)))
+
+
+def test_a_teacher_named_twice_and_weights_for_one_teacher_are_refused(tmp_path, corpus, two):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--student", "static", "--teacher",
+                                   f"{two[0]},{two[0]}"])
+    assert res.exit_code == 2 and "named twice" in res.output, res.output
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--student", "static", "--weights", "1"])
+    assert res.exit_code == 2 and "several teachers" in res.output, res.output
