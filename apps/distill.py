@@ -468,8 +468,9 @@ def _model_card(run: _Run, table: str, measured_by: str) -> None:
     choice = json.loads((run.out / "choice.json").read_text())
     stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
     start = run.specs["start"]
+    teacher = run.specs["teacher"] if len(run.teacher_roles) == 1 else run.target()  # several: their weights too
     text = Template(CARD.read_text(encoding="utf-8")).substitute(
-        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=run.specs["teacher"] if len(run.teacher_roles) == 1 else run.target(),
+        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=teacher,
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
         chosen=choice["chosen"], table=table, measured_by=measured_by, recipe_text="```toml\n" +
         Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
