@@ -25,7 +25,7 @@ class DistillConfig:
     out: str = option(short="-o", help="Folder for the store, the stages, the model and the report")
     store: str | None = option(None, help="Use (and grow) this store instead of OUT/store: one that already holds "
                                           "the teacher's outputs for this corpus (another run's) is not recomputed")
-    student: str = option("tiny6", help="Preset: tiny6 | tiny3 | static | bilstm (apps/recipes)")
+    student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | static | bilstm (apps/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
     teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
                                                         "checkpoint folder; several as one target: mpnet,minilm")

@@ -20,7 +20,7 @@ def empty_cache(tmp_path_factory) -> Path:
 def test_every_presets_teachers_resolve_from_an_empty_cache(preset, empty_cache, monkeypatch):
     monkeypatch.setenv("KD_CACHE", str(empty_cache))
     r = recipe.load(preset)
-    for spec in filter(None, (r.teacher, r.start)):
+    for spec in filter(None, (*r.teachers, r.start)):
         folder = Path(resolve_teacher(spec).path)
         assert (folder / "config.json").is_file(), (preset, spec, folder)
         assert list(folder.glob("*.safetensors")), f"{spec}: no safetensors weights in {folder}"

@@ -97,6 +97,12 @@ def test_a_student_learns_the_combined_target_and_is_served_at_its_width(store, 
     assert got.shape == (64, 80)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1)
     assert cos.mean() > 0.6, cos.mean()  # near the combined target, a space neither teacher has alone
+    from kd.student.exporters import export_student
+    from kd.student.st_load import load_exported
+
+    export_student(tmp_path / "s", "sentence-transformers", tmp_path / "st")
+    served = load_exported(tmp_path / "st").encode(texts[:8])
+    np.testing.assert_allclose(served, got[:8], atol=1e-5)  # the export serves the same 80-d vectors
 
 
 def test_new_weights_train_again_from_the_same_store(store, tmp_path):
@@ -261,3 +267,28 @@ def test_a_teacher_named_twice_and_weights_for_one_teacher_are_refused(tmp_path,
     assert res.exit_code == 2 and "named twice" in res.output, res.output
     res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--student", "static", "--weights", "1"])
     assert res.exit_code == 2 and "several teachers" in res.output, res.output
+
+
+def test_the_dry_run_prints_each_teachers_dev_score_and_the_ensembles(tmp_path, corpus, two):
+    out = tmp_path / "planned"
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(_recipe(tmp_path, two)),
+                                   "--dry-run", "--no-evaluate", "--no-export"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "teacher alone: STS-B dev" in said and "teacher2 alone: STS-B dev" in said and "ensemble" in said
+    assert "choose the teacher weights" in said and not out.exists()
+
+
+def test_the_grid_holds_each_teacher_alone_and_ties_keep_the_first():
+    from kd.apps.teacher_weights import choose, simplex
+
+    assert len(simplex(2)) == 11 and len(simplex(3)) == 66
+    assert all(sum(w) == pytest.approx(1.0) for w in simplex(3))
+    rng = np.random.default_rng(0)
+    gold = rng.normal(size=200)
+    good, noise = gold + 0.5 * rng.normal(size=200), rng.normal(size=200)
+    c = choose(["good", "noise"], np.stack([good, noise]), gold)
+    assert c.weights[0] > c.weights[1] and c.alone["good"] > c.alone["noise"]
+    same = choose(["a", "b"], np.stack([good, good]), gold)  # every weighting scores alike: the first teacher alone
+    assert same.weights == (1.0, 0.0)
+    assert c.target("sentence") == ",".join(f"{n}.sentence:{w:g}" for n, w in zip(c.teachers, c.weights))
