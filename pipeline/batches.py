@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kd.common.hardware import cpu_signature
 from kd.common.token_batches import default_batch_tokens, plan_batches, scatter_batches
+from kd.pipeline.partial import Partial
 
 if TYPE_CHECKING:  # annotations only: the teacher calls into this module (Teacher.encode), not back
     from kd.pipeline.teacher import Output, Teacher
@@ -84,19 +86,52 @@ def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, lis
 
 
 def forward_all(teacher: Teacher, tokens: Tokenized, outputs: list[Output],
-                on_batch: Callable[[float], None] | None = None) -> dict[str, np.ndarray]:
+                on_batch: Callable[[float], None] | None = None, partial: Partial | None = None
+                ) -> dict[str, np.ndarray]:
     """The outputs of every row of `tokens`, float32 in input order (`<output><suffix>` keys). Progress counts a
-    bi-encoder pair once both its sides are done."""
+    bi-encoder pair once both its sides are done. `partial`: the batches a killed run kept are taken from it, not
+    run again, and each batch run is added to it (pipeline/partial.py)."""
     share = 1 / len(tokens.sides)
     progress = None if on_batch is None else (lambda idx: on_batch(len(idx) * share))
+    kept = partial.restore() if partial is not None else {}
     result: dict[str, np.ndarray] = {}
     for side in tokens.sides:
         def launch(idx: np.ndarray, side: Side = side) -> Callable[[], dict[str, np.ndarray]]:
-            return teacher.launch(teacher.fast.pad(side.enc, idx), outputs)
+            fetch = teacher.launch(teacher.fast.pad(side.enc, idx), outputs)
+            if partial is None:
+                return fetch
 
-        done = scatter_batches(tokens.rows, side.batches, launch, IN_FLIGHT, progress)
+            def fetched() -> dict[str, np.ndarray]:
+                vecs = fetch()
+                partial.add(side.suffix, idx, vecs)
+                return vecs
+            return fetched
+
+        done_rows, done_vecs = kept.get(side.suffix, (np.zeros(0, np.int64), {}))
+        todo = _not_kept(side.batches, done_rows, tokens.rows)
+        if progress and len(done_rows):
+            progress(done_rows)
+        try:
+            done = scatter_batches(tokens.rows, todo, launch, IN_FLIGHT, progress)
+        except BaseException:  # a Ctrl-C or an error: what was finished is kept for the rerun
+            if partial is not None:
+                partial.flush()
+            raise
+        for name, v in done_vecs.items():
+            if name not in done:  # every batch was kept
+                done[name] = np.empty((tokens.rows, *v.shape[1:]), dtype=np.float32)
+            done[name][done_rows] = v
         result.update({k + side.suffix: v for k, v in done.items()})
     return result
+
+
+def _not_kept(batches: list[np.ndarray], kept_rows: np.ndarray, rows: int) -> list[np.ndarray]:
+    """The batches some of whose rows were not kept (a kept batch is kept whole: parts hold whole batches)."""
+    if not len(kept_rows):
+        return batches
+    kept = np.zeros(rows, dtype=bool)
+    kept[kept_rows] = True
+    return [b for b in batches if not kept[b].all()]
 
 
 def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_tokens: int | None = None,
@@ -105,6 +140,16 @@ def encode_all(teacher: Teacher, texts: list, outputs: list[Output], batch_token
     `forward_all`."""
     tokens = tokenize(teacher, texts, batch_tokens)
     return forward_all(teacher, tokens, outputs, on_batch), tokens.n_tokens
+
+
+def compute_signature(teacher: Teacher) -> str:
+    """Where the forward pass runs, as its kernels see it: a GPU's name, or this CPU's signature (float results differ
+    between the two, and between CPU models)."""
+    if _compute_device(teacher) == "cuda":
+        import torch
+
+        return f"cuda:{torch.cuda.get_device_name(teacher.device if teacher.device.type == 'cuda' else None)}"
+    return f"cpu:{cpu_signature()}"
 
 
 def _compute_device(teacher: Teacher) -> str:

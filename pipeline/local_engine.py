@@ -24,7 +24,8 @@ from typing import TypeVar
 import pyarrow as pa
 
 from kd.common.progress import Bar
-from kd.pipeline.batches import Tokenized, tokenize
+from kd.pipeline.batches import Tokenized, compute_signature, tokenize
+from kd.pipeline.partial import Partial, clear_table, partial_key
 from kd.pipeline.plan import UnitPlan, plan_units
 from kd.pipeline.reuse import encode_reusing
 from kd.pipeline.shards import (
@@ -39,6 +40,8 @@ from kd.pipeline.shards import (
     shard_texts,
 )
 from kd.pipeline.teacher import Teacher
+from kd.storage.alignment import ids_digest
+from kd.storage.manifest import ShardRecord, settings
 
 
 def write(ctx: Prepared) -> PrecomputeSummary:
@@ -75,16 +78,37 @@ def _encode_and_commit(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary
             if name is None:
                 pending.append(pool.submit(commit_texts, ctx, k))
                 continue
-            table, truncated, reused = _encode(ctx, by_name[name], k, bar, ready)
+            partial = _partial(ctx, by_name[name], k, ready)
+            table, truncated, reused = _encode(ctx, by_name[name], k, bar, ready, partial)
             summary.truncated += truncated
             summary.rows_computed += table.num_rows - reused
             summary.rows_reused += reused
             # Bound memory: at most one shard waits for the writer thread while the next is computed.
             while len(pending) > 1:
                 summary.bytes_written += pending.pop(0).result().bytes
-            pending.append(pool.submit(ctx.writer.commit, f"teachers/{name}", k, table))
+            pending.append(pool.submit(_commit, ctx, f"teachers/{name}", k, table, partial))
         for f in pending:
             summary.bytes_written += f.result().bytes
+    if ctx.writer.loc.is_local:  # every owned shard is committed: nothing a kill between commit and clear left
+        for t in ctx.teachers:
+            clear_table(ctx.writer.loc.root, f"teachers/{t.name}")
+
+
+def _commit(ctx: Prepared, table: str, k: int, rows: pa.Table, partial: Partial | None) -> ShardRecord:
+    record = ctx.writer.commit(table, k, rows)
+    if partial is not None:  # (a kill before this line leaves parts the run's end removes)
+        partial.clear()
+    return record
+
+
+def _partial(ctx: Prepared, t: Teacher, k: int, ready: _Ready) -> Partial | None:
+    """Where shard k of `t` keeps its finished batches until committed (a local store; not with --reuse, whose
+    rows to encode depend on the other store)."""
+    if not ctx.writer.loc.is_local or t.name in ctx.reuse:
+        return None
+    key = partial_key(settings(t.meta(ctx.outputs[t.name], ctx.job.vdtype.value)), ids_digest(ready.rows["id"]),
+                      [side.batches for side in ready.tokens.sides], compute_signature(t))
+    return Partial(ctx.writer.loc.root, f"teachers/{t.name}", k, key)
 
 
 T = TypeVar("T")
@@ -119,12 +143,13 @@ def _prepare(ctx: Prepared, t: Teacher, k: int) -> _Ready:
     return _Ready(rows, tokenize(t, shard_texts(rows, ctx.pairs), ctx.job.batch_tokens))
 
 
-def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar, ready: _Ready) -> tuple[pa.Table, int, int]:
+def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar, ready: _Ready,
+            partial: Partial | None) -> tuple[pa.Table, int, int]:
     """Teacher `t`'s table of shard k: (table, rows truncated, rows taken from the --reuse store)."""
     def encode(rows: pa.Table) -> tuple[pa.Table, int]:
         assert rows["id"].equals(ready.rows["id"]), "the rows tokenized ahead are the rows to encode"
         return encode_shard(t, ctx.outputs[t.name], k, rows, ctx.pairs, ctx.job.vdtype, ctx.job.batch_tokens,
-                            bar.advance, ready.tokens)
+                            bar.advance, ready.tokens, partial)
 
     if t.name not in ctx.reuse:
         return (*encode(ready.rows), 0)

@@ -28,6 +28,7 @@ from kd.common.progress import Bar
 from kd.pipeline.batches import Tokenized, forward_all, input_embeddings, tokenize
 from kd.pipeline.grow import teacher_differences
 from kd.pipeline.job import PrecomputeJob
+from kd.pipeline.partial import Partial
 from kd.pipeline.plan import ShardPlan
 from kd.pipeline.reuse import ReuseSource
 from kd.pipeline.rows import RowCounts
@@ -152,12 +153,14 @@ def shard_texts(shard: pa.Table, pairs: bool) -> list:
 
 
 def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pairs: bool, vdtype: VectorDType,
-                 batch_tokens: int | None, on_batch=None, tokens: Tokenized | None = None) -> tuple[pa.Table, int]:
+                 batch_tokens: int | None, on_batch=None, tokens: Tokenized | None = None,
+                 partial: Partial | None = None) -> tuple[pa.Table, int]:
     """Shard k of teacher table `t` from its `texts` shard: (the table to commit, how many rows were truncated).
-    `tokens`: the shard already tokenized for `t` (the local engine does it ahead, on another thread).
-    Non-finite vectors are refused before anything is committed."""
+    `tokens`: the shard already tokenized for `t` (the local engine does it ahead, on another thread); `partial`:
+    where its finished batches are kept until the commit (pipeline/partial.py). Non-finite vectors are refused
+    before anything is committed."""
     tokens = tokens or tokenize(t, shard_texts(shard, pairs), batch_tokens)
-    vecs = forward_all(t, tokens, outputs, on_batch)
+    vecs = forward_all(t, tokens, outputs, on_batch, partial)
     # Cast once, to what is stored: the finiteness check then sees float16 overflow, and the Arrow columns
     # are built from the cast arrays without a second copy.
     stored = {c: _as_stored(v, stored_dtype(c, vdtype)) for c, v in vecs.items()}
