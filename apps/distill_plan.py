@@ -63,6 +63,7 @@ class Plan:
     rows: int
     steps: list[PlannedStep] = field(default_factory=list)
     calibration_seconds: float = 0.0
+    warning: str | None = None  # Recipe.size_warning: the corpus is below where the preset beat its baseline
 
     @property
     def seconds(self) -> float:
@@ -78,6 +79,8 @@ class Plan:
         for s in self.steps:
             t.add_row(s.name, _minutes(s.seconds), s.detail)
         t.add_row("total", _minutes(self.seconds), "")
+        if self.warning:
+            t.caption = f"note: {self.warning}"
         return t
 
     def __str__(self) -> str:
@@ -109,7 +112,9 @@ def estimate(cfg: DistillConfig) -> Plan:
         cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), store=None, text_column=None,
                            segment="none", sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
-        plan = Plan(recipe, rows)
+        plan = Plan(recipe, rows, warning=recipe.size_warning(rows))
+        if plan.warning and cfg.progress:
+            print(f"note: {plan.warning}", file=sys.stderr, flush=True)
         with say(f"dry run: timing the teacher{' and the start model' if recipe.start else ''} on the sample"):
             plan.steps += _precompute_steps(run, cal, rows, read_s)
         if run.weights is None and len(run.teacher_roles) > 1:

@@ -7,6 +7,10 @@ the store must hold, and the training stages in order; `kd distill` runs it (app
     start = "minilm"           # optional: whose tokenizer, embeddings and layers it starts from
     target = "sentence"        # the teacher output the student matches
 
+    [measured]                 # optional: corpus sizes (rows) at which training beat the baseline on STS-B dev
+    rows = [1000, 10000]       # (docs/results.md); --dry-run warns below the smallest that did
+    beat_baseline = [false, true]
+
     [outputs]                  # what kd precompute stores for each role
     teacher = ["sentence"]
     start = ["init"]
@@ -77,6 +81,24 @@ class Recipe:
     outputs: dict[str, list[str]]  # role -> outputs kd precompute stores for it
     keep_layers: str | None
     stages: tuple[Stage, ...] = field(default_factory=tuple)  # as the recipe writes them
+    measured: tuple[tuple[int, bool], ...] = ()  # (corpus rows, whether training beat the baseline on STS-B dev)
+
+    def size_warning(self, rows: int) -> str | None:
+        """What kd's measurements say about a corpus of `rows` (None: nothing to warn about, or nothing measured)."""
+        if not self.measured:
+            return None
+        beat = [r for r, won in self.measured if won]
+        lost = [r for r, won in self.measured if not won and r >= rows]
+        sizes = ", ".join(f"{r:,}" for r, won in self.measured if not won)
+        if beat and rows >= min(beat):
+            return None
+        if not beat and not lost:
+            return None  # larger than every size measured, where none beat it: not known
+        where = f"at no size measured ({sizes} rows)" if not beat else \
+            f"from {min(beat):,} rows on" + (f" (not at {sizes})" if sizes else " (smaller corpora not measured)")
+        return (f"a corpus of {rows:,} rows: in kd's measurements (docs/results.md) the {self.name} preset's "
+                f"training beat its baseline on STS-B dev {where}; this run will likely export the baseline (the "
+                "untrained start) and say so")
 
     @property
     def teacher(self) -> str:
@@ -130,7 +152,8 @@ def load(spec: str) -> Recipe:
 
 def _recipe(raw: dict[str, Any], path: Path) -> Recipe:
     where = str(path)
-    _only(raw, ("description", "teacher", "weights", "start", "target", "outputs", "stage"), where, "top-level key")
+    _only(raw, ("description", "teacher", "weights", "start", "target", "measured", "outputs", "stage"), where,
+          "top-level key")
     outputs = raw.get("outputs", {})
     _only(outputs, (*ROLES, "keep_layers"), f"{where} [outputs]", "key")
     teachers = _teachers(raw, where)
@@ -138,7 +161,8 @@ def _recipe(raw: dict[str, Any], path: Path) -> Recipe:
                teachers=teachers, weights=_weights(raw.get("weights"), len(teachers), where), start=raw.get("start"),
                target=_str(raw, "target", where, "sentence"),
                outputs={role: _outputs(outputs, role, where) for role in ROLES},
-               keep_layers=outputs.get("keep_layers"), stages=tuple(_stages(raw.get("stage"), where)))
+               keep_layers=outputs.get("keep_layers"), stages=tuple(_stages(raw.get("stage"), where)),
+               measured=_measured(raw.get("measured", {}), f"{where} [measured]"))
     if r.keep_layers is not None:
         parse_layers(str(r.keep_layers), 1024, f"{where} [outputs] keep_layers")
     if r.target not in ROW_OUTPUTS:
@@ -164,6 +188,18 @@ def _str(raw: dict, key: str, where: str, default: str | None = None) -> str:
     if not isinstance(value, str) or not value:
         raise InputError(f"{key!r} must be a non-empty string", where, f'e.g. {key} = "..."')
     return value
+
+
+def _measured(table: Any, where: str) -> tuple[tuple[int, bool], ...]:
+    _only(table, ("rows", "beat_baseline"), where, "key")
+    rows, beat = table.get("rows", []), table.get("beat_baseline", [])
+    counts = isinstance(rows, list) and all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in rows)
+    flags = isinstance(beat, list) and all(isinstance(b, bool) for b in beat)
+    ok = counts and flags and len(rows) == len(beat)
+    if not ok:
+        raise InputError("rows and beat_baseline must be lists of equal length: row counts and true/false", where,
+                         "e.g. rows = [1000, 10000] and beat_baseline = [false, true]")
+    return tuple(zip(rows, beat))
 
 
 def _teachers(raw: dict, where: str) -> tuple[str, ...]:

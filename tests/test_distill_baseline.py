@@ -137,3 +137,37 @@ def test_a_transformer_baseline_is_the_start_model_itself(tmp_path, corpus, tiny
     mask = enc["attention_mask"].unsqueeze(-1).float()
     want = ((h * mask).sum(1) / mask.sum(1)).numpy()
     np.testing.assert_allclose(base.encode(texts), _unit(want), atol=1e-5)
+
+
+MEASURED = "\n[measured]\nrows = [1000, 50000]\nbeat_baseline = [false, true]\n"
+
+
+@pytest.mark.parametrize("rows,warned", [(160, True), (49_999, True), (50_000, False), (10**6, False)])
+def test_the_size_warning_follows_the_recipes_measurements(tmp_path, tiny_teacher, rows, warned):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher).replace("\n[outputs]", MEASURED + "\n[outputs]"))
+    note = R.load(str(recipe)).size_warning(rows)
+    assert (note is not None) == warned
+    if warned:
+        assert f"{rows:,} rows" in note and "from 50,000 rows on (not at 1,000)" in note
+
+
+@pytest.mark.parametrize("block", ["\n[measured]\nrows = [1000]\nbeat_baseline = [false, true]\n",
+                                   "\n[measured]\nrows = [-5]\nbeat_baseline = [true]\n",
+                                   "\n[measured]\nrows = [1000]\nbeat_baseline = [1]\n",
+                                   "\n[measured]\nsizes = [1000]\n"])
+def test_a_bad_measured_table_is_refused_when_the_recipe_is_read(tmp_path, tiny_teacher, block):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher).replace("\n[outputs]", block + "\n[outputs]"))
+    with pytest.raises(InputError, match=r"\[measured\]"):
+        R.load(str(recipe))
+
+
+def test_the_dry_run_warns_below_the_size_where_the_preset_beat_its_baseline(tmp_path, corpus, tiny_teacher):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE.format(teacher=tiny_teacher).replace("\n[outputs]", MEASURED + "\n[outputs]"))
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(tmp_path / "run"), "--recipe", str(recipe),
+                                   "--dry-run", "--no-evaluate", "--no-export"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "note: a corpus of 160 rows" in said and "from 50,000 rows on" in said and "export the baseline" in said
