@@ -21,6 +21,8 @@ from typing import Any
 from kd.apps.distill import DistillConfig, DistillResult
 from kd.apps.distill import distill as _distill
 from kd.apps.distill_plan import Plan, estimate
+from kd.common.options import with_options
+from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import precompute as _precompute
 from kd.storage.store import Store
 from kd.student.saved import LoadedStudent, load
@@ -55,3 +57,9 @@ def distill(inputs: str | os.PathLike | Sequence[str | os.PathLike], out: str | 
     files = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     cfg = DistillConfig(files, out, **options)
     return estimate(cfg) if cfg.dry_run else _distill(cfg)
+
+
+# help(kd.distill) and the others list every keyword with its type and default, from the configs' own fields
+with_options(precompute, PrecomputeJob, ("inputs", "out", "teachers"))
+with_options(train_student, TrainConfig, ("store", "out"))
+with_options(distill, DistillConfig, ("inputs", "out"))

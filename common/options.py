@@ -79,3 +79,27 @@ def one_value_as_sequence(config: Any) -> None:
             continue
         parts = [p.strip() for p in value.split(",")] if o.comma else [value]
         object.__setattr__(config, f.name, tuple(parts) if kind.startswith("tuple[") else parts)
+
+
+def with_options(fn: Any, config: type, positional: tuple[str, ...]) -> Any:
+    """`fn(*positional, **options)` shown with every option of `config` as a keyword (type, default) in `help()` and
+    `inspect.signature`, and listed with its help text in the docstring: the options stay declared once, on the
+    config's fields, while the function's real signature keeps `**options` (model2vec's `distill()` lists its
+    keywords; a Python user should not have to read the CLI's help to find kd's)."""
+    import inspect
+
+    own = inspect.signature(fn)
+    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    taken = {p.name for p in params}
+    lines = []
+    for f in dataclasses.fields(config):
+        if f.name in taken or f.name in positional or f.name.isupper():
+            continue
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else inspect.Parameter.empty)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type))
+        text = f.metadata[KEY].help if KEY in f.metadata else ""
+        lines.append(f"    {f.name} ({f.type}, default {default!r}){': ' + text if text else ''}")
+    fn.__signature__ = own.replace(parameters=params)
+    fn.__doc__ = f"{fn.__doc__ or ''}\n\nOptions (keywords):\n" + "\n".join(lines)
+    return fn

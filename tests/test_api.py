@@ -123,3 +123,30 @@ def test_a_string_where_several_values_go_is_one_value(corpus, tiny_teacher, tmp
     assert [c for c in store.table("teachers/tiny").columns if c in ("cls", "mean", "sentence")] == ["cls", "mean"]
     assert TrainConfig(str(tmp_path / "s"), str(tmp_path / "st"), objectives="cosine:2").objectives == ["cosine:2"]
     assert EvalConfig(students="runs/a", teacher="minilm").students == ["runs/a"]
+
+
+@pytest.mark.parametrize("name,config,positional", [("distill", "kd.apps.distill_config:DistillConfig", 2),
+                                                     ("train_student", "kd.student.train_config:TrainConfig", 2),
+                                                     ("precompute", "kd.pipeline.job:PrecomputeJob", 3)])
+def test_help_shows_every_keyword_with_its_type_and_default(name, config, positional):
+    """Issue 52 item 6: `help(kd.distill)` lists the config's options (type, default, help), not `**options`."""
+    import dataclasses
+    import importlib
+    import inspect
+    import pydoc
+
+    import kd
+
+    module, cls = config.split(":")
+    fields = [f for f in dataclasses.fields(getattr(importlib.import_module(module), cls)) if not f.name.isupper()]
+    fn = getattr(kd, name)
+    params = inspect.signature(fn).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    keywords = {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    named = set(list(params)[:positional])
+    assert {f.name for f in fields} - named == set(keywords)
+    for f in fields:
+        if f.name in keywords and f.default is not dataclasses.MISSING:
+            assert keywords[f.name].default == f.default and keywords[f.name].annotation == f.type
+    text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+    assert "**options" not in text and all(f"{n} (" in text for n in keywords)
