@@ -112,9 +112,7 @@ def estimate(cfg: DistillConfig) -> Plan:
         cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), store=None, text_column=None,
                            segment="none", sample=None, exclude_leakage=False, progress=False), recipe)
         cal.out.mkdir()
-        plan = Plan(recipe, rows, warning=recipe.size_warning(rows))
-        if plan.warning and cfg.progress:
-            print(f"note: {plan.warning}", file=sys.stderr, flush=True)
+        plan = Plan(recipe, rows, warning=recipe.size_warning(rows))  # the table's caption
         with say(f"dry run: timing the teacher{' and the start model' if recipe.start else ''} on the sample"):
             plan.steps += _precompute_steps(run, cal, rows, read_s)
         if run.weights is None and len(run.teacher_roles) > 1:
