@@ -167,8 +167,6 @@ def _declared_by(cls: type) -> Callable[[Callable[[Any], None]], Callable[..., N
         def command(**given: Any) -> None:
             try:
                 config = cls(**_values(cls, given))
-            except KdError as e:
-                _fail(e)
             except ValueError as e:  # bad enum values (a Python caller's, or one typer let through)
                 _fail(KdError(str(e)))
             body(config)
@@ -218,8 +216,6 @@ def precompute(job: PrecomputeJob) -> None:
 
     try:
         s = run(job)
-    except KdError as e:
-        _fail(e)
     except ValueError as e:  # bad enum values (dtype, precision, shard index)
         _fail(KdError(str(e)))
     if s.nothing_to_do:
@@ -245,10 +241,7 @@ def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> N
     """Print a store's manifest summary: inputs, tables, shards, teachers."""
     from kd.storage.info import summary_table
 
-    try:
-        term.print(summary_table(store))
-    except KdError as e:
-        _fail(e)
+    term.print(summary_table(store))
 
 
 @app.command()
@@ -263,16 +256,10 @@ def validate(
         from kd.storage.repair import describe
         from kd.storage.repair import repair as run_repair
 
-        try:
-            lines = describe(run_repair(store))
-        except KdError as e:
-            _fail(e)
+        lines = describe(run_repair(store))
         for line in lines:
             term.print(f"[yellow]repair[/] {line}")
-    try:
-        _, problems = check(store)
-    except KdError as e:
-        _fail(e)
+    _, problems = check(store)
     for p in problems:
         term.print(f"[red]problem[/] {p}")
     if problems:
@@ -289,8 +276,6 @@ def train_student(cfg: TrainConfig) -> None:
 
     try:
         path = train(cfg)
-    except KdError as e:
-        _fail(e)
     except ValueError as e:  # bad enum values (schedule, init-embeddings)
         _fail(KdError(str(e)))
     if int(os.environ.get("RANK", "0")) == 0:
@@ -308,10 +293,7 @@ def leakage(
 
     from kd.apps.leakage import check_store
 
-    try:
-        res = check_store(store, exclude_out=exclude_out, overwrite=overwrite)
-    except KdError as e:
-        _fail(e)
+    res = check_store(store, exclude_out=exclude_out, overwrite=overwrite)
     table = Table("evaluation set", "texts", "found in the store", "store rows")
     for name, (n, found, rows) in res.sets.items():
         table.add_row(name, f"{n:,}", f"{found:,} ({100 * found / max(1, n):.1f} %)", f"{rows:,}")
@@ -336,11 +318,8 @@ def embed(
     """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
     from kd.student.embed import embed as run
 
-    try:
-        s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
-                overwrite=overwrite, device=device, progress=progress)
-    except KdError as e:
-        _fail(e)
+    s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
+            overwrite=overwrite, device=device, progress=progress)
     where = f"table {s.table} of {s.output}" if s.table else s.output
     term.print(f"embedded {s.rows:,} rows into {where} ({s.shards_written} shard(s) written, "
                f"{s.shards_skipped} already done; {s.seconds:.1f} s)")
@@ -358,11 +337,8 @@ def export_cmd(
     from kd.common.progress import step
     from kd.student.exporters import export_student
 
-    try:
-        with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
-            path = export_student(student, format, out, overwrite, quantize)
-    except KdError as e:
-        _fail(e)
+    with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
+        path = export_student(student, format, out, overwrite, quantize)
     term.print(f"{format} export written to {path}")
 
 
@@ -379,10 +355,7 @@ def eval_(cfg: EvalConfig) -> None:
     """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
     from kd.apps.eval import evaluate
 
-    try:
-        report = evaluate(cfg)
-    except KdError as e:
-        _fail(e)
+    report = evaluate(cfg)
     _wide().print(report.rich_table())
     for key, note in report.info.items():
         if isinstance(note, str):
@@ -395,10 +368,7 @@ def demo(cfg: DemoConfig) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
     from kd.apps.demo import run_demo
 
-    try:
-        res = run_demo(cfg)
-    except KdError as e:
-        _fail(e)
+    res = run_demo(cfg)
     _wide().print(res.report.rich_table())
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
     term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
@@ -413,13 +383,10 @@ def distill(cfg: DistillConfig) -> None:
     from kd.apps.distill import distill as run_distill
     from kd.apps.distill_plan import estimate
 
-    try:
-        if cfg.dry_run:
-            term.print(estimate(cfg).table())
-            return
-        res = run_distill(cfg)
-    except KdError as e:
-        _fail(e)
+    if cfg.dry_run:
+        term.print(estimate(cfg).table())
+        return
+    res = run_distill(cfg)
     if res.report is not None:
         term.print((res.out / "report.md").read_text(encoding="utf-8"))
     term.print(f"distilled: {res.choice or res.chosen}; everything is in [bold]{res.out}[/]", highlight=False)
@@ -443,13 +410,10 @@ def query_cmd(
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
     from kd.apps.query_shell import query, repl
 
-    try:
-        if sql is not None:
-            query(store, sql, format, out_file, _data_out, overwrite)
-        elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
-            raise typer.Exit(1)
-    except KdError as e:
-        _fail(e)
+    if sql is not None:
+        query(store, sql, format, out_file, _data_out, overwrite)
+    elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
+        raise typer.Exit(1)
 
 
 @app.command("index")
@@ -462,13 +426,10 @@ def index_cmd(
     """Build a faiss cosine index of a vector column, saved in the store."""
     from kd.dataset.index import build_index, default_vector
 
-    try:
-        if table is None or column is None:
-            table, column = default_vector(store, table, column)
-            console.print(f"indexing {table}.{column} (pass --table/--column to choose another)")
-        info = build_index(store, table, column, kind)
-    except KdError as e:
-        _fail(e)
+    if table is None or column is None:
+        table, column = default_vector(store, table, column)
+        console.print(f"indexing {table}.{column} (pass --table/--column to choose another)")
+    info = build_index(store, table, column, kind)
     _data_out.print(f"indexed {info.rows:,} rows of {info.table}.{info.column} ({info.kind}, {info.device})")
     _data_out.print(f"saved {info.file}")
 
@@ -489,10 +450,7 @@ def search_cmd(
 
     from kd.apps.search import search_text
 
-    try:
-        res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
-    except KdError as e:
-        _fail(e)
+    res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
     t = Table("rank", "score", "id", "text", caption=f"index {res.index.name}")
     for rank, (i, s, text) in enumerate(zip(res.ids[0], res.scores[0], res.texts[0]), 1):
         if s > float("-inf"):  # -inf: an approximate index found fewer than k rows
@@ -513,10 +471,7 @@ def cluster_cmd(
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
     from kd.dataset.cluster import cluster_store
 
-    try:
-        s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
-    except KdError as e:
-        _fail(e)
+    s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
     _data_out.print(
         f"{s.rows:,} rows -> {s.clusters:,} clusters ({s.method}; largest {s.largest:,}, {s.singletons:,} singletons) "
         f"in {s.table}"
@@ -536,10 +491,7 @@ def finetune_teacher_cmd(cfg: TeacherFinetuneConfig) -> None:
     """Fine-tune a task teacher (a cross-encoder for pairs) that kd precompute --teacher DIR runs for logits."""
     from kd.pipeline.finetune_teacher import finetune_teacher
 
-    try:
-        s = finetune_teacher(cfg)
-    except KdError as e:
-        _fail(e)
+    s = finetune_teacher(cfg)
     labels = f"labels {s.label_names}" if s.label_names else "one score"
     term.print(f"teacher written to {s.out} ({s.task}, {labels}; {s.train_rows:,} rows, {s.steps} steps, "
                f"{s.seconds:.0f} s); {_metric_text(s.dev_metrics)}")
@@ -551,10 +503,7 @@ def finetune_cmd(cfg: FinetuneConfig) -> None:
     """Fine-tune a student with an MLP head on a labelled task (SRA); with --kd-store also match a teacher (SRA+KD)."""
     from kd.student.finetune import finetune
 
-    try:
-        s = finetune(cfg)
-    except KdError as e:
-        _fail(e)
+    s = finetune(cfg)
     kd = f", KD from {s.kd_teacher}" if s.kd_teacher else ""
     term.print(f"fine-tuned student written to {s.out} ({s.task}{kd}; {s.train_rows:,} rows, {s.steps} steps, "
                f"{s.seconds:.0f} s); {_metric_text(s.dev_metrics)}")

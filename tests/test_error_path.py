@@ -332,3 +332,17 @@ def test_a_remote_storage_failure_is_kds_message():
     assert err is not None and err.exit_code == 2 and "cannot reach the remote storage" in str(err)
     assert "credentials" in err.fix
     assert as_kd_error(OSError("something else entirely")) is None  # a bug keeps its traceback
+
+
+@pytest.mark.parametrize("command", [["info"], ["validate"], ["query", "SELECT 1"], ["index"]])
+def test_debug_shows_the_traceback_of_kds_own_errors_in_every_command(tmp_path, command):
+    """Issue 52 item 2: the command runner is the one place that turns a KdError into a message, so --debug shows
+    the traceback of every command's error (a command that caught KdError itself printed the message anyway)."""
+    from kd.common.errors import KdError
+
+    missing = str(tmp_path / "no-store")
+    argv = [command[0], missing, *command[1:]]
+    plain = _run(*argv)
+    assert plain.exit_code == 2 and "error:" in plain.output and not isinstance(plain.exception, KdError)
+    res = _run("--debug", *argv)
+    assert isinstance(res.exception, KdError), (res.output, repr(res.exception))
