@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from student_stores import make_store, tiny_student
 from typer.testing import CliRunner
 
+import kd.student
 from kd.cli import app
-from kd.common.errors import InputError
+from kd.common.errors import InputError, KdError
 from kd.common.inputs import MAX_TEXT_BYTES, ColumnSpec, expand_inputs, read_inputs
 from kd.pipeline import backends
 
@@ -178,6 +182,123 @@ def test_a_long_document_to_be_split_into_sentences_is_read(tmp_path, sentences)
     doc = _megabyte_line(sentences, 2)
     (tmp_path / "book.txt").write_text(doc + "\n", encoding="utf-8")
     assert read_inputs([str(tmp_path / "book.txt")], ColumnSpec(), documents=True).texts == [doc]
+
+
+# --- 5-7. received student and export folders: links out, junk settings, pipes for weights -------------------
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pass4i")
+    return tiny_student(make_store(root / "store", rows=40, shards=2, tmp=root), root / "bilstm")
+
+
+@pytest.fixture(scope="module")
+def export(student, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pass4e") / "bilstm-st"
+    res = CliRunner().invoke(app, ["export", str(student), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _copy(folder: Path, tmp_path: Path, name: str = "received") -> Path:
+    return Path(shutil.copytree(folder, tmp_path / name))
+
+
+def _link_out(folder: Path, rel: str, tmp_path: Path) -> Path:
+    """`rel` moved out of the folder, a symlink to it left in its place."""
+    outside = tmp_path / "elsewhere" / rel
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(folder / rel, outside)
+    (folder / rel).symlink_to(outside, target_is_directory=outside.is_dir())
+    return outside
+
+
+@pytest.mark.parametrize(("kind", "rel"), [("student", "tokenizer"), ("student", "tokenizer/tokenizer.json"),
+                                           ("student", "README.md"), ("export", "2_Dense"),
+                                           ("export", "modules.json"), ("export", "tokenizer.json")])
+def test_a_received_folder_with_a_link_out_of_it_is_refused(request, tmp_path, kind, rel):
+    received = _copy(request.getfixturevalue(kind), tmp_path)
+    _link_out(received, rel, tmp_path)
+    with pytest.raises(InputError, match="symlink that leads out of the folder") as e:
+        (kd.student.load if kind == "student" else kd.student.load_exported)(received)
+    assert e.value.where == str(received / rel)
+    if kind == "student":  # kd export reads it the same way, and writes nothing
+        res = CliRunner().invoke(app, ["export", str(received), "--out", str(tmp_path / "exp")])
+        assert res.exit_code == 2 and "leads out of the folder" in res.output, res.output
+        assert not (tmp_path / "exp").exists()
+
+
+def test_links_that_stay_inside_and_a_hub_snapshot_load(student, export, tmp_path, sentences):
+    """A student reached through a link, and an export as the Hugging Face cache holds it (every file a link into
+    the repository's blobs/), load: only a link out of the folder is refused."""
+    alias = tmp_path / "best"
+    alias.symlink_to(student, target_is_directory=True)
+    assert kd.student.load(alias).encode(sentences[:2]).shape == (2, 16)
+    repo = tmp_path / "hub" / "models--me--bilstm-st"
+    snapshot = repo / "snapshots" / "0123abcd"
+    for i, p in enumerate(sorted(p for p in export.rglob("*") if p.is_file())):
+        blob = repo / "blobs" / f"{i:040x}"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(p, blob)
+        link = snapshot / p.relative_to(export)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    assert kd.student.load_exported(snapshot).encode(sentences[:2]).shape == (2, 16)
+
+
+def test_a_string_for_an_integer_in_config_json_is_a_type_error(student, tmp_path):
+    received = _copy(student, tmp_path)
+    cfg = json.loads((received / "config.json").read_text())
+    cfg["student"]["embed_dim"] = str(cfg["student"]["embed_dim"])
+    (received / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KdError, match="embed_dim is '8' \\(a string\\), not an integer") as e:
+        kd.student.load(received)
+    assert e.value.where == str(received / "config.json") and "do not fit" not in str(e.value)
+    res = CliRunner().invoke(app, ["export", str(received), "--out", str(tmp_path / "exp")])
+    assert res.exit_code == 2 and "embed_dim" in res.output and "config.json" in res.output, res.output
+
+
+def test_every_student_config_field_has_its_json_type_checked():
+    from kd.student.models import _JSON_TYPES, StudentConfig
+
+    assert {str(f.type) for f in fields(StudentConfig)} <= set(_JSON_TYPES)
+
+
+@pytest.mark.parametrize(("settings", "said"), [
+    ({"similarity_fn_name": 5}, "similarity_fn_name is 5, not a string"),
+    (["cosine"], "is not a JSON object"),
+    ({"prompts": ["query: "]}, "prompts is ['query: '], not an object"),
+    ({"similarity_fn_name": "maxsim"}, "holds a setting sentence-transformers refuses"),
+    ({"prompts": {"query": "q: "}, "default_prompt_name": "passage"}, "Default prompt name 'passage'"),
+])
+def test_junk_sentence_transformers_settings_are_kds_message(export, tmp_path, settings, said):
+    received = _copy(export, tmp_path)
+    (received / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    with pytest.raises(InputError) as e:
+        kd.student.load_exported(received)
+    assert said in e.value.what and e.value.where == str(received / "config_sentence_transformers.json"), e.value
+
+
+@pytest.mark.parametrize("weights", ["fifo", "/dev/zero", "truncated"])
+def test_a_weights_file_that_is_no_weights_file_is_named(student, export, tmp_path, weights):
+    for folder, load, rel in ((student, kd.student.load, "model.safetensors"),
+                              (export, kd.student.load_exported, "2_Dense/model.safetensors")):
+        received = _copy(folder, tmp_path, folder.name)
+        path = received / rel
+        data = path.read_bytes()
+        path.unlink()
+        if weights == "fifo":
+            timer = _unblocking(_fifo(path))
+        elif weights == "/dev/zero":
+            path.symlink_to("/dev/zero")
+        else:
+            path.write_bytes(data[:40])
+        with pytest.raises(InputError) as e:
+            load(received)
+        if weights == "fifo":
+            timer.cancel()
+        assert rel.split("/")[0] in str(e.value.where) and "Traceback" not in str(e.value), e.value
 
 
 # --- 8. kd precompute -o a folder of the user's: refused before the teacher loads ------------------------------
