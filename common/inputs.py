@@ -17,13 +17,19 @@ import glob
 import io
 import json
 import os
+import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from kd.common.errors import InputError
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
+# The longest text kd reads, in UTF-8 bytes. A teacher reads at most 512 tokens (about 2-3 KB of text) and
+# truncates the rest, so a longer text is a file that lost its line breaks, or not text: refused at once, where
+# tokenizing a 20 MB line took minutes and gigabytes to give one truncated row. 1 MiB leaves long documents room.
+MAX_TEXT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
         if not hits:
             raise InputError("no file matches the pattern", pat, "check the path or quote the glob")
         for path in hits:
-            if not os.path.isfile(path):
-                raise InputError("input file not found", path, "check the path (inputs are files, not folders)")
+            require_regular_file(path)
             if not path.lower().endswith(SUFFIXES):
                 raise InputError(
                     "unsupported input format", path,
@@ -109,18 +114,63 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return files
 
 
-def read_inputs(files: list[str], spec: ColumnSpec) -> Records:
-    """Read every file into one Records (texts stay raw; empties are dropped later and counted)."""
+_NOT_REGULAR = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
+                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists but is neither a regular file nor a folder (e.g. "a named pipe (FIFO)"), else
+    None; found without opening it: opening a named pipe blocks until something writes into it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing, or cannot be reached: the reader that opens it says so
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _NOT_REGULAR.get(stat.S_IFMT(mode), "not a file")
+
+
+def require_regular_file(path: str) -> None:
+    """Refuse an input that is missing, a folder, or not a regular file: a named pipe would block the read (and its
+    bytes could not be hashed and then read again), a device such as /dev/zero never ends."""
+    kind = special_file(path)
+    if kind is not None:
+        raise InputError(f"the input is not a regular file but {kind}", path,
+                         "save what it gives to a file (e.g. cat SOURCE > corpus.txt) and pass that file")
+    if os.path.isdir(path):
+        raise InputError("the input is a folder, not a file", path, "pass the files in it, e.g. 'DIR/*.txt'")
+    if not os.path.isfile(path):
+        raise InputError("input file not found", path, "check the path")
+
+
+def read_inputs(files: list[str], spec: ColumnSpec, documents: bool = False) -> Records:
+    """Read every file into one Records (texts stay raw; empties are dropped later and counted).
+
+    Each text is held to MAX_TEXT_BYTES, unless `documents`: texts that are split into sentences before a teacher
+    reads them (`kd precompute --segment sentences`, whose sentences are held to it instead)."""
     rec = Records()
     for path in files:
+        require_regular_file(path)
         name = os.path.basename(path)
         for row, fields in _rows(path, spec):
             text = (str(fields[0]), str(fields[1])) if spec.pair else fields[0]
+            if not documents:
+                require_text_size(text if spec.pair else (text,), path, row)
             rec.texts.append(text)
             rec.labels.append(fields[-1] if spec.label else None)
             rec.doc_ids.append(f"{name}:{row}")
             rec.sources.append(name)
     return rec
+
+
+def require_text_size(texts: Iterable[object], where: str, row: int | None = None) -> None:
+    """Refuse a text of more than MAX_TEXT_BYTES (see there) found at `where` (its file), line or row `row`."""
+    for text in texts:
+        # a str's UTF-8 length lies between len(text) and 4 * len(text): encoded only when that leaves a doubt
+        if isinstance(text, str) and len(text) > MAX_TEXT_BYTES // 4 and (
+                len(text) > MAX_TEXT_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES):
+            raise InputError(f"a text of {len(text):,} characters, over kd's limit of {MAX_TEXT_BYTES >> 20} MiB of "
+                             "UTF-8: a teacher reads only its first 512 tokens (a few KB), so this is a file that "
+                             "lost its line breaks, or not text", where if row is None else f"{where}:{row}",
+                             "split it into lines (one text a line, or --segment sentences for documents), or drop it")
 
 
 def _rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
@@ -154,9 +204,7 @@ def _check_column_options(path: str, spec: ColumnSpec) -> None:
                          f"{os.path.splitext(low)[1]} files, whose fields are named", path, "drop --delimiter")
     if not low.endswith(".txt") or not _has_columns(spec) or spec.delimiter:
         return
-    with open(path, "rb") as f:
-        first = f.readline()
-    if b"\t" not in first:
+    if b"\t" not in _first_line(path):
         given = [flag for flag, v in (("--text-column", spec.text), ("--pair-columns", spec.pair),
                                       ("--label-column", spec.label)) if v]
         raise InputError(f"{', '.join(given)} picks columns, but this .txt file has none (no tab on its first "
@@ -164,10 +212,26 @@ def _check_column_options(path: str, spec: ColumnSpec) -> None:
                          f"drop {', '.join(given)}, or pass --delimiter for a file with another separator")
 
 
+def _raw_lines(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a file opened in binary, without their ends: a line ends at \\n, \\r\\n or a lone \\r (old Mac
+    files), as Python's text mode and the csv reader of delimited files split them."""
+    for chunk in f:  # a binary file splits at \n only
+        body = chunk.rstrip(b"\n")
+        if b"\r" not in body:
+            yield body
+        else:  # (a \r ending the chunk ended its last line, alone or before the \n)
+            yield from (body[:-1] if body.endswith(b"\r") else body).split(b"\r")
+
+
+def _first_line(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return next(_raw_lines(f), b"")
+
+
 def _text_lines(path: str) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            line = _decode(raw, path, n).rstrip("\r\n")
+        for n, raw in enumerate(_raw_lines(f), start=1):
+            line = _decode(raw, path, n)
             # A byte-order mark is encoding, not text: kept, it would give the first line another id.
             yield n, line.removeprefix("\ufeff") if n == 1 else line
 
@@ -256,6 +320,7 @@ def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     if missing:
         raise InputError(f"column {missing[0]!r} not found (columns: {', '.join(names)})", path,
                          "pass --text-column / --pair-columns / --label-column with one of those")
+    refuse_duplicate_columns(names, spec, path)
     for c in spec.texts:
         t = schema.field(c).type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
@@ -266,12 +331,22 @@ def _parquet_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         yield i + 1, [cols[c][i] if cols[c][i] is not None else "" for c in spec.wanted]
 
 
+def refuse_duplicate_columns(names: list[str], spec: ColumnSpec, where: str) -> None:
+    """A column kd reads must be named once: of two `text` columns, which one holds the texts cannot be told (a
+    duplicate that is not read does no harm)."""
+    dup = next((c for c in spec.wanted if names.count(c) > 1), None)
+    if dup is not None:
+        raise InputError(f"the column {dup!r} appears {names.count(dup)} times (columns: "
+                         f"{', '.join(names)}): which one holds the values cannot be told", where,
+                         "give each column its own name, or pick another with --text-column / --pair-columns / "
+                         "--label-column")
+
+
 def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     """CSV/TSV (and .txt read with columns, e.g. MRPC): header or not by whether the wanted columns are
     names or 0-based indices."""
     csv.field_size_limit(sys.maxsize)
-    with open(path, "rb") as fb:
-        first = _decode(fb.readline(), path, 1)
+    first = _decode(_first_line(path), path, 1)
     delim = spec.delimiter or ("\t" if ("\t" in first or path.lower().endswith(".tsv")) else ",")
     by_index = all(c.isdigit() for c in spec.wanted)
     # Tab-separated files such as STS-B contain bare quotes inside sentences: quoting off.
@@ -295,6 +370,7 @@ def _delimited_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
                         _delimiter_hint(header, delim) + "pass --text-column/--pair-columns/--label-column with "
                         "a header name, or 0-based indices for files without a header",
                     )
+                refuse_duplicate_columns(header, spec, f"{path}:1")
                 idx = [header.index(c) for c in spec.wanted]
             ncols = len(header) if not by_index else max(idx) + 1
             start = reader.line_num + 1

@@ -13,14 +13,13 @@ Both decoders' own errors (`json.JSONDecodeError`, `tomllib.TOMLDecodeError`) ar
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError, KdError
+from kd.common.inputs import special_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,10 +49,11 @@ def parse_json(text: str | bytes, where: str, fix: str, error: type[KdError] = I
 def read_json(path: str | Path, fix: str, error: type[KdError] = InputError) -> Any:
     """The JSON file at `path` (see `parse_json`); a file that cannot be read is the same error."""
     p = Path(path)
-    try:  # a FIFO or /dev/zero in place of the file would block or never end: regular files only, bounded
+    kind = special_file(p)  # a FIFO would block the open, /dev/zero never end: regular files only, bounded
+    if kind is not None:
+        raise error(f"{p.name} is not a regular file but {kind}", str(p), fix)
+    try:
         with open(p, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise error(f"{p.name} is not a regular file", str(p), fix)
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise error(f"{p.name} cannot be read ({e.strerror or e})", str(p), fix) from None

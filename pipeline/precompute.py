@@ -3,11 +3,12 @@
 Algorithm (`run`; the job's options were checked when it was built, `job.PrecomputeJob`):
 - --add-to: take the store's recorded inputs and row options (`grow.adopt_store_inputs`);
 - fingerprint the inputs (file hashes + the options that shape the rows) so a store is never mixed with other
-  inputs (a store of other ones is refused naming the difference, `grow.check_same_inputs`); load the teachers
-  and decide their outputs;
-- resolve --out once and read its merged manifest once;
-- read + segment + dedup the inputs into the `texts` rows (or reload them from the store when this writer's
-  texts shards are already committed: resumes skip spaCy); cut them into shards (`plan.ShardPlan`); this writer
+  inputs (a store of other ones is refused naming the difference, `grow.check_same_inputs`);
+- resolve --out once and read its merged manifest once (a folder of the user's files is refused here);
+- read the inputs, so that a bad line is refused before any teacher loads (unless this writer's texts shards
+  are already committed: a resume reloads them from the store and skips spaCy); load the teachers and decide
+  their outputs;
+- segment + dedup the records into the `texts` rows; cut them into shards (`plan.ShardPlan`); this writer
   owns shards k % num_writers == index;
 - open the store as this writer, delete the temp files a killed run of it left, and hand one `shards.Prepared`
   to an engine: `local_engine` (this process) or `ray_engine` (a pool of Ray workers). Each commits every owned
@@ -47,7 +48,7 @@ from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, wr
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
-from kd.storage.store import Store, open_writer, readable_manifest, remove_if_nothing_committed
+from kd.storage.store import Store, open_writer, readable_manifest, refuse_foreign_folder, remove_if_nothing_committed
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "corpus_rows", "precompute", "run"]
 
@@ -77,19 +78,22 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
     fingerprint = inputs_header(files, job.input_options(spec))
     index, count = writer_rank(job.num_shards, job.shard_index)
     existing = readable_manifest(loc, job.overwrite)
+    refuse_foreign_folder(loc, job.overwrite, existing)  # a folder of the user's files: before any teacher loads
     if existing is not None and not job.overwrite:  # before any teacher loads: name what differs
         check_plan_sound(existing, loc.root)
         check_same_inputs(existing, fingerprint, job.out, grown)
         check_committed_files(existing, loc)
+    same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
+    # the inputs are read before any teacher loads (a bad line is refused in seconds), unless a resume reloads them
+    records = None if _texts_committed(job, same, index, count) else _read(files, spec, job)
     teachers = _load_teachers(job, None if job.overwrite else existing)
-    outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before reading
+    outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before segmenting
     check_keep_layers(job, teachers)
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
     reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers}) \
         if job.reuse else {}
-    same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
-    rows, plan, counts = _rows(job, files, spec, loc, same, index, count)
+    rows, plan, counts = _rows(job, files, records, loc, same, index, count)
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,
                        "rows_per_shard": job.shard_rows, "num_shards": plan.num_shards, "counts": counts.record()},
                       versions=package_versions())
@@ -197,20 +201,25 @@ def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> li
     return [Output(o) for o in stored] or default
 
 
-def _rows(job: PrecomputeJob, files: list[str], spec: inp.ColumnSpec, loc: fs.Location, same: Manifest | None,
+def _texts_committed(job: PrecomputeJob, same: Manifest | None, index: int, count: int) -> bool:
+    """Whether this writer's texts shards are all in the store `same` (made from these inputs): a resume reloads
+    them instead of reading the inputs again (and spaCy does not run twice)."""
+    rec = same.tables.get("texts") if same is not None else None
+    return rec is not None and all(k in rec.shards for k in ShardPlan(same.inputs["num_rows"], job.shard_rows)
+                                   .owned(index, count))
+
+
+def _rows(job: PrecomputeJob, files: list[str], records: inp.Records | None, loc: fs.Location, same: Manifest | None,
           index: int, count: int) -> tuple[pa.Table, ShardPlan, RowCounts]:
     """This writer's `texts` rows (its owned shards, in order), the shard plan and the row counts.
 
-    - `same`, the store's manifest when it was made from these inputs: its plan and counts, and its texts shards
-      reloaded when all owned ones are committed;
-    - otherwise the inputs are read, segmented and deduplicated, and the owned shards sliced out.
+    - `records` None (`_texts_committed`): the store `same`'s plan and counts, and its texts shards reloaded;
+    - otherwise the records read are segmented and deduplicated, and the owned shards sliced out.
     """
-    if same is not None:
+    if records is None:
         plan = ShardPlan(same.inputs["num_rows"], job.shard_rows)
-        rows = _reload_rows(same, loc, plan.owned(index, count))
-        if rows is not None:
-            return rows, plan, RowCounts(**same.inputs["counts"])
-    table, counts = _load_rows(files, spec, job)
+        return _reload_rows(same, loc, plan.owned(index, count)), plan, RowCounts(**same.inputs["counts"])
+    table, counts = _build_rows(records, files, job)
     plan = ShardPlan(table.num_rows, job.shard_rows)
     owned = plan.owned(index, count)
     rows = pa.concat_tables([table.slice(plan.bounds(k)[0], plan.size(k)) for k in owned]) if owned \
@@ -221,27 +230,28 @@ def _rows(job: PrecomputeJob, files: list[str], spec: inp.ColumnSpec, loc: fs.Lo
 def corpus_rows(job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
     """The `texts` rows `job` would write (read, segmented, deduplicated, sampled), without a teacher or a store:
     what `kd distill --dry-run` sizes its plan with."""
-    return _load_rows(inp.expand_inputs(list(job.inputs)), job.columns(), job)
+    files = inp.expand_inputs(list(job.inputs))
+    return _build_rows(_read(files, job.columns(), job), files, job)
 
 
-def _load_rows(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
-    records = inp.read_inputs(files, spec)
+def _read(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> inp.Records:
+    if job.segment == "sentences" and spec.pair:
+        raise InputError("--segment sentences splits documents; it cannot be used with --pair-columns")
+    return inp.read_inputs(files, spec, documents=job.segment == "sentences")
+
+
+def _build_rows(records: inp.Records, files: list[str], job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
     if job.segment == "sentences":
-        if spec.pair:
-            raise InputError("--segment sentences splits documents; it cannot be used with --pair-columns")
         records = split_sentences(records, job.spacy_model)
-    table, counts = build_texts(records, job.dedup, pairs=spec.pair is not None, sample=job.sample)
+    table, counts = build_texts(records, job.dedup, pairs=job.columns().pair is not None, sample=job.sample)
     if table.num_rows == 0:
         raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)",
                          ", ".join(files), "check --text-column and that the files are not empty")
     return table, counts
 
 
-def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.Table | None:
-    """This writer's texts shards from the store, if all are committed (a resume skips spaCy)."""
-    rec = existing.tables.get("texts")
-    if rec is None or not all(k in rec.shards for k in owned):
-        return None
+def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.Table:
+    """This writer's texts shards from the store (all committed: `_texts_committed`)."""
     store = Store(loc, existing)  # verified reads: a tampered texts shard must not be encoded by a new teacher
     return pa.concat_tables([store.read_shard("texts", k) for k in owned])
 

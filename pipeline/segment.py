@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from kd.common.errors import InputError
+from kd.common.inputs import require_text_size
 from kd.pipeline.inputs import Records
 
 
@@ -41,6 +42,7 @@ def segment(records: Records, model: str | None = None, batch_size: int = 256) -
             text = sent.text.strip()
             if not text:
                 continue
+            require_text_size((text,), doc_id)  # (its document's file and line)
             out.texts.append(text)
             out.labels.append(label)
             out.doc_ids.append(doc_id)

@@ -4,13 +4,15 @@
   character set: a letter or digit first, then letters, digits, `_`, `-`, `.`; at most 64 characters;
   never `.` or `..`. This rules out path traversal (`../../x`) and quoting trouble in SQL.
 - `inside` checks that a path built from a store root and parts resolves inside that root (symlinks
-  included), the second line of defence for every write.
+  included), the second line of defence for every write; `links_out` finds the symlinks of a whole folder
+  that lead out of it (a received student or export, read as a whole).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Sequence
 
 from kd.common.errors import KdError
 
@@ -45,3 +47,16 @@ def inside(root: str, *parts: str) -> str:
                else "use a plain name without '..' or '/'")
         raise KdError("refusing to write outside the store", target, fix)
     return target
+
+
+def links_out(root: str, allowed: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
+    """(path relative to root, real target) of each symlink under `root` whose target lies outside root's real path
+    and outside every `allowed` folder, by `real_inside`. A linked folder is reported, never entered."""
+    for dirpath, dirnames, filenames in os.walk(root):  # (os.walk does not follow linked folders)
+        for name in sorted(dirnames + filenames):
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            if not os.path.islink(os.path.join(root, rel)):
+                continue
+            target, ok = real_inside(root, rel)
+            if not ok and not any(real_inside(base, target)[1] for base in allowed):  # (absolute: target itself)
+                yield rel, target

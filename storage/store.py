@@ -430,7 +430,7 @@ def _wipe(loc: fs.Location) -> None:
         loc.fs.delete_file(loc.path(MANIFEST))
 
 
-def _refuse_foreign_folder(loc: fs.Location, overwrite: bool, existing: Manifest | None) -> None:
+def refuse_foreign_folder(loc: fs.Location, overwrite: bool, existing: Manifest | None) -> None:
     """Refuse a folder of other files (no kd store) unless `overwrite`. Checked before the lock is made and again
     under it: the first check leaves the user's folder untouched (no `locks/` in it), the second closes the race
     with another writer of the same run creating the store."""
@@ -473,7 +473,7 @@ def remove_if_nothing_committed(loc: fs.Location) -> bool:
 def _existing_store(loc: fs.Location, header: Manifest, overwrite: bool, existing: Manifest | None) -> Manifest | None:
     """The store at `loc` a writer of `header` may extend (None: none, or wiped by `overwrite`); refuses a
     folder of other files, or a store of other inputs or settings, unless `overwrite`."""
-    _refuse_foreign_folder(loc, overwrite, existing)
+    refuse_foreign_folder(loc, overwrite, existing)
     if existing is not None and plan_problems(existing):
         if not overwrite:
             check_plan_sound(existing, loc.root)
@@ -505,7 +505,7 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
       it as `.existing` (None once --overwrite wiped it).
     """
     loc = fs.resolve(uri)
-    _refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
+    refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:

@@ -136,13 +136,48 @@ class StudentConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StudentConfig:
+    def from_dict(cls, d: dict[str, Any], where: str = "student config") -> StudentConfig:
+        """The config a JSON object describes (a student's config.json, an export's kd_student.json: `where`)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise KdError(f"unknown student config keys {unknown}", "student config",
+            raise KdError(f"unknown student config keys {unknown}", where,
                           "the student was saved by a newer kd; upgrade kd to load it")
+        wrong = _json_type_error(d)
+        if wrong:
+            raise KdError(f"the student config's {wrong}", where, "the file was edited or damaged: copy the folder "
+                          "again as kd wrote it (or write the value as the type named)")
         return cls(**d)
+
+
+# The JSON each field's annotation reads from (`from_dict`): a string "256" would pass the size checks (int() takes
+# it) and fail far away, in the model's construction, as weights that do not fit.
+_JSON_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"), "float": ((int, float), "a number"), "Arch": ((str,), "a string"),
+    "Pooling": ((str,), "a string"), "bool | None": ((bool, type(None)), "true, false or null"),
+    "tuple[int, ...]": ((list, tuple), "a list of integers"),
+    "dict[str, Any] | None": ((dict, type(None)), "an object"),
+}
+
+_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
+               dict: "an object", type(None): "null"}
+
+
+def _json_type_error(d: dict[str, Any]) -> str | None:
+    """'KEY is VALUE (a TYPE), not EXPECTED' for the first field of `d` of another JSON type, else None."""
+    for f in fields(StudentConfig):
+        if f.name not in d or str(f.type) not in _JSON_TYPES:
+            continue
+        types, expected = _JSON_TYPES[str(f.type)]
+        v = d[f.name]
+        items = v if isinstance(v, (list, tuple)) else []  # a list's items: kernel_sizes' integers
+        if not _is_a(v, types) or not all(_is_a(x, (int,)) for x in items):
+            return f"{f.name} is {v!r} ({_JSON_NAMES.get(type(v), type(v).__name__)}), not {expected}"
+    return None
+
+
+def _is_a(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and (bool in types or not isinstance(value, bool))  # JSON's true is no number
 
 
 @dataclass

@@ -34,11 +34,13 @@ from kd.common.errors import InputError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
+from kd.common.inputs import special_file
 from kd.common.padding import pad_rows
 from kd.common.parsing import read_json
 from kd.common.progress import Bar
 from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
+from kd.storage.names import links_out
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"
@@ -255,6 +257,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
                "from the folder runs), or point at the student folder it was exported from")
     if not cfg_file.exists():
         raise InputError("no trained student here (no config.json)", str(p), fix)
+    check_received(p, "copy the student folder again, or retrain it")
     info = read_json(cfg_file, "the student folder is damaged: copy it again, or retrain with --overwrite")
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise InputError("config.json is not a kd student config", str(cfg_file), fix)
@@ -263,6 +266,34 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
                          f"(this kd reads {FORMAT_VERSION})", str(cfg_file), "use the kd version that trained it")
     _check_fields(info, cfg_file)
     return info
+
+
+def check_received(folder: Path, fix: str) -> None:
+    """Refuse what a student or export folder kd reads must not hold, before any of its files is read:
+
+    - a symlink that leads out of it (`storage.names.links_out`, refused in a store too): loading would read a file
+      of the receiver's (tokenizer/ linked to ~/.ssh) and an export would copy it. A Hugging Face cache snapshot
+      (`models--ORG--NAME/snapshots/REV/`) is the exception: its files are links into its repository's `blobs/`;
+    - anything but folders and regular files: a named pipe blocks its reader forever, /dev/zero never ends.
+    """
+    link = next(links_out(str(folder), _hub_blobs(folder)), None)
+    if link is not None:
+        raise InputError(f"{link[0]} is a symlink that leads out of the folder (to {link[1]})", str(folder / link[0]),
+                         f"replace the link by the file it points to (e.g. cp -rL), or {fix}")
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            kind = special_file(os.path.join(dirpath, name))
+            if kind is not None:
+                raise InputError(f"{name} is not a regular file but {kind}", os.path.join(dirpath, name), fix)
+
+
+def _hub_blobs(folder: Path) -> list[str]:
+    """The `blobs/` folder of the Hugging Face cache repository whose snapshot holds `folder`, else none."""
+    real = folder.resolve()
+    for p in (real, *real.parents):
+        if p.parent.name == "snapshots" and (p.parent.parent / "blobs").is_dir():
+            return [str(p.parent.parent / "blobs")]
+    return []
 
 
 def _check_fields(info: dict[str, Any], cfg_file: Path) -> None:
@@ -292,7 +323,7 @@ def fitted_student(path: Path, info: dict[str, Any]) -> Student:
     weights; an InputError when they do not fit it."""
     state = _verified_weights(path, info)
     try:
-        cfg = StudentConfig.from_dict(info["student"])
+        cfg = StudentConfig.from_dict(info["student"], str(path / CONFIG))
         return build_to_fit(lambda: build_student(cfg),
                             {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
     except (KeyError, TypeError, ValueError, RuntimeError) as e:

@@ -34,7 +34,7 @@ from kd.student import data as D
 from kd.student.models import Student, StudentConfig, build_student, pca_embeddings, require_memory
 from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
-from kd.student.saved import TOKENIZER, fitted_student, read_config, student_tokenizer
+from kd.student.saved import CONFIG, TOKENIZER, fitted_student, read_config, student_tokenizer
 from kd.student.static import sif_weights, static_init, token_counts
 from kd.student.train_config import ARCH_EMBED_DIM, DEFAULT_EMBED_DIM, EmbeddingInit, TrainConfig
 from kd.student.transformer_init import bert_config, load_init_weights
@@ -235,7 +235,7 @@ def init_config(cfg: TrainConfig, info: dict[str, Any],
       tokenizer serves, already loaded and checked by `setup`: nothing to compare);
     - --init-layers keeps k of a transformer-init source's layers: the config's layer count becomes k.
     """
-    source = StudentConfig.from_dict(info["student"])
+    source = StudentConfig.from_dict(info["student"], str(Path(cfg.init) / CONFIG))
     if source.arch.value != cfg.arch:
         raise KdError(f"the --init student is a {source.arch.value}, this run asks for --arch {cfg.arch}", cfg.init,
                       f"pass --arch {source.arch.value} (an initialised student keeps its architecture)")

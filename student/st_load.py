@@ -9,8 +9,9 @@ unnecessary for every arch:
 
 - the folder is checked first, before anything is imported or loaded: every `modules.json` type must be a
   `sentence_transformers.*` class or exactly `kd.student.st_module.KdTokenEncoder`, every module path must
-  stay inside the folder, and the folder must hold no Python file, no pickle and no `auto_map` entry (a kd
-  export never has any); anything else is refused with a KdError that names it;
+  stay inside the folder, and the folder must hold no Python file, no pickle, no `auto_map` entry, no symlink
+  leading out of it and nothing but folders and regular files (a kd export never has any, `saved.check_received`);
+  anything else is refused with a KdError that names it;
 - each module is built by its class's own `load(...)` classmethod, with `trust_remote_code=False` and
   local files only; kd's class is taken from kd itself, never imported by the name in the folder;
 - the modules are assembled with `SentenceTransformer(modules=[...])` and the saved similarity function
@@ -27,12 +28,15 @@ from typing import Any
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
 from kd.common.parsing import read_json
+from kd.student.saved import check_received
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
 ST_PREFIX = "sentence_transformers."
 CODE_SUFFIXES = (".py", ".pyc", ".so")  # what Python would import
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")  # what torch.load would unpickle
 REFUSED = "do not load this folder: a kd export holds safetensors, JSON and tokenizer files only"
+SETTINGS = "config_sentence_transformers.json"
+AGAIN = "copy the export folder again, or export the student again"
 
 
 def load_exported(path: str | os.PathLike, device: str = "cpu"):
@@ -42,15 +46,27 @@ def load_exported(path: str | os.PathLike, device: str = "cpu"):
 
     root = Path(path)
     entries = check_export(root)
-    try:
-        modules = [_module_class(e["type"]).load(str(root), subfolder=e["path"], local_files_only=True,
-                                                 trust_remote_code=False) for e in entries]
-    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:  # a module's config is junk
-        raise InputError(f"a module of the export cannot be built from its files ({str(e)[:300]})", str(root),
-                         "copy the export folder again, or export the student again") from e
+    settings = _model_settings(root)
+    modules = [_load_module(root, e) for e in entries]
     for e, module in zip(entries, modules):
         _refuse_non_finite(root / e["path"], module)
-    return SentenceTransformer(modules=modules, device=device, **_model_settings(root))
+    try:
+        return SentenceTransformer(modules=modules, device=device, **settings)
+    except ValueError as e:  # a value sentence-transformers refuses (similarity function, default prompt)
+        raise InputError(f"{SETTINGS} holds a setting sentence-transformers refuses ({str(e)[:300]})",
+                         str(root / SETTINGS), AGAIN) from e
+
+
+def _load_module(root: Path, entry: dict[str, Any]) -> Any:
+    """One module, built by its class's own `load` from local files, without remote code."""
+    from safetensors import SafetensorError
+
+    try:
+        return _module_class(entry["type"]).load(str(root), subfolder=entry["path"], local_files_only=True,
+                                                 trust_remote_code=False)
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, SafetensorError) as e:  # junk files
+        raise InputError(f"the module {entry['path'] or '(the top folder)'} of the export cannot be built from its "
+                         f"files ({str(e)[:300]})", str(root / entry["path"]), AGAIN) from e
 
 
 def _refuse_non_finite(folder: Path, module: Any) -> None:
@@ -67,6 +83,7 @@ def check_export(root: Path) -> list[dict[str, Any]]:
     if not listing.is_file():
         raise InputError("no sentence-transformers export here (no modules.json)", str(root),
                          "point at the --out folder of kd export --format sentence-transformers")
+    check_received(root, AGAIN)
     _refuse_code_files(root)
     entries = _read_json(listing)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
@@ -123,12 +140,26 @@ def _module_class(ref: str) -> type:
 
 
 def _model_settings(root: Path) -> dict[str, Any]:
-    """Similarity function and prompts saved with the model (what `SentenceTransformer(dir)` restores)."""
-    path = root / "config_sentence_transformers.json"
+    """Similarity function and prompts saved with the model (what `SentenceTransformer(dir)` restores), each of
+    its JSON type (their values are sentence-transformers' to check)."""
+    path = root / SETTINGS
     saved = _read_json(path) if path.is_file() else {}
-    keys = ("similarity_fn_name", "prompts", "default_prompt_name")
-    return {k: saved[k] for k in keys if isinstance(saved, dict) and saved.get(k) is not None}
+    if not isinstance(saved, dict):
+        raise InputError(f"{SETTINGS} is not a JSON object", str(path), AGAIN)
+    settings = {k: saved[k] for k in ("similarity_fn_name", "prompts", "default_prompt_name")
+                if saved.get(k) is not None}
+    for key, value in settings.items():
+        if not _setting_ok(key, value):
+            want = "an object of prompt names and texts" if key == "prompts" else "a string"
+            raise InputError(f"{SETTINGS}'s {key} is {value!r}, not {want}", str(path), AGAIN)
+    return settings
+
+
+def _setting_ok(key: str, value: Any) -> bool:
+    if key != "prompts":
+        return isinstance(value, str)
+    return isinstance(value, dict) and all(isinstance(text, (str, type(None))) for text in value.values())
 
 
 def _read_json(path: Path) -> Any:
-    return read_json(path, "copy the export folder again, or export the student again")
+    return read_json(path, AGAIN)

@@ -35,6 +35,18 @@ def tokenizer_files(root: Path) -> Path:
     return out
 
 
+def tiny_student(store: Path, out: Path, steps: int = 1) -> Path:
+    """A bilstm student of `store` at `out`, 8 wide, trained `steps` steps by `kd train-student` (seconds)."""
+    from typer.testing import CliRunner
+
+    from kd.cli import app
+
+    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(out), "--arch", "bilstm", "--embed-dim",
+                                   "8", "--hidden-dim", "8", "--max-steps", str(steps), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    return out
+
+
 def random_texts(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))) for _ in range(n)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from student_stores import make_store
+from student_stores import make_store, tiny_student
 from typer.testing import CliRunner
 
 import kd.student
@@ -85,11 +85,7 @@ def test_ctrl_c_stops_a_running_query(store):
 
 @pytest.fixture(scope="module")
 def student(store, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pass4s") / "bilstm"
-    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(out), "--arch", "bilstm",
-                                   "--embed-dim", "8", "--hidden-dim", "8", "--max-steps", "1", "--no-progress"])
-    assert res.exit_code == 0, res.output
-    return out
+    return tiny_student(store, tmp_path_factory.mktemp("pass4s") / "bilstm")
 
 
 def _forged_copy(student: Path, tmp_path: Path, edit) -> Path:

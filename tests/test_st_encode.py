@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from student_stores import make_store
+from student_stores import make_store, tiny_student
 from typer.testing import CliRunner
 
 from kd import student
@@ -22,12 +22,7 @@ TEXTS = ["The market fell sharply on Monday.", "A dog runs in the park.", "Stock
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("st-encode")
-    store = make_store(root / "store", rows=40, shards=2, tmp=root)
-    out = root / "bilstm"
-    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(out), "--arch", "bilstm",
-                                   "--embed-dim", "8", "--hidden-dim", "8", "--max-steps", "2", "--no-progress"])
-    assert res.exit_code == 0, res.output
-    return out
+    return tiny_student(make_store(root / "store", rows=40, shards=2, tmp=root), root / "bilstm", steps=2)
 
 
 def test_the_default_is_the_exports_vectors(trained, tmp_path):
