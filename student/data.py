@@ -38,6 +38,7 @@ from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
 from kd.student.target import combine
+from kd.student.train_config import BASE_DEFAULTS
 
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
@@ -138,8 +139,8 @@ class DataConfig:
     columns: list[str]  # "<teacher>.<column>" or "label", from the objectives
     tokenizer: str  # teacher whose stored tokenizer the student uses
     tokenizer_dir: str | None = None  # that tokenizer outside the store (the --init student's own); None: the store's
-    batch_size: int = 64
-    max_length: int = 128
+    batch_size: int = BASE_DEFAULTS["batch_size"]
+    max_length: int = BASE_DEFAULTS["max_length"]
     shuffle_buffer: int = 10_000
     val_percent: float = 2.0
     max_val_rows: int = 2_000

@@ -33,6 +33,7 @@ from kd.common.errors import KdError
 from kd.student.pca import pca_embeddings
 from kd.student.pooling import Pool, Pooling, masked_mean
 from kd.student.static import StaticEncoder
+from kd.student.train_config import BASE_DEFAULTS, DEFAULT_EMBED_DIM, DEFAULT_HIDDEN_DIM
 from kd.student.transformer_init import TransformerInitEncoder
 
 __all__ = [
@@ -67,13 +68,13 @@ class StudentConfig:
     arch: Arch = Arch.bilstm
     vocab_size: int = 30522
     pad_id: int = 0
-    embed_dim: int = 300
-    hidden_dim: int = 512
+    embed_dim: int = DEFAULT_EMBED_DIM
+    hidden_dim: int = DEFAULT_HIDDEN_DIM
     num_layers: int = 1
     pooling: Pooling = Pooling.mean
     out_dim: int = 384
-    dropout: float = 0.1
-    max_length: int = 128
+    dropout: float = BASE_DEFAULTS["dropout"]
+    max_length: int = BASE_DEFAULTS["max_length"]
     sra_head: bool | None = None  # None: True for bilstm (SRA), False otherwise
     num_heads: int = 4  # transformer
     ffn_dim: int = 1024  # transformer feed-forward width (news paper: 1024)

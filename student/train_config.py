@@ -33,8 +33,12 @@ class HeadInit(str, Enum):
     random = "random"  # PyTorch's default initialisation
 
 
-# Defaults that differ by arch, applied where the user gave no value (`arch_defaults`). A static student
-# has far fewer computations per parameter: large batches and a high rate, no dropout on its only layer.
+# The training defaults, one table (issue 52): every arch's, then what differs by arch, applied where the user gave no
+# value (`arch_defaults`); StudentConfig, DataConfig and the options' help are derived from it (`default_help`).
+BASE_DEFAULTS: dict[str, Any] = {"max_length": 128, "batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3,
+                                 "weight_decay": 0.01}
+# A static student has far fewer computations per parameter: large batches and a high rate, no dropout on its only
+# layer.
 ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
     # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only
@@ -48,6 +52,7 @@ ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
 # The token-embedding width when --embed-dim is not given: min(this, the teacher's width), so a narrow teacher's
 # table is never widened (the recurrent archs' 128: the same measurement as above).
 DEFAULT_EMBED_DIM = 300
+DEFAULT_HIDDEN_DIM = 512  # the encoder's width when neither --hidden-dim nor the arch's default sets it
 ARCH_EMBED_DIM = {"bilstm": 128, "bigru": 128}
 
 
@@ -64,12 +69,24 @@ TUNED = ("embed_dim", "hidden_dim", "max_length", "dropout", "epochs", "batch_si
 def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[str, Any]:
     """`given` with the arch's defaults filled in for every key whose value is None (with `init` the
     --init student's widths stand, not the arch's)."""
-    base = {"max_length": 128, "batch_size": 64, "lr": 1e-3, "dropout": 0.1, "epochs": 3, "weight_decay": 0.01}
-    base |= ARCH_DEFAULTS.get(arch, {})
+    base = BASE_DEFAULTS | ARCH_DEFAULTS.get(arch, {})
     if init:  # the --init student's shape stands
         base.pop("embed_dim", None)
         base.pop("hidden_dim", None)
     return {k: (base.get(k) if v is None else v) for k, v in given.items()}
+
+
+def default_help(key: str) -> str:
+    """"(default: 0.001; static 0.005; transformer-init 0.0001; bilstm/bigru 0.002)": the table rendered, so the help
+    never drifts from the defaults (archs with the same value share one entry). Parentheses, not brackets: rich reads
+    "[default: ...]" as markup and the help showed nothing."""
+    base = BASE_DEFAULTS[key]
+    by_value: dict[Any, list[str]] = {}
+    for arch, values in ARCH_DEFAULTS.items():
+        if key in values and values[key] != base:
+            by_value.setdefault(values[key], []).append(arch)
+    parts = [f"{'/'.join(archs)} {value:g}" for value, archs in by_value.items()]
+    return f"(default: {'; '.join([f'{base:g}', *parts])})"
 
 
 @dataclass
@@ -88,8 +105,8 @@ class TrainConfig:
                                            "default_target); several as one: mpnet:0.7,minilm:0.3")
     embed_dim: int | None = option(None, range=B.WIDTH, help="Token embedding width (default: min(300, teacher "
                                                               "width; bilstm/bigru 128); static 256")
-    hidden_dim: int | None = option(None, range=B.WIDTH, help="Encoder width, per direction for RNNs (default: 512; "
-                                                              "bilstm/bigru 256)")
+    hidden_dim: int | None = option(None, range=B.WIDTH, help="Encoder width, per direction for RNNs (default: "
+                                    f"{DEFAULT_HIDDEN_DIM}; bilstm/bigru {ARCH_DEFAULTS['bilstm']['hidden_dim']})")
     out_dim: int | None = option(None, range=B.WIDTH, help="Embedding width (default: the target's; no target: "
                                                            "the encoder's)")
     init: str | None = option(None, help="Start from this trained student folder (same --arch and tokenizer; its "
@@ -97,16 +114,15 @@ class TrainConfig:
     num_layers: int = option(1, flag="--layers", range=B.LAYERS, help="Encoder layers")
     pooling: str = option("mean", choices=B.Pooling, help="mean | max | attentive | cls")
     # None: the arch's default (ARCH_DEFAULTS, `arch_defaults`), as for epochs, batch_size, lr, weight_decay
-    dropout: float | None = option(None, range=B.DROPOUT, help="[default: 0.1; static 0]")
-    max_length: int | None = option(None, range=B.TOKENS, help="Student tokens per text [default: 128; bilstm/bigru "
-                                                                "64]")
+    dropout: float | None = option(None, range=B.DROPOUT, help=default_help("dropout"))
+    max_length: int | None = option(None, range=B.TOKENS, help="Student tokens per text " + default_help("max_length"))
     student: dict[str, Any] = field(default_factory=dict)  # other StudentConfig fields (library only)
-    epochs: int | None = option(None, range=B.EPOCHS, help="[default: 3]")
+    epochs: int | None = option(None, range=B.EPOCHS, help=default_help("epochs"))
     max_steps: int | None = option(None, range=B.STEPS, help="Stop after this many steps (overrides --epochs)")
-    batch_size: int | None = option(None, range=B.BATCH, help="[default: 64; static 256]")
+    batch_size: int | None = option(None, range=B.BATCH, help=default_help("batch_size"))
     lr: float | None = option(None, range=B.STUDENT_LR,
-                              help="[default: 1e-3; static 5e-3; bilstm/bigru 2e-3]; 0: weights stay as initialised")
-    weight_decay: float | None = option(None, range=B.WEIGHT_DECAY, help="[default: 0.01; static 0]")
+                              help=default_help("lr") + "; 0: weights stay as initialised")
+    weight_decay: float | None = option(None, range=B.WEIGHT_DECAY, help=default_help("weight_decay"))
     warmup: float = option(0.05, range=B.WARMUP, help="Warm-up: fraction of steps (<1) or steps (>=1); 0: none")
     schedule: Schedule = option(Schedule.cosine, choices=B.Schedule, help="cosine | plateau | constant")
     clip: float = option(1.0, range=B.CLIP, help="Max gradient norm (0: off)")
