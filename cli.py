@@ -56,7 +56,9 @@ class _Commands(TyperGroup):
             if err is None or _debug(ctx):
                 raise
             if err.where is None:  # e.g. a write to an open file fails: the OSError names no file
-                err = type(err)(err.what, f"while running kd {ctx.invoked_subcommand}", err.fix)
+                # (a plain KdError keeping the exit code: subclasses such as Stopped take other arguments)
+                code, err = err.exit_code, KdError(err.what, f"while running kd {ctx.invoked_subcommand}", err.fix)
+                err.exit_code = code
             _fail(err)
 
 
