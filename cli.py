@@ -56,9 +56,7 @@ class _Commands(TyperGroup):
             if err is None or _debug(ctx):
                 raise
             if err.where is None:  # e.g. a write to an open file fails: the OSError names no file
-                # (a plain KdError keeping the exit code: subclasses such as Stopped take other arguments)
-                code, err = err.exit_code, KdError(err.what, f"while running kd {ctx.invoked_subcommand}", err.fix)
-                err.exit_code = code
+                err = err.at(f"while running kd {ctx.invoked_subcommand}")
             _fail(err)
 
 

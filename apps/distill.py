@@ -32,6 +32,7 @@ from kd.apps.distill_config import DistillConfig
 from kd.common import progress
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
+from kd.student.target import Target
 
 STATE = "distill.json"
 WEIGHTS = "weights.json"  # several teachers: the weights chosen on STS-B dev, with each one's score
@@ -77,11 +78,10 @@ class _Run:
 
     def target(self) -> str:
         """The train-student --target of every stage: the teacher's output, or the teachers' as one."""
-        column = self.recipe.target
-        if len(self.teacher_roles) == 1:
-            return f"{self.names['teacher']}.{column}"
-        weights = self.weights or tuple(json.loads((self.out / WEIGHTS).read_text(encoding="utf-8"))["weights"])
-        return ",".join(f"{self.names[r]}.{column}:{w:g}" for r, w in zip(self.teacher_roles, weights))
+        teachers = [self.names[r] for r in self.teacher_roles]
+        weights = None if len(teachers) == 1 else (
+            self.weights or tuple(json.loads((self.out / WEIGHTS).read_text(encoding="utf-8"))["weights"]))
+        return str(Target.of(teachers, self.recipe.target, weights))
 
     def outputs(self, role: str) -> list[str]:
         """What precompute stores for a role (every teacher of a combined target stores the teacher's outputs)."""

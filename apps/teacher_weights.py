@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kd.student.target import Target
+
 STEPS = 10  # weights are multiples of 1/STEPS
 
 
@@ -28,7 +30,7 @@ class WeightChoice:
 
     def target(self, column: str) -> str:
         """The train-student target these weights make: "mpnet.sentence:0.7,minilm.sentence:0.3"."""
-        return ",".join(f"{t}.{column}:{w:g}" for t, w in zip(self.teachers, self.weights))
+        return str(Target.of(self.teachers, column, self.weights))
 
     def lines(self) -> list[str]:
         best = max(self.alone, key=self.alone.__getitem__)

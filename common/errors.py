@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import os
@@ -17,12 +18,23 @@ class KdError(Exception):
 
     def __init__(self, what: str, where: str | None = None, fix: str | None = None) -> None:
         self.what, self.where, self.fix = what, where, fix
-        parts = [what]
-        if where:
-            parts.append(f"  where: {where}")
-        if fix:
-            parts.append(f"  fix:   {fix}")
-        super().__init__("\n".join(parts))
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        parts = [self.what]
+        if self.where:
+            parts.append(f"  where: {self.where}")
+        if self.fix:
+            parts.append(f"  fix:   {self.fix}")
+        return "\n".join(parts)
+
+    def at(self, where: str) -> KdError:
+        """This error at `where`: same class, exit code and attributes. Not `type(self)(what, where, fix)`, which
+        a subclass with its own constructor (Stopped takes the signal first) does not accept."""
+        err = copy.copy(self)
+        err.where = where
+        err.args = (err._message(),)
+        return err
 
     def __reduce__(self):  # pickled whole (what, where, fix), e.g. raised in a Ray worker and re-raised by the driver
         return type(self), (self.what, self.where, self.fix)
@@ -130,4 +142,4 @@ def located(where: str) -> Iterator[None]:
         err = as_kd_error(e)
         if err is None or (err is e and err.where):
             raise
-        raise type(err)(err.what, err.where or where, err.fix) from e
+        raise err.at(err.where or where) from e

@@ -74,15 +74,15 @@ class Partial:
             self.clear()
             return {}
         self.parts = len(names)
-        sides: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+        rows: dict[str, np.ndarray] = {}
+        vecs: dict[str, dict[str, np.ndarray]] = {}
         for key, parts in kept.items():
             side, _, name = key.partition("/")
-            rows, vecs = sides.setdefault(side, (np.zeros(0, np.int64), {}))
             if name == ROWS:
-                sides[side] = (np.concatenate(parts), vecs)
+                rows[side] = np.concatenate(parts)
             else:
-                vecs[name] = np.concatenate(parts)
-        return sides
+                vecs.setdefault(side, {})[name] = np.concatenate(parts)
+        return {side: (rows.get(side, np.zeros(0, np.int64)), vecs.get(side, {})) for side in rows.keys() | vecs.keys()}
 
     def add(self, suffix: str, idx: np.ndarray, vecs: Mapping[str, np.ndarray]) -> None:
         """One finished batch of a side; written out once SPILL_SECONDS have passed since the last write."""

@@ -58,6 +58,14 @@ class Target:
     def __str__(self) -> str:
         return ",".join(f"{p.ref}:{p.weight:g}" if self.combined else p.ref for p in self.parts)
 
+    @classmethod
+    def of(cls, teachers: list[str] | tuple[str, ...], column: str | None,
+           weights: list[float] | tuple[float, ...] | None = None) -> Target:
+        """The target of `teachers`' `column` at `weights` (None: one teacher, no weight): what `str()` of it
+        passes to --target, the one place such a string is written."""
+        ws = weights if weights is not None else (1.0,) * len(teachers)
+        return cls(tuple(Part(t, column, float(w)) for t, w in zip(teachers, ws, strict=True)))
+
 
 def parse_target(text: str | None, where: str = "--target") -> Target | None:
     """"mpnet.sentence" | "mpnet:0.7,minilm.sentence:0.3" -> Target (None: no target given)."""

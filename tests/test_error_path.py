@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from test_trainer import SMALL
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.common.errors import InputError, KdError, StoreError, as_kd_error
+from kd.common.errors import InputError, KdError, StoreError, as_kd_error, located
+from kd.common.stop import Stopped
 
 DEEP = "[" * 100000  # json's parser recurses once per level: a RecursionError, not a JSONDecodeError
 
@@ -84,6 +86,21 @@ def test_user_caused_exceptions_become_kd_errors_and_bugs_do_not():
     assert as_kd_error(err) is err
     for bug in (ZeroDivisionError(), KeyError("k"), ValueError("v"), OSError("no errno"), OSError(errno.EBADF, "x")):
         assert as_kd_error(bug) is None, bug
+
+
+@pytest.mark.parametrize("make", [lambda: StoreError("locked"),
+                                  lambda: Stopped(signal.SIGINT, "stopped", None, "rerun")])
+def test_an_error_placed_where_it_happened_keeps_its_class_and_exit_code(make):
+    """`located` and the CLI give a where-less error a place; Stopped (the signal first) broke a rebuild by
+    `type(err)(what, where, fix)` once, so both go through KdError.at."""
+    err = make()
+    placed = err.at("out/x.parquet")
+    assert type(placed) is type(err) and placed.exit_code == err.exit_code and placed.fix == err.fix
+    assert placed.where == "out/x.parquet" and "where: out/x.parquet" in str(placed) and err.where is None
+    with pytest.raises(type(err)) as raised:
+        with located("out/y"):
+            raise err
+    assert raised.value.where == "out/y" and raised.value.exit_code == err.exit_code
 
 
 # --- disk full (and the file system's size limit), deep inside each writing command -------------------------
