@@ -56,6 +56,7 @@ COLUMNS = (
     Column("lee_pearson", "Lee r×100", "{:.2f}", Measure.lee),
     Column("probe_accuracy", "SST-2 probe acc", "{:.2f}", Measure.probe),
     Column("cluster_f1", "cluster pair-F1", "{:.2f}", Measure.cluster),
+    Column("documents_f1", "doc cluster pair-F1", "{:.2f}", Measure.documents),
     Column("retrieval_recall", "title→article R@10", "{:.3f}", Measure.retrieval),
     Column("retrieval_mrr", "title→article MRR", "{:.3f}", Measure.retrieval),
     Column("cos_to_teacher", "cos to teacher", "{:.3f}", Measure.agreement),
@@ -295,7 +296,9 @@ def _evaluate(cfg: EvalConfig) -> EvalReport:
         if Measure.probe in measures:
             _probe(cfg, teacher, others, rows, info, bars)
         if Measure.cluster in measures:
-            _cluster(cfg, teacher, others, rows, info, bars)
+            _cluster(cfg, teacher, others, rows, info, bars, cfg.cluster_set, "cluster")
+        if Measure.documents in measures:  # the long-document task: whole Brown documents grouped by genre
+            _cluster(cfg, teacher, others, rows, info, bars, tasks.ClusterSet.brown_documents, "documents")
         for measure, run in ((Measure.mrpc, suite_tasks.mrpc), (Measure.lee, suite_tasks.lee),
                              (Measure.retrieval, suite_tasks.retrieval)):
             if measure in measures:
@@ -367,18 +370,19 @@ def _probe(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
                                                                  task.test_labels), v)
 
 
-def _cluster(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
-    task = tasks.load_cluster_set(cfg.cluster_set, cfg.cluster_scale)
+def _cluster(cfg, teacher: _Teacher, others, rows, info, bars, name: str, key: str) -> None:
+    """Clustering set `name` scored as measure `key` (its column `{key}_f1`)."""
+    task = tasks.load_cluster_set(name, cfg.cluster_scale)
     texts = task.dev_texts + task.test_texts
     n = len(task.dev_texts)
     tv, src = teacher.vectors(texts, bars, task.name)
-    info["cluster"] = (f"{task.name}: average-linkage cosine clustering, cut tuned on {n} dev texts "
-                       f"({len(set(task.dev_groups))} groups), pair-F1 on {len(task.test_texts)} test texts "
-                       f"({len(set(task.test_groups))} groups); teacher vectors from the {src}")
+    info[key] = (f"{task.name}: average-linkage cosine clustering, cut tuned on {n} dev texts "
+                 f"({len(set(task.dev_groups))} groups), pair-F1 on {len(task.test_texts)} test texts "
+                 f"({len(set(task.test_groups))} groups); teacher vectors from the {src}")
     for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
         res = metrics.cluster_quality(v[:n], task.dev_groups, v[n:], task.test_groups)
-        rows[m.name].metrics["cluster_f1"] = res.test.f1 * 100.0
-        rows[m.name].details["cluster"] = res.to_dict()
+        rows[m.name].metrics[f"{key}_f1"] = res.test.f1 * 100.0
+        rows[m.name].details[key] = res.to_dict()
 
 
 def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[list[str], np.ndarray, str]:

@@ -12,7 +12,8 @@ from kd.common.options import bounded, check_ranges, one_value_as_sequence, opti
 Measure = B.Measure  # one definition: an Enum (typer takes no list of Literals for the repeatable --task)
 
 # The evidence beyond STS-B (issue 39): each number beside the teacher's; STS-B on its test split.
-SUITE = (Measure.sts, Measure.mrpc, Measure.lee, Measure.probe, Measure.cluster, Measure.retrieval)
+SUITE = (Measure.sts, Measure.mrpc, Measure.lee, Measure.probe, Measure.cluster, Measure.documents,
+         Measure.retrieval)
 DEFAULT_MEASURES = (Measure.sts, Measure.agreement, Measure.neighbours, Measure.speed)
 
 
@@ -32,8 +33,9 @@ class EvalConfig:
                                             "teachers")
     store: str | None = option(None, help="Store whose teacher vectors are reused where it holds the texts")
     measures: list[Measure] = option(factory=lambda: list(DEFAULT_MEASURES), flag="--task", choices=Measure,
-                                     help="sts | probe | cluster | agreement | neighbours | speed | mrpc | lee | "
-                                          "retrieval | suite (sts, mrpc, lee, probe, cluster, retrieval); repeatable")
+                                     help="sts | probe | cluster | documents | agreement | neighbours | speed | mrpc | "
+                                          "lee | retrieval | suite (sts, mrpc, lee, probe, cluster, documents, "
+                                          "retrieval); repeatable")
     target: str | None = option(None, help="Teacher output compared with (default: the teacher's default_target)")
     sts_split: str | None = option(None, choices=B.StsSplit, help="STS-B split: train | dev | test (default: dev; "
                                                                   "test with --task suite)")
@@ -42,7 +44,8 @@ class EvalConfig:
     text_columns: tuple[str, ...] | None = option(None, comma=True, help="The two text columns of --pairs: A,B")
     max_pairs: int | None = option(None, range=B.ROWS, help="Use only the first N pairs (of STS and of each MRPC "
                                                             "split)")
-    cluster_set: str = option("news-articles", choices=B.ClusterSet, help="news-articles | brown-genres")
+    cluster_set: str = option("news-articles", choices=B.ClusterSet, help="news-articles | brown-genres | "
+                                                                          "brown-documents (--task cluster)")
     cluster_scale: float = bounded(1.0, B.SAMPLE)  # the share of each cluster set used
     probe_train_rows: int = bounded(4000, B.ROWS)
     retrieval_articles: int | None = bounded(None, B.EXACT_ROWS)  # None: the bundled sample's (apps.tasks)

@@ -3,7 +3,7 @@
 - `stsb-{dev,test}.tsv.gz`: the STS Benchmark files as they are (genre, file, year, id, score, s1, s2);
 - `sst2-probe.tsv.gz`: the probe's seeded 4,000-sentence train sample and the full dev split
   (`split TAB label TAB text`);
-- `cluster-{news-articles,brown-genres}.tsv.gz`: each clustering set at its default size and seed
+- `cluster-{news-articles,brown-genres,brown-documents}.tsv.gz`: each clustering set at its default size and seed
   (`split TAB group TAB text`);
 - `lee-docsim.tsv.gz`: the 50 Lee documents, each with its row of the symmetric human similarity matrix;
 - `retrieval-news-titles.tsv.gz`: 1,000 news titles and their articles' leads (`title TAB lead`).

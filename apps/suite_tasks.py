@@ -84,8 +84,9 @@ def suite_text_sets() -> list[list[str]]:
     equal): what `kd distill --dry-run` times the step by, and looks up in the cache."""
     sts, sst = tasks.load_stsb("test"), tasks.load_sst2()
     cluster, retrieval = tasks.load_cluster_set(), tasks.load_title_retrieval()
+    documents = tasks.load_cluster_set(tasks.ClusterSet.brown_documents)
     sets = [sts.a + sts.b, sst.train_texts + sst.test_texts, cluster.dev_texts + cluster.test_texts,
-            tasks.load_lee().docs, retrieval.queries + retrieval.docs]
+            documents.dev_texts + documents.test_texts, tasks.load_lee().docs, retrieval.queries + retrieval.docs]
     try:
         train, test = [tasks.load_mrpc(s) for s in tasks.MRPC_SPLITS]
         sets.append(train.a + train.b + test.a + test.b)

@@ -101,14 +101,14 @@ HeadInit = Literal["auto", "lstsq", "random"]  # student.train_config.HeadInit
 TokenWeights = Literal["sif", "none"]
 ExportFormat = Literal["sentence-transformers", "onnx"]
 StsSplit = Literal["train", "dev", "test"]
-ClusterSet = Literal["news-articles", "brown-genres"]  # apps.tasks.ClusterSet
+ClusterSet = Literal["news-articles", "brown-genres", "brown-documents"]  # apps.tasks.ClusterSet
 QueryFormat = Literal["table", "csv", "json", "parquet"]  # dataset.query.Format
 IndexKind = Literal["flat", "ivf", "hnsw"]  # dataset.index.IndexKind
 ClusterMethod = Literal["auto", "exact", "knn"]  # dataset.cluster.Method
 Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
 # apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
 Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed", "mrpc",
-                                          "lee", "retrieval", "suite")}, type=str)
+                                          "lee", "retrieval", "documents", "suite")}, type=str)
 
 # --device: these names, or cuda:N
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")

@@ -36,7 +36,7 @@ from kd.student.objectives import build_objectives, required_columns
 from kd.student.objectives.base import Context
 from kd.student.saved import CONFIG, TOKENIZER, fitted_student, read_config, student_tokenizer
 from kd.student.static import sif_weights, static_init, token_counts
-from kd.student.train_config import ARCH_EMBED_DIM, DEFAULT_EMBED_DIM, EmbeddingInit, TrainConfig
+from kd.student.train_config import ARCH_EMBED_DIM, BASE_DEFAULTS, DEFAULT_EMBED_DIM, EmbeddingInit, TrainConfig
 from kd.student.transformer_init import bert_config, load_init_weights
 
 
@@ -75,6 +75,9 @@ def setup(cfg: TrainConfig) -> Setup:
         teacher = source_teacher(store, target_teacher, cfg, init_info)
         tok, emb = _stored_tokenizer(store, teacher, cfg)
     init_dir = init_folder(store, teacher, cfg.init_layers) if cfg.arch == "transformer-init" and not cfg.init else None
+    if cfg.max_length is None:  # transformer-init's default: as far as the start model reads (train_config)
+        start = init_info["student"].get("max_length") if init_info else None
+        cfg = dataclasses.replace(cfg, max_length=int(start or start_length(store, teacher)))
     student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
     kept = None
     if cfg.init:
@@ -83,6 +86,11 @@ def setup(cfg: TrainConfig) -> Setup:
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
     data = _data_config(cfg, objectives, teacher, own_tok, ctx.ensemble)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
+
+
+def start_length(store: Store, teacher: str) -> int:
+    """The maximum length the store's `teacher` was run at (its own limit unless --max-length cut it)."""
+    return int(store.table(f"teachers/{teacher}").meta.get("max_length") or BASE_DEFAULTS["max_length"])
 
 
 def check_training_memory(cfg: TrainConfig, student_cfg: StudentConfig) -> None:

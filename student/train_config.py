@@ -41,8 +41,11 @@ BASE_DEFAULTS: dict[str, Any] = {"max_length": 128, "batch_size": 64, "lr": 1e-3
 # layer.
 ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
-    # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only
-    "transformer-init": {"batch_size": 64, "lr": 1e-4, "dropout": 0.0, "epochs": 1, "weight_decay": 0.01},
+    # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only; max_length None: the start
+    # model's own (student.setup), so a student reads a document as far as the model it starts from (issue 50: a
+    # student cut at 128 tokens where MiniLM reads 256 served documents worse than the MiniLM it came from)
+    "transformer-init": {"batch_size": 64, "lr": 1e-4, "dropout": 0.0, "epochs": 1, "weight_decay": 0.01,
+                         "max_length": None},
     # Measured (bench/bilstm_defaults.sh, docs/results.md "One default per arch"): 128-d embeddings, 256 per
     # direction and 64 tokens beat 300/512/128 on STS-B dev (77.84 vs 77.47) at 3.4x its speed and 0.4x its
     # size; max pooling lost (74.15). BiGRU, the same family, takes the same (not measured on its own).
@@ -76,6 +79,9 @@ def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[
     return {k: (base.get(k) if v is None else v) for k, v in given.items()}
 
 
+START_MODELS = "the start model's"  # how the help shows a default taken from the start model (None in the table)
+
+
 def default_help(key: str) -> str:
     """"(default: 0.001; static 0.005; transformer-init 0.0001; bilstm/bigru 0.002)": the table rendered, so the help
     never drifts from the defaults (archs with the same value share one entry). Parentheses, not brackets: rich reads
@@ -85,7 +91,8 @@ def default_help(key: str) -> str:
     for arch, values in ARCH_DEFAULTS.items():
         if key in values and values[key] != base:
             by_value.setdefault(values[key], []).append(arch)
-    parts = [f"{'/'.join(archs)} {value:g}" for value, archs in by_value.items()]
+    parts = [f"{'/'.join(archs)} {START_MODELS if value is None else format(value, 'g')}"
+             for value, archs in by_value.items()]
     return f"(default: {'; '.join([f'{base:g}', *parts])})"
 
 

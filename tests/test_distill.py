@@ -226,7 +226,7 @@ def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, 
     assert len(names) == (3 if chosen == "baseline" else 4) and names[1].endswith("(start)"), names
     assert any(n.startswith("baseline") for n in names), names
     keys = {c["key"] for c in report["columns"]}
-    assert {"sts_spearman", "lee_pearson", "retrieval_recall", "probe_accuracy"} <= keys, keys
+    assert {"sts_spearman", "lee_pearson", "retrieval_recall", "probe_accuracy", "documents_f1"} <= keys, keys
     card = (out / "model" / "README.md").read_text()
     assert "| two | start |" in card and "| baseline | start |" in card and f"Chosen: **{chosen}**" in card
     assert "$" not in card.split("## Training")[0]

@@ -236,15 +236,16 @@ def test_the_help_of_a_tuned_option_is_rendered_from_the_table():
     """The help shows every arch's default as the table has it (typed by hand, it said 1e-3 for transformer-init
     students, whose rate is 1e-4, and 3 epochs where they take 1; in brackets, rich took it for markup and showed
     nothing)."""
-    from kd.student.train_config import ARCH_DEFAULTS, BASE_DEFAULTS, default_help
+    from kd.student.train_config import ARCH_DEFAULTS, BASE_DEFAULTS, START_MODELS, default_help
 
     res = CliRunner().invoke(app, ["train-student", "--help"], env={"COLUMNS": "400"})
     text = " ".join(res.output.replace("│", " ").split())
     for key in ("lr", "epochs", "dropout", "batch_size", "max_length", "weight_decay"):
         rendered = default_help(key)
         assert rendered in text, key
-        groups = dict(g.rsplit(" ", 1) for g in rendered.removeprefix("(default: ").removesuffix(")").split("; ")[1:])
+        groups = dict(g.split(" ", 1) for g in rendered.removeprefix("(default: ").removesuffix(")").split("; ")[1:])
         assert rendered.startswith(f"(default: {BASE_DEFAULTS[key]:g}")
         for arch, values in ARCH_DEFAULTS.items():
             if key in values and values[key] != BASE_DEFAULTS[key]:
-                assert any(arch in archs.split("/") and v == f"{values[key]:g}" for archs, v in groups.items()), key
+                want = START_MODELS if values[key] is None else f"{values[key]:g}"  # None: the start model's
+                assert any(arch in archs.split("/") and v == want for archs, v in groups.items()), key

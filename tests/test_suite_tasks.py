@@ -137,12 +137,25 @@ def test_matrix_pearson_on_known_matrices():
     assert math.isnan(metrics.matrix_pearson(np.ones((12, 5)), cos))  # constant similarities: undefined
 
 
+def test_brown_documents_are_whole_files_past_every_models_length_grouped_by_genre(no_shared):
+    """The long-document task: one document a Brown file, 400+ words (~520 tokens: every model truncates), files
+    split 1:2 into dev and test by a seed, each split holding all 15 genres, no file on both sides."""
+    docs = tasks.load_cluster_set(tasks.ClusterSet.brown_documents)
+    assert (len(docs.dev_texts), len(docs.test_texts)) == (167, 333)  # the Brown corpus' 500 files
+    assert len(set(docs.dev_groups)) == len(set(docs.test_groups)) == 15
+    words = [len(t.split()) for t in docs.dev_texts + docs.test_texts]
+    assert min(words) >= tasks.DOCUMENT_WORDS and max(words) < tasks.DOCUMENT_WORDS + 100  # whole sentences
+    assert not set(docs.dev_texts) & set(docs.test_texts)
+    passages = tasks.load_cluster_set(tasks.ClusterSet.brown_genres)  # the passages' set is unchanged by it
+    assert (len(passages.dev_texts), len(passages.test_texts)) == (668, 1332)
+
+
 # --- the suite in kd eval -----------------------------------------------------------------------------------------
 
 def test_suite_expands_to_its_measures_in_order():
     assert expand_measures([Measure.speed, "suite", Measure.sts]) == [Measure.speed, *SUITE]
     assert SUITE_KEYS == ["sts_spearman", "mrpc_accuracy", "mrpc_f1", "lee_pearson", "probe_accuracy",
-                          "cluster_f1", "retrieval_recall", "retrieval_mrr"]
+                          "cluster_f1", "documents_f1", "retrieval_recall", "retrieval_mrr"]
 
 
 @pytest.fixture(scope="module")

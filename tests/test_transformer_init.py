@@ -175,3 +175,33 @@ def test_shrinking_refuses_layers_the_student_lacks_and_other_archs(store, tmp_p
                                    "--arch", "static", "--init-layers", "1", "--target", "tiny.mean"])
     assert res.exit_code == 2 and "--init-layers picks a Transformer's layers" in res.output, res.output
     assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
+
+
+def test_a_student_reads_as_far_as_the_model_it_starts_from(tmp_path, tiny_teacher, sentences):
+    """transformer-init's default length is the start model's as the store ran it (issue 50: cut at 128 tokens
+    where MiniLM reads 256, a student served long documents worse than MiniLM); --max-length still wins, and a
+    student shrunk from a trained one keeps its source's length. The start model here reads 32 tokens (its own
+    limit is 64): the old default gave 64."""
+    from kd import student
+
+    src = tmp_path / "news.txt"
+    src.write_text("\n".join(sentences[:80]) + "\n", encoding="utf-8")
+    store = tmp_path / "store"
+    precompute([str(src)], str(store), [f"tiny={tiny_teacher}"], outputs=["mean", "init"], keep_layers="0,1",
+               max_length=32, shard_rows=80, progress=False)
+    assert _train(store, tmp_path / "st", "0,1", 1, "cpu").exit_code == 0
+    s = student.load(tmp_path / "st")
+    assert s.config.max_length == 32
+    long = " ".join(sentences[:10])  # past 32 tokens
+    ids = s._token_ids([long])[0]
+    assert len(ids) == 32
+    first_16 = s.tokenizer.decode(ids[1:15])  # what a 16-token student would have read
+    assert not np.allclose(s.encode([long]), s.encode([first_16]), atol=1e-3)
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "short"),
+                                   "--arch", "transformer-init", "--init-layers", "0,1", "--target", "tiny.mean",
+                                   "--max-steps", "1", "--val-percent", "0", "--device", "cpu", "--batch-size",
+                                   "16", "--no-progress", "--max-length", "20"])
+    assert res.exit_code == 0, res.output
+    assert student.load(tmp_path / "short").config.max_length == 20
+    assert _shrink(store, tmp_path / "short", tmp_path / "shrunk", "0", "--max-steps", "1").exit_code == 0
+    assert student.load(tmp_path / "shrunk").config.max_length == 20
