@@ -33,7 +33,7 @@ class DistillConfig:
                                             "else chosen on STS-B dev from the teachers' vectors, in seconds)")
     start: str | None = option(None, help="Replace the recipe's start model: a packaged name or a checkpoint folder")
     text_column: str | None = option(None, help="Column with the text (csv/jsonl/parquet)")
-    segment: str = option("none", choices=B.Segment, help="none (whole documents) | sentences (spaCy)")
+    segment: str = option("none", choices=B.Segment, help=B.SEGMENT_HELP)
     dedup: bool = option(True, help="Drop repeated texts")
     sample: float | None = option(None, range=B.SAMPLE, help="Keep this fraction of the rows, chosen by id hash "
                                                              "(kd precompute --sample)")

@@ -87,7 +87,9 @@ COSINE_DISTANCE = Range(0, 2, lo_open=True, what="a cosine distance: 1 - cosine 
 # Choices of the enum-like options, as the Literal types the CLI annotates its options with (typer turns a
 # Literal into a choice: a bad value exits 2 listing the allowed ones). The library enums live in modules that
 # import torch, which `kd --help` must not; tests/test_options.py checks each Literal against its enum.
-Segment = Literal["none", "sentences"]
+Segment = Literal["none", "sentences", "sentences+documents"]
+SEGMENT_HELP = ("none (each text as it is) | sentences (spaCy) | sentences+documents (the sentences and each whole "
+                "document: students then learn documents too)")
 VectorDType = Literal["float32", "float16", "int8"]  # storage.schema.VectorDType
 Precision = Literal["auto", "fp32", "bf16", "fp16"]  # pipeline.teacher.Precision
 Backend = Literal["auto", "torch", "onnx", "openvino"]  # pipeline.backends.Backend

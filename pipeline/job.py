@@ -54,7 +54,7 @@ class PrecomputeJob:
     # row outputs and/or vocab, init; None: the teacher's defaults
     outputs: tuple[str, ...] | None = option(None, comma=True, help="Comma list of cls,mean,layers,sentence,logits,"
                                                                     "vocab,init (default: all but vocab, init)")
-    segment: str = option("none", choices=B.Segment, help="none (whole documents) | sentences (spaCy)")
+    segment: str = option("none", choices=B.Segment, help=B.SEGMENT_HELP)
     spacy_model: str | None = option(None, help="Installed spaCy pipeline for --segment sentences")
     text_column: str | None = option(None, help="Column with the text (name, or 0-based index without header)")
     pair_columns: str | None = option(None, help="Two columns a,b holding sentence pairs")
@@ -133,7 +133,7 @@ class PrecomputeJob:
         if os.path.isfile(self.out):
             raise InputError("--out is an existing file, not a store folder", self.out, "pass a folder path")
         if self.segment not in B.choices(B.Segment):
-            raise InputError(f"unknown --segment {self.segment!r}", None, "use none (whole documents) or sentences")
+            raise InputError(f"unknown --segment {self.segment!r}", None, f"use one of: {B.SEGMENT_HELP}")
         if not self.teachers:
             raise InputError("no teacher given", None, "pass --teacher minilm (or a checkpoint directory)")
         if self.keep_layers is not None and not self.wants("init"):  # it would be silently unused
@@ -210,7 +210,7 @@ class PrecomputeJob:
     def input_options(self, spec: inp.ColumnSpec) -> dict[str, Any]:
         """The options that shape the rows: fingerprinted with the input files."""
         options = {"text_column": self.text_column, "pair_columns": spec.pair, "label_column": self.label_column,
-                   "segment": self.segment, "spacy_model": self.spacy_model if self.segment == "sentences" else None,
+                   "segment": self.segment, "spacy_model": self.spacy_model if self.segment != "none" else None,
                    "dedup": self.dedup, "shard_rows": self.shard_rows,
                    "delimiter": spec.delimiter}  # the character read (`'\t'` typed is a tab): one store either way
         if self.sample is not None:  # only when set: stores made without it keep their fingerprint

@@ -235,14 +235,14 @@ def corpus_rows(job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
 
 
 def _read(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> inp.Records:
-    if job.segment == "sentences" and spec.pair:
-        raise InputError("--segment sentences splits documents; it cannot be used with --pair-columns")
-    return inp.read_inputs(files, spec, documents=job.segment == "sentences")
+    if job.segment != "none" and spec.pair:
+        raise InputError(f"--segment {job.segment} splits documents; it cannot be used with --pair-columns")
+    return inp.read_inputs(files, spec, documents=job.segment != "none")
 
 
 def _build_rows(records: inp.Records, files: list[str], job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
-    if job.segment == "sentences":
-        records = split_sentences(records, job.spacy_model)
+    if job.segment != "none":
+        records = split_sentences(records, job.spacy_model, documents=job.segment == "sentences+documents")
     table, counts = build_texts(records, job.dedup, pairs=job.columns().pair is not None, sample=job.sample)
     if table.num_rows == 0:
         raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)",

@@ -30,24 +30,33 @@ def load_segmenter(model: str | None):
     return nlp
 
 
-def segment(records: Records, model: str | None = None, batch_size: int = 256) -> Records:
-    """Replace each document by its sentences; doc_id is kept and `positions` counts sentences."""
+DOCUMENT = -1  # the `position` of a whole document kept beside its sentences (--segment sentences+documents)
+
+
+def segment(records: Records, model: str | None = None, batch_size: int = 256, documents: bool = False) -> Records:
+    """Replace each document by its sentences; doc_id is kept and `positions` counts sentences. With `documents`
+    the document itself follows its sentences as one more row, at position DOCUMENT: a student then learns the
+    teacher's vectors of whole documents too, not only of ~25-token sentences (issue 50: sentence-only students
+    served long documents worse than MiniLM). A one-sentence document is its sentence's row alone."""
     nlp = load_segmenter(model)
     out = Records()
     positions: list[int] = []
-    docs = nlp.pipe((t if isinstance(t, str) else str(t) for t in records.texts), batch_size=batch_size)
-    for doc, label, doc_id, source in zip(docs, records.labels, records.doc_ids, records.sources):
-        pos = 0
-        for sent in doc.sents:
-            text = sent.text.strip()
-            if not text:
-                continue
-            require_text_size((text,), doc_id)  # (its document's file and line)
-            out.texts.append(text)
-            out.labels.append(label)
-            out.doc_ids.append(doc_id)
-            out.sources.append(source)
-            positions.append(pos)
-            pos += 1
+
+    def add(text: str, label, doc_id: str, source, pos: int) -> None:
+        require_text_size((text,), doc_id)  # (its document's file and line)
+        out.texts.append(text)
+        out.labels.append(label)
+        out.doc_ids.append(doc_id)
+        out.sources.append(source)
+        positions.append(pos)
+
+    raw = [t if isinstance(t, str) else str(t) for t in records.texts]
+    docs = nlp.pipe(raw, batch_size=batch_size)
+    for doc, text, label, doc_id, source in zip(docs, raw, records.labels, records.doc_ids, records.sources):
+        sentences = [s.text.strip() for s in doc.sents if s.text.strip()]
+        for pos, sentence in enumerate(sentences):
+            add(sentence, label, doc_id, source, pos)
+        if documents and len(sentences) > 1:  # a one-sentence document is already its sentence's row
+            add(text.strip(), label, doc_id, source, DOCUMENT)
     out.positions = positions  # type: ignore[attr-defined]
     return out
