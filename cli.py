@@ -335,11 +335,14 @@ def export_cmd(
 ) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors; --quantize int8: close)."""
     from kd.common.progress import step
-    from kd.student.exporters import export_student
+    from kd.student.exporters import export_note, export_student
 
     with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
         path = export_student(student, format, out, overwrite, quantize)
     term.print(f"{format} export written to {path}")
+    note = export_note(student, format)
+    if note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
+        term.print(f"[yellow]note:[/] {escape(note)}")
 
 
 # --- evaluation and demo -------------------------------------------------------------------------

@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 from kd.storage import fs
+from kd.student.exporters.st_fit import export_note, gap
+from kd.student.models import StudentConfig
 
 CARD = "README.md"
-BUILT_IN = ("static", "transformer-init")  # sentence-transformers modules only: plain SentenceTransformer(dir)
 
 
 def write_model_card(folder: str | os.PathLike, eval_table_markdown: str | None = None) -> Path:
@@ -35,7 +36,7 @@ def model_card(name: str, info: dict, eval_table_markdown: str | None = None) ->
     teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see objectives"
     objectives = ", ".join(str(o) for o in info.get("objectives") or []) or "cosine"
     st_load = ('from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer("{name}-st")'
-               if cfg["arch"] in BUILT_IN else
+               if gap(StudentConfig.from_dict(cfg)) is None else
                'from kd.student import load_exported\n'
                'model = load_exported("{name}-st")   # a SentenceTransformer; never trust_remote_code=True on a '
                'received folder').format(name=name)
@@ -105,10 +106,12 @@ def export_card(folder: Path, source: Path) -> None:
     targets = [targets] if isinstance(targets, str) else list(targets)
     teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see the student's card"
     onnx = (folder / "kd_onnx.json").is_file()
+    said = None if onnx else export_note(StudentConfig.from_dict(cfg))
+    note = "" if said is None else f"\n{said[0].upper()}{said[1:]}\n"  # what kd export printed
     if onnx:
         load = ('from kd.student.exporters.onnx_graph import onnx_encode   # tokenizers + onnxruntime, no torch\n'
                 'vectors = onnx_encode("PATH/TO/THIS/FOLDER", ["A sentence.", "Another one."])')
-    elif cfg["arch"] in BUILT_IN:
+    elif _built_in_only(folder):
         load = ('from sentence_transformers import SentenceTransformer\n'
                 'model = SentenceTransformer("PATH/TO/THIS/FOLDER")\n'
                 'vectors = model.encode(["A sentence.", "Another one."])')
@@ -135,12 +138,19 @@ vectors, at most {cfg['max_length']} tokens a text. Exported by `kd export` from
 ```python
 {load}
 ```
-
+{note}
 ## Evaluation
 
 {scores}
 """
     (folder / CARD).write_text(text, encoding="utf-8")  # a plain write: the export's folder is renamed in whole
+
+
+def _built_in_only(folder: Path) -> bool:
+    """Whether every module of a sentence-transformers export is sentence-transformers' own (plain
+    SentenceTransformer(dir) loads it)."""
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    return all(m["type"].startswith("sentence_transformers.") for m in modules)
 
 
 def _evaluation(source: Path) -> str:

@@ -128,3 +128,34 @@ def tiny_bert_config(hidden: int = 8, layers: int = 2, vocab: int = 64, max_leng
     return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
                 intermediate_size=2 * hidden, max_position_embeddings=max_length, hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0)
+
+
+def news_init_store(root: Path, teacher: Path, sentences: list[str]) -> Path:
+    """A real store for every arch: 96 news sentences through `teacher` ("tiny"), with the vocab and init outputs
+    (layer 1 kept) that static and transformer-init students start from."""
+    from conftest import precompute_news
+
+    from kd.pipeline.precompute import precompute
+
+    path = precompute_news(root, teacher, sentences, 96, 48)
+    precompute([str(root / "news.txt")], str(path), [f"tiny={teacher}"], outputs=["vocab", "init"], shard_rows=48,
+               keep_layers="1", progress=False)
+    return path
+
+
+def train_students(store: Path, root: Path, specs: dict[str, tuple[str, list[str]]],
+                   max_length: int) -> dict[str, Path]:
+    """name -> (arch, extra train-student options): each trained 4 steps away from its initial weights at root/name."""
+    from typer.testing import CliRunner
+
+    from kd.cli import app
+
+    out = {}
+    for name, (arch, extra) in specs.items():
+        out[name] = root / name
+        res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out[name]), "--arch",
+                                       arch, "--target", "tiny.mean", "--max-steps", "4", "--lr", "1e-2",
+                                       "--batch-size", "24", "--val-percent", "0", "--max-length", str(max_length),
+                                       "--no-progress", *extra])
+        assert res.exit_code == 0, (name, res.output)
+    return out

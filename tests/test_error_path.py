@@ -279,11 +279,17 @@ def test_junk_student_config_is_an_input_error(trained, tmp_path, junk, expect):
 
 
 @pytest.fixture(scope="module")
-def exported(trained, tmp_path_factory) -> Path:
+def exported(store_path, tmp_path_factory) -> Path:
+    """A bigru student as a sentence-transformers folder: no built-in module is a GRU, so kd's KdTokenEncoder comes
+    first (a bilstm exports to built-ins alone, tests/test_st_builtin_export.py)."""
     pytest.importorskip("sentence_transformers")
+    from kd.student import trainer as T
     from kd.student.exporters.st_directory import export_sentence_transformers
 
-    return export_sentence_transformers(trained, tmp_path_factory.mktemp("errpath-st") / "export")
+    root = tmp_path_factory.mktemp("errpath-st")
+    config = SMALL | {"arch": "bigru", "epochs": 1, "max_steps": 2}
+    return export_sentence_transformers(T.train(T.TrainConfig(str(store_path), str(root / "bigru"), **config)),
+                                        root / "export")
 
 
 def _kd_module_config(folder: Path) -> Path:

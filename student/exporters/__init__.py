@@ -1,7 +1,8 @@
 """`kd export`: a trained student in another format, the same vectors.
 
-- `sentence-transformers` (st_directory.py): built-in modules wherever they reproduce the student, kd's
-  `KdTokenEncoder` otherwise (load those with `kd.student.load_exported`, never `trust_remote_code`);
+- `sentence-transformers` (st_directory.py): built-in modules wherever they reproduce the student (st_fit.py,
+  st_builtin.py), kd's `KdTokenEncoder` otherwise (load those with `kd.student.load_exported`, never
+  `trust_remote_code`); `export_note` says which, and what differs, for `kd export` to print;
 - `onnx` (onnx_graph.py): the whole student as one graph (`--quantize int8`: int8 weights, common/onnx_int8.py);
   `OnnxEncoder` runs it with onnxruntime alone;
 - folder.py: the output folder's gate and the atomic swap both formats use.
@@ -43,3 +44,15 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
         from kd.student.exporters.st_directory import export_sentence_transformers
 
         return export_sentence_transformers(student_dir, out, overwrite)
+
+
+def export_note(student_dir: str | os.PathLike, fmt: str) -> str | None:
+    """What a user of this export should know (st_fit.export_note): why plain SentenceTransformer(path) cannot load
+    it, or which texts it encodes differently; None for ONNX and for an exact built-in export."""
+    if fmt != "sentence-transformers":
+        return None
+    from kd.student.exporters.st_fit import export_note as note
+    from kd.student.models import StudentConfig
+    from kd.student.saved import read_config
+
+    return note(StudentConfig.from_dict(read_config(student_dir)["student"]))

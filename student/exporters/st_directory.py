@@ -1,19 +1,22 @@
 """`kd export STUDENT --format sentence-transformers`: a student as a sentence-transformers directory.
 
-Built-in modules wherever they reproduce the student, so the directory loads with plain
-`SentenceTransformer(dir)`:
+Built-in modules wherever they reproduce the student (st_fit.py decides and says why not), so the directory
+loads with plain `SentenceTransformer(dir)`:
 - static: `StaticEmbedding` (mean of token vectors) [+ bias-free `Dense`] + `Normalize`. kd averages the
   tokenizer's special tokens too ([CLS]/[SEP]), which StaticEmbedding never adds; their summed vector
   becomes one extra vocabulary entry that the tokenizer inserts once per text (a normaliser prepends a
   control character that the BERT normaliser has already removed from the text). The mean then runs over
   n+1 tokens instead of n+2: the same direction, so the output is normalised.
-- transformer-init: `Transformer` (the kept BERT layers with the student's token table) + `Pooling` [+ `Dense`]
-  + `Normalize` (every arch ends in Normalize: its vectors are those of the student's default `encode`).
-- bilstm / bigru / cnn / ffn / transformer: `student.st_module.KdTokenEncoder` (no built-in reproduces
-  WordPiece ids + these encoders) + `Pooling` [+ `Dense`]. sentence-transformers imports a class outside
-  its package only with `trust_remote_code=True`, which lets the folder choose the code that runs; so
-  these load with `kd.student.load_exported(dir)` (student.st_load), which checks the folder and builds
-  the modules itself. Every arch loads that way; static and transformer-init also with `SentenceTransformer(dir)`.
+- transformer-init, transformer: `Transformer` (a BertModel: the kept teacher layers with the student's token
+  table, or the student's own layers mapped into BERT's, st_builtin.py) + `Pooling` [+ `Dense`].
+- bilstm, cnn, ffn: `WordEmbeddings` + `LSTM` | `CNN` + `Dense`(ReLU) | `Dense`(ReLU) per layer, then `Pooling`
+  [+ `Dense`] (st_builtin.py); texts longer than max_length differ (st_fit.caveat).
+- every arch ends in `Normalize`: its vectors are those of the student's default `encode`.
+- what no built-in reproduces (a GRU, attentive pooling, a multi-layer cnn, ... : `st_fit.gap`):
+  `student.st_module.KdTokenEncoder` + `Pooling` [+ `Dense`]. sentence-transformers imports a class outside
+  its package only with `trust_remote_code=True`, which lets the folder choose the code that runs; so these
+  load with `kd.student.load_exported(dir)` (student.st_load), which checks the folder and builds the modules
+  itself (every export loads that way too), or as ONNX; `kd export` says so.
 The directory is written next to its final place and renamed in, so no half-written directory remains.
 """
 
@@ -29,10 +32,11 @@ from torch import nn
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.student.exporters.folder import export_folder
+from kd.student.exporters.st_builtin import transformer_as_bert, word_encoder
+from kd.student.exporters.st_fit import gap
 from kd.student.models import Arch, Student
 from kd.student.saved import TOKENIZER, LoadedStudent, load
 
-CUSTOM_ARCHS = (Arch.bilstm, Arch.bigru, Arch.cnn, Arch.ffn, Arch.transformer)
 OFFSET_TOKEN = "\x00"  # removed from every text by BertNormalizer(clean_text), so only the inserted one exists
 
 
@@ -53,10 +57,14 @@ def sentence_transformer(st: LoadedStudent, work: Path):
     arch = st.config.arch
     if arch is Arch.static:
         modules = _static_modules(st)
-    elif arch is Arch.transformer_init:
-        modules = _transformer_init_modules(st, work)
-    else:
+    elif gap(st.config) is not None:
         modules = _custom_modules(st)
+    elif arch is Arch.transformer_init:
+        modules = [_bert_input(st, _kept_layers(st), work), *_pooling_and_head(st)]
+    elif arch is Arch.transformer:
+        modules = [_bert_input(st, transformer_as_bert(st), work), *_pooling_and_head(st)]
+    else:
+        modules = [*word_encoder(st), *_pooling_and_head(st)]
     if not isinstance(modules[-1], _normalize()):  # every export gives unit vectors, as the student's encode does
         modules.append(_normalize()())
     model = SentenceTransformer(modules=modules, device="cpu")
@@ -106,21 +114,28 @@ def _custom_modules(st: LoadedStudent) -> list[nn.Module]:
     return [enc, *_pooling_and_head(st)]
 
 
-def _transformer_init_modules(st: LoadedStudent, work: Path) -> list[nn.Module]:
-    """The kept BERT layers saved as a Hugging Face model (student's token table put back), loaded by
-    the built-in Transformer module with the student's tokenizer and max length."""
-    from sentence_transformers.base.modules.transformer import Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def _kept_layers(st: LoadedStudent):
+    """transformer-init's kept BERT layers as a Hugging Face model, the student's token table put back."""
+    from transformers import BertConfig, BertModel
 
     bert = BertModel(BertConfig(**{**st.config.bert, "vocab_size": st.config.vocab_size}), add_pooling_layer=False)
     state = st.model.encoder.bert.state_dict()
     state["embeddings.word_embeddings.weight"] = st.model.embed.weight.detach()
     bert.load_state_dict(state)
+    return bert
+
+
+def _bert_input(st: LoadedStudent, bert: nn.Module, work: Path) -> nn.Module:
+    """A BertModel saved as a Hugging Face model, loaded by the built-in Transformer module with the student's
+    tokenizer and max length."""
+    from sentence_transformers.base.modules.transformer import Transformer
+    from transformers import AutoTokenizer
+
     bert.save_pretrained(work)
     # Right-padded as the student trained (common/padding.py), whatever side the teacher's tokenizer pads on: left
     # padding would move every token's position embedding. Saved so, the module reloads it so.
     AutoTokenizer.from_pretrained(st.path / TOKENIZER, padding_side="right").save_pretrained(work)
-    return [Transformer(str(work), max_seq_length=st.config.max_length), *_pooling_and_head(st)]
+    return Transformer(str(work), max_seq_length=st.config.max_length)
 
 
 def _static_modules(st: LoadedStudent) -> list[nn.Module]:
