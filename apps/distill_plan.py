@@ -42,8 +42,9 @@ from kd.common.outputs import claim_output
 # The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
 # Rows the teacher's rate is timed on, and the stages train on (20 steps cycle over them). Measured on one AVX2 core,
 # mpnet, a 1,000-sentence corpus: 1,024 rows made a 156 s dry run and estimated 11 rows/s; 256 rows a 69 s one and
-# 8 rows/s (measured in the run: 10.5): the per-shard fixed cost weighs more on fewer rows, so it errs long.
-SAMPLE_ROWS = 256
+# 8 rows/s (measured in the run: 10.5): the per-shard fixed cost weighs more on fewer rows, so it errs long. 128
+# rows: the teacher's timing ~16 s shorter again (issue 50 asks a dry run of at most 60 s), the same direction of error.
+SAMPLE_ROWS = 128
 CALIBRATION_STEPS = 20  # rows/s from the last 5 steps: the first ones pay oneDNN plans and allocator warm-up
 # The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
 # pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).

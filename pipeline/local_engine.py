@@ -154,6 +154,7 @@ def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar, ready: _Ready,
     if t.name not in ctx.reuse:
         return (*encode(ready.rows), 0)
     cols = list(columns(t, ctx.outputs[t.name], ctx.pairs, ctx.job.vdtype))
-    table, truncated, reused = encode_reusing(ctx.reuse[t.name], ctx.texts_shard(k), cols, encode)
-    bar.advance(reused)
+    shard = ctx.texts_shard(k)
+    bar.skip(shard.num_rows - ready.rows.num_rows)  # copied, not encoded: before the encoding, for its ETA
+    table, truncated, reused = encode_reusing(ctx.reuse[t.name], shard, cols, encode)
     return table, truncated, reused
