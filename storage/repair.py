@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
+from kd.common.finite import OUT_OF_RANGE
 from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
@@ -209,7 +210,7 @@ def _unlike_declared(loc: fs.Location, rel: str, columns: dict[str, str]) -> str
         return f"column {col!r} is missing" if have is None else \
             f"column {col!r} is {have}, the manifest declares {want}"
     bad = non_finite_columns(table)
-    return f"column {bad[0][0]!r} has non-finite (NaN/Inf) values in {bad[0][1]} row(s)" if bad else None
+    return f"column {bad[0][0]!r} has {OUT_OF_RANGE} in {bad[0][1]} row(s)" if bad else None
 
 
 def _ids_of(loc: fs.Location, rel: str) -> str | None:
