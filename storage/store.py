@@ -510,18 +510,20 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     - A new or empty location becomes a store.
     - A store made from the same inputs and row plan is resumed/extended.
     - Anything else is refused unless `overwrite`, so no data is lost by a typo in --out.
-    - `existing`: the merged manifest the caller already loaded from `uri` (None: loaded here); the writer keeps
-      it as `.existing` (None once --overwrite wiped it).
+    - `existing`: the merged manifest the caller already loaded from `uri` (None: loaded here), used only for the
+      check before the lock. Under the lock the manifest is read again, and the writer keeps that one as
+      `.existing` (None once --overwrite wiped it): what it plans from. Another writer of the same id may have
+      committed between the caller's read and the lock (a second `kd precompute` started as the first finishes),
+      and a plan from the earlier read re-encodes its shards and reports a wrong count.
     """
     loc = fs.resolve(uri)
     refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:
-        if existing is None:
-            existing = readable_manifest(loc, overwrite)
-            if existing is None and overwrite and (fs.exists(loc, MANIFEST) or fs.exists(loc, FRAGMENTS)):
-                _wipe(loc)  # a store whose records cannot be read: --overwrite replaces it (under the lock)
+        existing = readable_manifest(loc, overwrite)
+        if existing is None and overwrite and (fs.exists(loc, MANIFEST) or fs.exists(loc, FRAGMENTS)):
+            _wipe(loc)  # a store whose records cannot be read: --overwrite replaces it (under the lock)
         existing = _existing_store(loc, header, overwrite, existing)
         own = None
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):

@@ -230,3 +230,32 @@ def test_kd_index_refuses_a_store_without_a_texts_table(store):
     before = _snapshot(store)
     refused(index(store), "no texts table")
     assert _snapshot(store) == before
+
+
+# --- 4. a writer plans from the manifest it reads under its lock --------------------------------------------
+
+
+def test_a_second_precompute_plans_from_the_manifest_read_under_the_lock(real, tmp_path, tiny_teacher, monkeypatch):
+    """The second run reads the store before the first has committed teacher `more`; the first finishes while
+    the second loads its teacher; the second then takes the lock and must find every shard done."""
+    import kd.pipeline.precompute as P
+
+    out = Path(shutil.copytree(real, tmp_path / "store"))
+    src = str(real.parent / "news.txt")
+    real_load, first_done = P._load_teachers, []
+
+    def load_while_the_first_finishes(job, existing):
+        if not first_done:
+            first_done.append(True)
+            P.precompute([src], str(out), [f"more={tiny_teacher}"], shard_rows=30, outputs=["mean"], progress=False)
+            first_done.append(_snapshot(out / "teachers" / "more"))
+        return real_load(job, existing)
+
+    monkeypatch.setattr(P, "_load_teachers", load_while_the_first_finishes)
+    assert not (out / "teachers" / "more").exists()
+    summary = P.precompute([src], str(out), [f"more={tiny_teacher}"], shard_rows=30, outputs=["mean"],
+                           progress=False)
+    assert first_done
+    # every unit (3 texts shards, 3 of `more`) found committed; nothing encoded again, the first run's files kept
+    assert (summary.shards_written, summary.shards_skipped, summary.rows_computed) == (0, 6, 0), summary
+    assert _snapshot(out / "teachers" / "more") == first_done[1]
