@@ -27,6 +27,7 @@ from torch import nn
 
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.hardware import device_kind, gpu_free_memory
+from kd.common.inputs import require_regular_file
 from kd.common.layers import keep_layers, parse_layers
 from kd.storage.manifest import teacher_table
 from kd.storage.soundness import vocab_problem
@@ -283,6 +284,7 @@ def read_ids(path: str) -> tuple[int, ...]:
     - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
       overflow when compared), so it is refused with its line number, as anything else not an integer is.
     """
+    require_regular_file(path, "--exclude-ids")  # a named pipe would block the read
     try:
         lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from test_reliability_pass4_inputs import _fifo, _unblocking
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -259,3 +260,48 @@ def test_a_second_precompute_plans_from_the_manifest_read_under_the_lock(real, t
     # every unit (3 texts shards, 3 of `more`) found committed; nothing encoded again, the first run's files kept
     assert (summary.shards_written, summary.shards_skipped, summary.rows_computed) == (0, 6, 0), summary
     assert _snapshot(out / "teachers" / "more") == first_done[1]
+
+
+# --- leftovers: files kd opens itself are regular files; a JSONL key named once ------------------------------
+
+
+def test_exclude_ids_as_a_pipe_is_refused(real, tmp_path):
+    fifo = _fifo(tmp_path / "leaked.txt")
+    timer = _unblocking(fifo)
+    res = train(real, tmp_path / "student", "--exclude-ids", str(fifo))
+    timer.cancel()
+    refused(res, "not a regular file but a named pipe (FIFO)", str(fifo))
+    assert not (tmp_path / "student").exists()
+
+
+def test_a_recipe_path_that_is_a_pipe_is_refused(real, tmp_path):
+    fifo = _fifo(tmp_path / "mine.toml")
+    timer = _unblocking(fifo)
+    res = CliRunner().invoke(app, ["distill", str(real.parent / "news.txt"), "-o", str(tmp_path / "run"),
+                                   "--recipe", str(fifo), "--no-progress"])
+    timer.cancel()
+    refused(res, "not a regular file but a named pipe (FIFO)", str(fifo))
+    assert not (tmp_path / "run").exists()
+
+
+def test_agreement_texts_as_a_pipe_is_refused(tmp_path):
+    from kd.apps.eval_config import EvalConfig
+    from kd.common.errors import InputError
+
+    fifo = _fifo(tmp_path / "agree.txt")
+    timer = _unblocking(fifo)
+    with pytest.raises(InputError, match="named pipe") as e:
+        EvalConfig(students=[str(tmp_path / "student")], agreement_texts=str(fifo))
+    timer.cancel()
+    assert e.value.where == str(fifo) and e.value.fix
+
+
+def test_a_duplicate_key_in_a_jsonl_object_is_refused_with_file_and_line(tmp_path, sentences, tiny_teacher):
+    lines = [json.dumps({"text": s}) for s in sentences[:3]]
+    first, second = json.dumps(sentences[3]), json.dumps(sentences[4])
+    lines.append(f'{{"text": {first}, "label": 1, "text": {second}}}')
+    (tmp_path / "news.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["precompute", str(tmp_path / "news.jsonl"), "-t", f"tiny={tiny_teacher}", "-o",
+                                   str(tmp_path / "store"), "--no-progress"])
+    refused(res, "key 'text' appears 2 times", "news.jsonl:4")
+    assert not (tmp_path / "store").exists()
