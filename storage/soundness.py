@@ -54,7 +54,7 @@ def shard_problems(schema: pa.Schema, rows: int, recorded_rows: int, declared: d
     """What is wrong with a shard's footer against its record and its table's declared columns: another row count,
     a declared column missing or of another type, a column the manifest does not declare."""
     out = [f"{rows:,} rows, the manifest records {recorded_rows:,}"] if rows != recorded_rows else []
-    out += [f"column {col!r} missing" if have is None else f"column {col!r} is {have}, the manifest declares {want}"
+    out += [f"column {col!r} is missing" if have is None else f"column {col!r} is {have}, the manifest declares {want}"
             for col, have, want in unlike_declared(schema, declared)]
     out += [f"column {f.name!r} ({type_name(f.type)}) is not declared in the manifest"
             for f in schema if f.name not in declared]

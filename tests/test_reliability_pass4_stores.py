@@ -161,6 +161,21 @@ def test_an_undeclared_column_is_reported_and_refused_by_readers(store):
     assert _snapshot(store) == before
 
 
+def test_repair_drops_what_the_readers_refuse(real, store, tiny_teacher):
+    """A planted column and a shard file one row short: --repair drops both shards (validate and the readers
+    refuse them), and the rerun of precompute writes them again."""
+    from kd.pipeline.precompute import precompute
+
+    rewrite_shard(store, TEACHER, 0, lambda t: t.append_column("planted", pa.array(np.zeros(t.num_rows))))
+    rewrite_shard(store, TEACHER, 2, lambda t: t.slice(0, t.num_rows - 1))
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "dropped shard 0 of teachers/tiny: column 'planted'" in res.output, res.output
+    assert "dropped shard 2 of teachers/tiny: 29 rows" in res.output, res.output
+    precompute([str(real.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30,
+               outputs=["cls", "mean", "vocab"], progress=False)
+    assert validate(store).exit_code == 0
+
+
 def test_meta_dim_unlike_the_column_type_is_reported_and_refused(store, tmp_path):
     edit_manifests(store, lambda d: d["tables"][TEACHER]["meta"].__setitem__("dim", 64))
     res = validate(store)
