@@ -3,10 +3,12 @@ takes. Light to import: `kd --help` builds the command from these fields."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
+from kd.common.inputs import require_regular_file
 from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
 
 Measure = B.Measure  # one definition: an Enum (typer takes no list of Literals for the repeatable --task)
@@ -77,6 +79,8 @@ class EvalConfig:
             if len(self.text_columns) != 2:
                 raise InputError("--text-columns needs two names: A,B", ",".join(self.text_columns),
                                  "e.g. --text-columns sentence1,sentence2")
+        if self.agreement_texts is not None and os.path.exists(self.agreement_texts):
+            require_regular_file(self.agreement_texts, "--agreement-texts")  # a named pipe would block the read
         if self.store and self.agreement_texts:  # with a store, agreement is measured on its rows: the file unread
             raise InputError("--agreement-texts is for runs without --store (a store's own rows are its agreement "
                              "texts)", self.agreement_texts, "drop --agreement-texts, or --store")

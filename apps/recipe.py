@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError, KdError
+from kd.common.inputs import require_regular_file
 from kd.common.layers import parse_layers
 from kd.common.parsing import parse_toml
 from kd.student.objectives.base import parse_objective
@@ -132,6 +133,8 @@ def find(spec: str) -> Path:
         return PRESET_DIR / f"{spec}.toml"
     path = Path(spec)
     if path.suffix == ".toml" or path.exists():
+        if path.exists():  # a named pipe would block the read: refused as what it is, not as "not found"
+            require_regular_file(str(path), "the recipe")
         if not path.is_file():
             raise InputError("recipe file not found", str(path), f"pass a TOML file, or a preset: {', '.join(PRESETS)}")
         return path

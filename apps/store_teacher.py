@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kd.common.errors import StoreError
-from kd.common.finite import non_finite_rows
+from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.storage import Store
 from kd.storage.int8 import DAMAGED
 from kd.storage.schema import table_vectors, with_scales
@@ -72,9 +72,9 @@ class StoreTeacher:
         table = data.take(rows.astype(np.int64), columns=with_scales(["id", column], data.schema.names))
         where = self.store.loc.path(f"teachers/{self.name}")
         vecs = table_vectors(table, column, where)
-        bad = non_finite_rows(vecs)
+        bad = unusable_rows(vecs)
         if len(bad):
-            raise StoreError(f"{len(bad)} stored teacher vector(s) of column {column!r} hold NaN/Inf values, first at "
+            raise StoreError(f"{len(bad)} stored teacher vector(s) of column {column!r} hold {OUT_OF_RANGE}, first at "
                              f"row id {table['id'][int(bad[0])].as_py()}", where, DAMAGED)
         return vecs
 

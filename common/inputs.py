@@ -128,17 +128,20 @@ def special_file(path: str | os.PathLike) -> str | None:
     return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _NOT_REGULAR.get(stat.S_IFMT(mode), "not a file")
 
 
-def require_regular_file(path: str) -> None:
+def require_regular_file(path: str, what: str = "the input") -> None:
     """Refuse an input that is missing, a folder, or not a regular file: a named pipe would block the read (and its
-    bytes could not be hashed and then read again), a device such as /dev/zero never ends."""
+    bytes could not be hashed and then read again), a device such as /dev/zero never ends. `what`: how the message
+    names the file (e.g. "--exclude-ids"); every file kd opens by a user's path goes through here first."""
     kind = special_file(path)
     if kind is not None:
-        raise InputError(f"the input is not a regular file but {kind}", path,
+        raise InputError(f"{what} is not a regular file but {kind}", path,
                          "save what it gives to a file (e.g. cat SOURCE > corpus.txt) and pass that file")
     if os.path.isdir(path):
-        raise InputError("the input is a folder, not a file", path, "pass the files in it, e.g. 'DIR/*.txt'")
+        raise InputError(f"{what} is a folder, not a file", path,
+                         "pass the files in it, e.g. 'DIR/*.txt'" if what == "the input" else "pass a file")
     if not os.path.isfile(path):
-        raise InputError("input file not found", path, "check the path")
+        raise InputError("input file not found" if what == "the input" else f"{what}: file not found", path,
+                         "check the path")
 
 
 def read_inputs(files: list[str], spec: ColumnSpec, documents: bool = False) -> Records:
@@ -265,12 +268,31 @@ def reencode_fix(path: str) -> str:
     return f"re-encode it, e.g. iconv -f {source} -t utf-8 IN > OUT"
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, times: int) -> None:
+        super().__init__(key)
+        self.key, self.times = key, times
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's dict, refusing a key named twice: json.loads keeps the last value silently, so a line
+    `{"text": "a", "text": "b"}` would store "b" with no word."""
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise _DuplicateKey(dup, keys.count(dup))
+    return dict(pairs)
+
+
 def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
     for n, line in _text_lines(path):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            raise InputError(f"key {e.key!r} appears {e.times} times in one JSON object (JSON keeps only the last)",
+                             f"{path}:{n}", "name each key once per line") from None
         except json.JSONDecodeError as e:
             raise InputError(f"invalid JSON ({e.msg})", f"{path}:{n}", "each line must be one JSON object") from None
         except (ValueError, RecursionError) as e:  # a number past Python's digit limit, nesting too deep

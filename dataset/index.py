@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from kd.common.errors import InputError, StoreError
-from kd.common.finite import non_finite_rows
+from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
 from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
@@ -83,21 +83,28 @@ def vector_column(store: Store, table: str, column: str) -> int:
 
 
 def read_vectors(store: Store, table: str, column: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """All rows of a vector column in shard order: (ids, vectors, rows per shard); NaN/Inf refused, since a
-    non-finite vector has no cosine (an index would rank it anywhere, clustering fails)."""
+    """All rows of a vector column in shard order: (ids, vectors, rows per shard); NaN/Inf (and components past
+    MAX_ABS) refused, since such a vector has no cosine (an index would rank it anywhere, clustering fails), and an
+    id twice, since a hit is named by its id (the ids are in hand: one sort)."""
     ids, vecs, sizes = [], [], []
     for k, t in iter_shards(store, table):
         ids.append(t.column("id").to_numpy())
         vecs.append(table_vectors(t, column, store.loc.path(table)))
         sizes.append(t.num_rows)
         _refuse_non_finite(vecs[-1], ids[-1], f"{store.loc.path(table)} (shard {k}, column {column!r})")
-    return np.concatenate(ids), np.concatenate(vecs), sizes
+    every = np.concatenate(ids)
+    values, counts = np.unique(every, return_counts=True)
+    if len(values) != len(every):
+        raise StoreError(f"id {int(values[counts > 1][0])} appears twice in table {table!r} (a hit is named by its id)",
+                         store.loc.path(table), "kd precompute never writes an id twice: the store was changed after "
+                         "it was written; write it again (kd precompute into a new --out), and run kd validate on it")
+    return every, np.concatenate(vecs), sizes
 
 
 def _refuse_non_finite(vectors: np.ndarray, ids: np.ndarray, where: str) -> None:
-    bad = non_finite_rows(vectors)
+    bad = unusable_rows(vectors)
     if len(bad):
-        raise StoreError(f"{len(bad)} vector(s) hold NaN/Inf values, first at row id {int(ids[bad[0]])}", where,
+        raise StoreError(f"{len(bad)} vector(s) hold {OUT_OF_RANGE}, first at row id {int(ids[bad[0]])}", where,
                          f"{DAMAGED}; or pick another column")
 
 

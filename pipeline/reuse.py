@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from kd.common.errors import InputError, StoreError
-from kd.common.finite import non_finite_rows
+from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.storage.alignment import ids_digest
 from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import settings
@@ -148,9 +148,9 @@ def refuse_non_finite_rows(source: ReuseSource, rows: pa.Table) -> None:
         if not vector_shape(rows.schema.field(c).type) or is_scale_column(c):
             continue  # (a scale column is checked with its vectors by table_vectors)
         where = f"{source.store.root} (teachers/{source.teacher}, column {c!r})"
-        bad = non_finite_rows(table_vectors(rows, c, where))
+        bad = unusable_rows(table_vectors(rows, c, where))
         if len(bad):
-            raise StoreError(f"--reuse: the store holds {len(bad)} non-finite (NaN/Inf) {c!r} vector(s) of teacher "
+            raise StoreError(f"--reuse: the store holds {len(bad)} {c!r} vector(s) holding {OUT_OF_RANGE} of teacher "
                              f"{source.teacher!r}, first at row id {rows['id'][int(bad[0])].as_py()}; nothing of "
                              "this shard was committed", where,
                              f"run kd validate {source.store.root} --repair (it drops the bad shards), or drop "

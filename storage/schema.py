@@ -18,6 +18,7 @@ from enum import Enum
 import numpy as np
 import pyarrow as pa
 
+from kd.common.finite import MAX_ABS
 from kd.storage.int8 import dequantize, quantize, scale_column
 
 
@@ -170,7 +171,8 @@ def unlike_declared(schema: pa.Schema, declared: dict[str, str]) -> list[tuple[s
 
 def non_finite_columns(table: pa.Table) -> list[tuple[str, int, list]]:
     """(column, first ids of its bad rows) for every float vector column holding NaN/Inf (what an fp16 overflow
-    or a damaged file writes): validate reports them, --repair drops their shard, readers refuse them."""
+    or a damaged file writes) or a component beyond `common.finite.MAX_ABS` (a forged 3e38 is finite, and overflows
+    the first norm): validate reports them, --repair drops their shard, readers refuse them."""
     import pyarrow.compute as pc
 
     out = []
@@ -181,10 +183,12 @@ def non_finite_columns(table: pa.Table) -> list[tuple[str, int, list]]:
         if f.name == "label" or not pa.types.is_floating(col.type):
             continue
         flat = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        if np.isfinite(flat).all():
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(flat) <= MAX_ABS  # NaN compares False
+        if ok.all():
             continue
         per_row = max(1, len(flat) // max(1, table.num_rows))
-        rows = np.unique(np.nonzero(~np.isfinite(flat))[0] // per_row)
+        rows = np.unique(np.nonzero(~ok)[0] // per_row)
         ids = table["id"].to_pylist() if "id" in table.column_names else list(range(table.num_rows))
         out.append((f.name, len(rows), [ids[i] for i in rows[:3]]))
     return out

@@ -35,7 +35,8 @@ from kd.storage.manifest import (
     plan_problems,
     same_settings,
 )
-from kd.storage.schema import tensors_problem, unlike_declared
+from kd.storage.schema import tensors_problem
+from kd.storage.soundness import manifest_problems, shard_problems
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -90,13 +91,21 @@ class Store:
     _texts_ids: dict[int, str] = field(default_factory=dict, repr=False)  # ids digests computed from texts files
 
     @classmethod
-    def open(cls, uri: str | os.PathLike) -> Store:
+    def open(cls, uri: str | os.PathLike, sound: bool = True) -> Store:
+        """The store at `uri`; its manifest is refused unless sound (`soundness.manifest_problems`: the row plan,
+        the texts table, dims), so no reader runs on what `kd validate` refuses. `sound=False`: opened to be
+        reported on (`kd validate`, `kd info`), whatever its state."""
         loc = fs.resolve(uri)
         m = load_manifest(loc)
         if m is None:
             raise StoreError(
                 "no kd store here (no manifest.json)", loc.root, "create one with: kd precompute INPUT --out STORE"
             )
+        problems = manifest_problems(m) if sound else []
+        if problems:
+            raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path(MANIFEST),
+                             f"run `kd validate {loc.root}` for every problem; a damaged row plan or table record "
+                             "cannot be repaired: write the store again (a new --out, or --overwrite)")
         return cls(loc, m)
 
     @property
@@ -173,22 +182,22 @@ class Store:
         return data
 
     def check_schema(self, name: str, k: int, data: bytes | None = None) -> None:
-        """Refuse shard k whose bytes are not Parquet, or whose columns are not the types the manifest declares
-        for its table (a file swapped in with its checksum forged to match): readers would fail on it deep
-        inside numpy or DuckDB, or read other numbers. `data`: its bytes, already read (None: its footer is read
-        from the file)."""
-        path = self.loc.path(self.shard_record(name, k).file)
+        """Refuse shard k whose bytes are not Parquet, or whose footer disagrees with its record and its table's
+        declared columns (`soundness.shard_problems`: row count, a column missing, of another type or undeclared):
+        a file swapped in with its checksum forged to match. Readers would fail on it deep inside numpy or
+        DuckDB, or read other numbers. `data`: its bytes, already read (None: its footer is read from the file)."""
+        rec = self.shard_record(name, k)
+        path = self.loc.path(rec.file)
         try:
             with (contextlib.nullcontext(pa.BufferReader(data)) if data is not None
-                  else self.loc.fs.open_input_file(self.path_of(self.shard_record(name, k).file))) as f:
-                schema = pq.read_schema(f)
+                  else self.loc.fs.open_input_file(self.path_of(rec.file))) as f:
+                footer = pq.read_metadata(f)
+                schema = footer.schema.to_arrow_schema()
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"not a readable Parquet file ({' '.join(str(e).split())[:200]})", path, REPAIR) from e
-        # (a missing column is the reader's to name: it asks for columns)
-        wrong = [w for w in unlike_declared(schema, self.table(name).columns) if w[1] is not None]
-        if wrong:
-            raise StoreError(f"column {wrong[0][0]!r} is {wrong[0][1]}, the manifest declares {wrong[0][2]}", path,
-                             REPAIR)
+        problems = shard_problems(schema, footer.num_rows, rec.rows, self.table(name).columns)
+        if problems:
+            raise StoreError(problems[0], path, REPAIR)
 
     def check_aligned(self, name: str, k: int, digest: str | None) -> None:
         """Refuse shard k of table `name` whose ids (`digest`: of the ids read) are not those of texts shard k.
@@ -501,18 +510,20 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     - A new or empty location becomes a store.
     - A store made from the same inputs and row plan is resumed/extended.
     - Anything else is refused unless `overwrite`, so no data is lost by a typo in --out.
-    - `existing`: the merged manifest the caller already loaded from `uri` (None: loaded here); the writer keeps
-      it as `.existing` (None once --overwrite wiped it).
+    - `existing`: the merged manifest the caller already loaded from `uri` (None: loaded here), used only for the
+      check before the lock. Under the lock the manifest is read again, and the writer keeps that one as
+      `.existing` (None once --overwrite wiped it): what it plans from. Another writer of the same id may have
+      committed between the caller's read and the lock (a second `kd precompute` started as the first finishes),
+      and a plan from the earlier read re-encodes its shards and reports a wrong count.
     """
     loc = fs.resolve(uri)
     refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
     lock = _acquire_lock(loc, writer_id)
     try:
-        if existing is None:
-            existing = readable_manifest(loc, overwrite)
-            if existing is None and overwrite and (fs.exists(loc, MANIFEST) or fs.exists(loc, FRAGMENTS)):
-                _wipe(loc)  # a store whose records cannot be read: --overwrite replaces it (under the lock)
+        existing = readable_manifest(loc, overwrite)
+        if existing is None and overwrite and (fs.exists(loc, MANIFEST) or fs.exists(loc, FRAGMENTS)):
+            _wipe(loc)  # a store whose records cannot be read: --overwrite replaces it (under the lock)
         existing = _existing_store(loc, header, overwrite, existing)
         own = None
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):

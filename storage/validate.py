@@ -1,5 +1,7 @@
 """Re-check a store: every committed shard exists, matches its checksum, has the declared schema,
-and holds the same ids in the same order as the `texts` shard it is aligned with.
+and holds the same ids in the same order as the `texts` shard it is aligned with; what every reader checks on
+open (`soundness`: row plan, tables, dims, footers) and the content checks that read every value (ids are unique
+content hashes of their texts, vectors finite and in range, vocab outputs of the teacher's width).
 
 Returns a list of problems (empty when the store is sound); each names the file it is about.
 """
@@ -12,11 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
+from kd.common.finite import OUT_OF_RANGE
 from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
-from kd.storage.manifest import plan_problems, teacher_table
-from kd.storage.schema import is_int8, non_finite_columns, table_vectors, unlike_declared
+from kd.storage.manifest import teacher_table
+from kd.storage.schema import is_int8, non_finite_columns, table_vectors
+from kd.storage.soundness import id_problems, manifest_problems, shard_problems, vocab_problem
 from kd.storage.store import Store
 
 
@@ -33,30 +37,53 @@ def validate(store: Store) -> list[Problem]:
     problems: list[Problem] = []
     m = store.manifest
     text_ids: dict[int, pa.Array] = {}
-    names = ["texts", *sorted(n for n in m.tables if n != "texts")]
-    for name in names:
-        rec = m.tables.get(name)
-        if rec is None:
-            problems.append(Problem(store.loc.path("manifest.json"), "no texts table"))
-            continue
+    texts: dict[int, pa.Table] = {}  # the texts shards read whole, for the content-hash check
+    for name in [n for n in ("texts",) if n in m.tables] + sorted(n for n in m.tables if n != "texts"):
+        rec = m.tables[name]
         count, first = rec.missing(m.num_shards)
         if count:
             problems.append(Problem(store.loc.path(name), f"{count} shard(s) missing: {first}"))
         for k, shard in sorted(rec.shards.items()):
-            problems += _check_shard(store, name, k, shard, rec.columns, text_ids)
-    plan = [Problem(store.loc.path("manifest.json"), what) for what in plan_problems(m)]
-    return plan + problems + _check_files(store) + _check_teacher_files(store) + _check_indexes(store)
+            problems += _check_shard(store, name, k, shard, rec.columns, text_ids, texts)
+    plan = [Problem(store.loc.path("manifest.json"), what) for what in manifest_problems(m)]
+    return (plan + problems + _check_ids(store, texts) + _check_files(store) + _check_teacher_files(store)
+            + _check_indexes(store))
+
+
+def _check_ids(store: Store, texts: dict[int, pa.Table]) -> list[Problem]:
+    """Every texts id once, and the content hash of its text (checked when every texts shard could be read)."""
+    m = store.manifest
+    if sorted(texts) != list(range(m.num_shards)):
+        return []
+    sampled = bool((m.inputs.get("options") or {}).get("sample")) or bool((m.inputs.get("counts") or {})
+                                                                           .get("sampled_out"))
+    return [Problem(store.loc.path(m.tables["texts"].shards[k].file), what)
+            for k, what in id_problems([texts[k] for k in sorted(texts)], m.pairs, sampled)]
 
 
 def _check_files(store: Store) -> list[Problem]:
-    """Tokenizer and embedding files whose sha256 the manifest records."""
+    """Tokenizer and embedding files whose sha256 the manifest records; a vocab output of the wrong shape."""
     out = []
     for rel in sorted(store.manifest.extras.get("files", {})):
         try:
             store.verify_folder(*rel.split("/"))
+            why = vocab_shape_problem(store, rel)
         except StoreError as e:
             out.append(Problem(e.where or rel, e.what))
+            continue
+        out += [Problem(store.loc.path(rel), why)] if why else []
     return out
+
+
+def vocab_shape_problem(store: Store, rel: str) -> str | None:
+    """What is wrong with the shape of the vocab output at `rel` (None: sound, or not a vocab output)."""
+    parts = rel.split("/")
+    if len(parts) != 3 or parts[0] != "teachers" or parts[2] != "vocab.safetensors":
+        return None
+    from safetensors.numpy import load
+
+    rec = store.manifest.tables.get(teacher_table(parts[1]))
+    return vocab_problem(load(store.read_recorded(rel)), rec.meta.get("dim") if rec is not None else None)
 
 
 def _check_teacher_files(store: Store) -> list[Problem]:
@@ -84,7 +111,8 @@ def _check_indexes(store: Store) -> list[Problem]:
     return out
 
 
-def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str], text_ids) -> list[Problem]:
+def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str], text_ids,
+                 texts: dict[int, pa.Table]) -> list[Problem]:
     path = store.loc.path(shard.file)
     try:
         store.path_of(shard.file, f"tables.{name}.shards.{k}.file")  # a symlink out of the store: never read
@@ -100,11 +128,9 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
         table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as e:
         return [Problem(path, f"unreadable parquet: {e}")]
-    out = []
-    if table.num_rows != shard.rows:
-        out.append(Problem(path, f"{table.num_rows} rows, manifest says {shard.rows}"))
-    out += [Problem(path, f"column {col!r} missing" if have is None else f"column {col!r} is {have}, manifest says "
-                          f"{want}") for col, have, want in unlike_declared(table.schema, columns)]
+    out = [Problem(path, what) for what in shard_problems(table.schema, table.num_rows, shard.rows, columns)]
+    if name == "texts" and not out:
+        texts[k] = table
     out += _non_finite(table, path) + _bad_scales(table, path)
     if "id" in table.column_names:
         why = _ids_problem(store, name, k, shard, table["id"].combine_chunks(), text_ids)
@@ -143,13 +169,13 @@ def _bad_scales(table: pa.Table, path: str) -> list[Problem]:
 
 
 def _non_finite(table: pa.Table, path: str) -> list[Problem]:
-    return [Problem(path, f"column {c!r} has non-finite (NaN/Inf) values in {n} row(s), first ids {ids}")
+    return [Problem(path, f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}")
             for c, n, ids in non_finite_columns(table)]
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:
     try:
-        store = Store.open(store_path)
+        store = Store.open(store_path, sound=False)  # validate reports a damaged manifest, problem by problem
     except StoreError:
         raise
     return store, validate(store)

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from kd.common.errors import InputError, StoreError
 from kd.common.fast_tokenizer import FastTokenizer
-from kd.common.finite import non_finite_rows
+from kd.common.finite import MAX_ABS, unusable_rows
 from kd.common.padding import pad_rows
 from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
@@ -280,11 +280,12 @@ def _check_finite(store: Store, table: str, k: int, columns: list[str], chunk_ro
     """
     for part in _batches(store, table, k, columns, chunk_rows):
         for c in columns[1:]:
-            bad = non_finite_rows(table_vectors(part, c, _shard_path(store, table, k)))
+            bad = unusable_rows(table_vectors(part, c, _shard_path(store, table, k)))
             if len(bad):
                 raise StoreError(
-                    f"column {c!r} of table {table!r} is not finite (NaN/Inf) in shard {k}, first at row id "
-                    f"{int(part.column('id')[int(bad[0])].as_py())} ({len(bad)} row(s) in this chunk)",
+                    f"column {c!r} of table {table!r} is not finite (NaN/Inf) or out of range (|value| > "
+                    f"{MAX_ABS:g}) in shard {k}, first at row id {int(part.column('id')[int(bad[0])].as_py())} "
+                    f"({len(bad)} row(s) in this chunk)",
                     _shard_path(store, table, k),
                     DAMAGED)
 

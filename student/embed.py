@@ -160,7 +160,8 @@ def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overw
     w = open_writer(path, store.manifest, wid)
     try:
         w.declare(table, "student", {"id": "int64", **dict.fromkeys(out_cols, vtype)}, meta)
-        done = set(store.manifest.tables[table].shards) if table in store.manifest.tables else set()
+        now = w.existing or store.manifest  # read under the lock: what another run committed since counts as done
+        done = set(now.tables[table].shards) if table in now.tables else set()
         done |= set(w.manifest.tables[table].shards)
         todo = [k for k in sorted(texts.shards) if k not in done]
         rows = 0

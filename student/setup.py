@@ -25,11 +25,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from kd.common.errors import InputError, KdError
+from kd.common.errors import InputError, KdError, StoreError
 from kd.common.hardware import device_kind, gpu_free_memory
+from kd.common.inputs import require_regular_file
 from kd.common.layers import keep_layers, parse_layers
 from kd.storage.manifest import teacher_table
-from kd.storage.store import Store
+from kd.storage.soundness import vocab_problem
+from kd.storage.store import Store, file_repair
 from kd.student import data as D
 from kd.student.models import Student, StudentConfig, build_student, pca_embeddings, require_memory
 from kd.student.objectives import build_objectives, required_columns
@@ -290,6 +292,7 @@ def read_ids(path: str) -> tuple[int, ...]:
     - every id must fit the store's int64 `id` column: one that does not cannot name a row (it would
       overflow when compared), so it is refused with its line number, as anything else not an integer is.
     """
+    require_regular_file(path, "--exclude-ids")  # a named pipe would block the read
     try:
         lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -374,7 +377,11 @@ def vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
     rel = f"teachers/{teacher}/vocab.safetensors"
     if rel not in store.manifest.extras.get("files", {}) or not store.loc.is_local:
         return None
-    return load(store.read_recorded(rel))["vectors"]
+    tensors = load(store.read_recorded(rel))
+    why = vocab_problem(tensors, store.table(teacher_table(teacher)).meta.get("dim"))
+    if why:  # else PCA of a matrix of another width, and the error blames --embed-dim
+        raise StoreError(why, store.loc.path(rel), file_repair(store.root))
+    return tensors["vectors"]
 
 
 def _sif(s: Setup, vocab_size: int) -> np.ndarray:

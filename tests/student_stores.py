@@ -8,6 +8,7 @@ learnable function of the text, and a student whose loss falls has learned somet
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pyarrow as pa
 from conftest import WORDS, build_tiny_bert
 from safetensors.numpy import save_file
 
+from kd.common.ids import text_id, text_key
 from kd.storage.manifest import Manifest
 from kd.storage.schema import VectorDType, texts_schema, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import open_writer
@@ -97,13 +99,18 @@ def make_store(path: Path, *, rows: int = 240, shards: int = 2, dim: int = 16, n
         "tokenizer": f"tokenizers/{TEACHER}", "input_embeddings": f"teachers/{TEACHER}/input_embeddings.safetensors",
     }
     w.declare(f"teachers/{TEACHER}", "teacher", tcols, meta)
+    seen: Counter[str] = Counter()  # content-hash ids, as kd precompute gives them (kd validate checks them)
     for k in range(shards):
         n = min(per, rows - k * per)
-        ids = rng.integers(-(2**62), 2**62, size=n, dtype=np.int64)
+        rng.integers(-(2**62), 2**62, size=n, dtype=np.int64)  # (the random ids it once drew: later draws unchanged)
+        sides = [random_texts(n, seed * 1000 + k * 10 + i) for i in range(len(suffixes))]
+        ids = np.empty(n, np.int64)
+        for i, text in enumerate(zip(*sides) if pairs else sides[0]):
+            key = text_key(text)
+            ids[i], seen[key] = text_id(key, seen[key]), seen[key] + 1
         cols: dict[str, pa.Array] = {"id": pa.array(ids)}
         tvals: dict[str, pa.Array] = {"id": pa.array(ids), "n_tokens": pa.array(np.full(n, 8, np.int32)),
                                       "truncated": pa.array(np.zeros(n, bool))}
-        sides = [random_texts(n, seed * 1000 + k * 10 + i) for i in range(len(suffixes))]
         for s, texts in zip(suffixes, sides):
             cols[f"text{s}"] = pa.array(texts)
             for o, v in teacher_vectors(texts).items():
