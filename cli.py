@@ -229,7 +229,8 @@ def precompute(job: PrecomputeJob) -> None:
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
         + (f"and {s.rows_reused:,} copied from --reuse " if s.rows_reused else "")
         + f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
-        f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, {s.rate:,.0f} rows/s, "
+        f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, "
+        f"{s.rate:,.{0 if s.rate >= 10 else 1}f} rows/s, "  # (a slow teacher's 0.3 rows/s is not "0 rows/s")
         f"{s.bytes_written / 1e6:.1f} MB" + (f"; {s.retried} unit(s) retried (their worker died)" if s.retried else "")
         + ("; rows per Ray node: " + ", ".join(f"{n[:12]}={r:,}" for n, r in s.rows_per_node.items())
            if s.rows_per_node else "")
