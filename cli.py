@@ -375,8 +375,9 @@ def export_cmd(
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)
 def _wide() -> Console:
-    """The results console; piped or logged output gets 200 columns so the table is not squashed."""
-    return term if term.is_terminal else Console(width=200)
+    """The results console; piped or logged output gets 200 columns so the table is not squashed, unless COLUMNS
+    says how wide the reader is (the table then splits to fit: EvalReport.rich_table)."""
+    return term if term.is_terminal or os.environ.get("COLUMNS") else Console(width=200)
 
 
 @app.command("eval")
@@ -386,7 +387,8 @@ def eval_(cfg: EvalConfig) -> None:
     from kd.apps.eval import evaluate
 
     report = evaluate(cfg)
-    _wide().print(report.rich_table())
+    out = _wide()
+    out.print(report.rich_table(out.width))
     for key, note in report.info.items():
         if isinstance(note, str):
             term.print(f"[dim]{key}: {note}[/]")
@@ -399,7 +401,8 @@ def demo(cfg: DemoConfig) -> None:
     from kd.apps.demo import run_demo
 
     res = run_demo(cfg)
-    _wide().print(res.report.rich_table())
+    out = _wide()
+    out.print(res.report.rich_table(out.width))
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
     term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
                f"[bold]{res.out}[/]: store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/")

@@ -138,18 +138,38 @@ class EvalReport:
         notes += [f"- [{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)]
         return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
-    def rich_table(self):  # -> rich.table.Table (rich imported lazily)
+    def rich_table(self, width: int | None = None):  # -> a rich renderable (rich imported lazily)
+        """The table; where it does not fit `width` columns (an 80-column terminal), several tables, each with the
+        model and kind columns and as many measures as fit, headers one word a line: rich would otherwise cut
+        every cell to "8…". Widths are computed here and no cell wraps, so rich has nothing left to shrink."""
+        from rich.console import Group
         from rich.table import Table
 
-        t = Table(title="kd eval", header_style="bold")
-        t.add_column("model")
-        t.add_column("kind")
-        for c in self.columns:
-            t.add_column(c.header, justify="right")
-        for m in self.models:
-            t.add_row(m.name, m.kind, *[self.cell(m, c) for c in self.columns])
-        t.caption = "\n".join(f"[{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)) or None
-        return t
+        rows = [[m.name, m.kind, *[self.cell(m, c) for c in self.columns]] for m in self.models]
+        heads = ["model", "kind", *[c.header for c in self.columns]]
+
+        def need(i: int, head: str) -> int:  # a column: its widest line, padding and a border
+            return max(len(line) for cell in [head, *(r[i] for r in rows)] for line in cell.split("\n")) + 3
+
+        if width and 1 + sum(need(i, h) for i, h in enumerate(heads)) > width:
+            heads = [h.replace(" ", "\n") for h in heads]
+        widths = [need(i, h) for i, h in enumerate(heads)]
+        groups: list[list[int]] = [[]]
+        for i in range(2, len(heads)):
+            if groups[-1] and width and 1 + widths[0] + widths[1] + sum(widths[j] for j in groups[-1] + [i]) > width:
+                groups.append([])
+            groups[-1].append(i)
+        tables = []
+        for n, group in enumerate(groups):
+            t = Table(title="kd eval" if n == 0 else None, header_style="bold")
+            for i in [0, 1, *group]:
+                t.add_column(heads[i], justify="right" if i > 1 else "left", no_wrap=True)
+            for r in rows:
+                t.add_row(r[0], r[1], *[r[i] for i in group])
+            tables.append(t)
+        tables[-1].caption = "\n".join(f"[{i}] {name}: {why}"
+                                       for i, (name, why) in enumerate(self.empty_notes(), 1)) or None
+        return tables[0] if len(tables) == 1 else Group(*tables)
 
 
 def _why(row: ModelResult, col: Column) -> str | None:
