@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from kd.apps.models import (
     teacher_model,
 )
 from kd.apps.plots import PLOT_FILES
-from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads
+from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads, speed_texts
 from kd.apps.store_teacher import StoreTeacher
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
@@ -199,12 +198,9 @@ class _Bars:
         pass
 
     def encode(self, model: EvalModel, texts: list[str], what: str) -> np.ndarray:
+        _ = model.loaded  # before the bar: loading (a first unpack, an export) is a step line, not its first batch
         with Bar(f"{model.name}: {what}", len(set(texts)), "texts", self.enabled) as bar:
             return model.encode(texts, progress=bar.advance)
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(text, file=sys.stderr)
 
 
 @dataclass
@@ -492,9 +488,8 @@ def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
                      f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency; "
                      f"{torch.get_num_threads()} torch thread(s)")
     for m in teacher.each(others):
-        bars.note(f"timing {m.name}")
         try:
-            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None)
+            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None, bars)
         except KdError as e:
             rows[m.name].details["speed"] = f"not measured: {e.what}"
             continue
@@ -507,7 +502,7 @@ def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
             rows[m.name].details["size"] = size.to_dict()
 
 
-def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None
+def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None, bars: _Bars
            ) -> tuple[SpeedResult, SizeResult | None, bool]:
     """Speed and size of `m`, and whether they came from `cache` (the teacher's, timed here with the same
     threads and texts by an earlier call: timing it again would load the teacher only for that)."""
@@ -518,7 +513,10 @@ def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None
     got = _speed_record(cache.speed(settings)) if cache is not None else None
     if got is not None:
         return *got, True
-    sp, size = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big), m.size()
+    _ = m.loaded  # (a step line of its own)
+    with Bar(f"{m.name}: timing", speed_texts(texts, cfg.speed_b1, cfg.speed_big), "texts", bars.enabled) as bar:
+        sp = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big, progress=bar.advance)
+    size = m.size()
     if cache is not None:
         cache.put_speed(settings, sp.to_dict(), asdict(size) if size is not None else None)
     return sp, size, False
