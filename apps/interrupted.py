@@ -3,9 +3,9 @@
 A stop must never leave a user guessing whether an hour of work is lost: the CLI turns the interrupt into a
 `Stopped` (exit 130 / 143) whose message says what is on disk and ends with the command to run next. What each
 command keeps is its own design (docs/design.md): precompute commits shards and keeps a shard's finished batches
-(`pipeline/partial.py`), train-student checkpoints, distill resumes from its finished steps, embed commits shards,
-eval caches the teacher's vectors; export and index build in a temporary place and rename at the end, so nothing
-half-written is left and the same command starts over.
+(`pipeline/partial.py`), train-student checkpoints, distill and demo resume from their finished steps, embed
+commits shards, eval caches the teacher's vectors; export and index build in a temporary place and rename at the
+end, so nothing half-written is left and the same command starts over.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ _KEPT: dict[str, Kept] = {
                                 "--checkpoint-every steps and at each epoch's end; none before the first)"),
     "distill": lambda p: (f"every finished step in {p.get('out') or 'the output folder'} is kept (the store's "
                           "committed shards, each stage's checkpoints and trained students, the choice)"),
+    "demo": lambda p: (f"in {p.get('out') or 'the output folder'}: the store's committed shards (and the "
+                       "finished batches of the shard in flight), each finished student and the last checkpoint of "
+                       "the one in training are kept"),
     "embed": lambda p: "the shards already committed are kept",
     "eval": lambda p: ("the teacher's vectors of the sets finished so far are kept in kd's cache folder"
                        + (" (not with --no-cache)" if p.get("cache") is False else "")
@@ -35,8 +38,8 @@ _KEPT: dict[str, Kept] = {
 }
 
 # Options that discard what a stopped run kept: the resume command leaves them out (train-student's --overwrite
-# deletes the checkpoint the rerun should continue from, --no-resume ignores it).
-_DISCARDS = {"train-student": ("--overwrite", "--no-resume")}
+# deletes the checkpoint the rerun should continue from, --no-resume ignores it; demo's redoes every stage).
+_DISCARDS = {"train-student": ("--overwrite", "--no-resume"), "demo": ("--overwrite",)}
 
 
 def resume_command(command: str, argv: Sequence[str]) -> str:

@@ -90,6 +90,8 @@ CASES = {  # command line, the library function that hangs, what the message say
                "nothing: the export is built in a temporary folder"),
     "index": (["index", "{tmp}/store", "--table", "minilm", "--column", "sentence"], "kd.dataset.index:build_index",
               "nothing: the index files are written at the end"),
+    "demo": (["demo", "--out", "{tmp}/demo", "--overwrite"], "kd.apps.demo:run_demo",
+             "in {tmp}/demo: the store's committed shards"),
     "embed": (["embed", "{tmp}/store", "--student", "s"], "kd.student.embed:embed",
               "the shards already committed are kept"),
     "distill": (["distill", "{tmp}/news.txt", "-o", "{tmp}/run"], "kd.apps.distill:distill",
@@ -108,5 +110,5 @@ def test_every_long_command_says_what_it_kept_and_how_to_resume(tmp_path, comman
     said = _stop(proc, sig, ready.exists)
     assert proc.returncode == 128 + sig, said[-3000:]
     assert f"kd {command} stopped by {signal.Signals(sig).name}: {kept.format(tmp=tmp_path)}" in said, said
-    resume = [a for a in args if a != "--overwrite"]  # it would discard the checkpoint the rerun continues from
+    resume = [a for a in args if a != "--overwrite"]  # it would discard what the rerun continues from
     assert f"resume: {shlex.join(['kd', *resume])}" in said, said
