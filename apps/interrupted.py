@@ -20,7 +20,7 @@ Kept = Callable[[dict[str, Any]], str]
 
 _KEPT: dict[str, Kept] = {
     "precompute": lambda p: (f"the shards committed to {p.get('out') or p.get('add_to') or 'the store'} and the "
-                             "finished batches of the shard in flight (kept at least every 60 s) are kept"),
+                             "finished batches of the shard in flight are kept"),
     "train-student": lambda p: (f"the last checkpoint in {p.get('out') or 'the output folder'} is kept (one every "
                                 "--checkpoint-every steps and at each epoch's end; none before the first)"),
     "distill": lambda p: (f"every finished step in {p.get('out') or 'the output folder'} is kept (the store's "

@@ -81,6 +81,8 @@ def test_precompute_says_what_it_kept_and_how_to_resume(tmp_path, sentences, tin
     assert f"the shards committed to {out} and the finished batches of the shard in flight" in said
     assert f"resume: {shlex.join(['kd', *args])}" in said
     assert list((out / P.FOLDER).rglob("part-*.safetensors"))  # what it says it kept is there
+    res = subprocess.run([sys.executable, "-m", "kd", *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and not (out / P.FOLDER).exists(), res.stderr[-3000:]  # and the line resumes
 
 
 CASES = {  # command line, the library function that hangs, what the message says was kept
