@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import signal
 import sys
 import types
 import typing
@@ -29,6 +30,7 @@ from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
+from kd.common.stop import Stopped, sigterm_interrupts
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
 from kd.student.finetune_config import FinetuneConfig
@@ -46,18 +48,43 @@ class _Commands(TyperGroup):
     A user-caused one (full disk, no permission, a wrong path, invalid JSON, a binary file, input nested too
     deeply: `as_kd_error`) is printed as what/where/fix and exits 2, never as a traceback; anything else is a
     bug and keeps its traceback, as does everything under --debug.
+
+    Ctrl-C or SIGTERM (raised as a KeyboardInterrupt, `sigterm_interrupts`) is never a bare "Aborted!" or a
+    silent death: it exits 130 / 143 saying what the command kept and the exact line that resumes it
+    (`apps.interrupted`); a command that stops on its own (`Stopped`: training, Ray) gets that line too.
     """
 
     def invoke(self, ctx: Any) -> Any:
+        argv = [*getattr(ctx, "_protected_args", ()), *ctx.args]  # the command line after `kd` (click empties it)
         try:
-            return super().invoke(ctx)
+            with sigterm_interrupts():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            if _debug(ctx):
+                raise
+            from kd.apps.interrupted import interrupted
+
+            name = ctx.invoked_subcommand or (argv[0] if argv else "")
+            _fail(interrupted(name, self._params(ctx, argv), getattr(e, "signum", signal.SIGINT), argv))
         except Exception as e:
             err = as_kd_error(e)
             if err is None or _debug(ctx):
                 raise
             if err.where is None:  # e.g. a write to an open file fails: the OSError names no file
                 err = err.at(f"while running kd {ctx.invoked_subcommand}")
+            if isinstance(err, Stopped) and err.resume is None:
+                from kd.apps.interrupted import resume_command
+
+                err = err.resuming(resume_command(ctx.invoked_subcommand or "", argv))
             _fail(err)
+
+    def _params(self, ctx: Any, argv: list[str]) -> dict[str, Any]:
+        """The stopped command's options as parsed (its paths name what was kept); {} if they cannot be read."""
+        try:
+            cmd = self.get_command(ctx, argv[0])
+            return cmd.make_context(argv[0], argv[1:], parent=ctx, resilient_parsing=True).params
+        except Exception:  # only a message's detail depends on it
+            return {}
 
 
 app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False,
@@ -349,8 +376,9 @@ def export_cmd(
 # --- evaluation and demo -------------------------------------------------------------------------
 # (eval commands)
 def _wide() -> Console:
-    """The results console; piped or logged output gets 200 columns so the table is not squashed."""
-    return term if term.is_terminal else Console(width=200)
+    """The results console; piped or logged output gets 200 columns so the table is not squashed, unless COLUMNS
+    says how wide the reader is (the table then splits to fit: EvalReport.rich_table)."""
+    return term if term.is_terminal or os.environ.get("COLUMNS") else Console(width=200)
 
 
 @app.command("eval")
@@ -360,7 +388,8 @@ def eval_(cfg: EvalConfig) -> None:
     from kd.apps.eval import evaluate
 
     report = evaluate(cfg)
-    _wide().print(report.rich_table())
+    out = _wide()
+    out.print(report.rich_table(out.width))
     for key, note in report.info.items():
         if isinstance(note, str):
             term.print(f"[dim]{key}: {note}[/]")
@@ -373,7 +402,8 @@ def demo(cfg: DemoConfig) -> None:
     from kd.apps.demo import run_demo
 
     res = run_demo(cfg)
-    _wide().print(res.report.rich_table())
+    out = _wide()
+    out.print(res.report.rich_table(out.width))
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
     term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
                f"[bold]{res.out}[/]: store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from kd.apps.models import (
     teacher_model,
 )
 from kd.apps.plots import PLOT_FILES
-from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads
+from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads, speed_texts
 from kd.apps.store_teacher import StoreTeacher
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
@@ -138,18 +137,38 @@ class EvalReport:
         notes += [f"- [{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)]
         return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
-    def rich_table(self):  # -> rich.table.Table (rich imported lazily)
+    def rich_table(self, width: int | None = None):  # -> a rich renderable (rich imported lazily)
+        """The table; where it does not fit `width` columns (an 80-column terminal), several tables, each with the
+        model and kind columns and as many measures as fit, headers one word a line: rich would otherwise cut
+        every cell to "8…". Widths are computed here and no cell wraps, so rich has nothing left to shrink."""
+        from rich.console import Group
         from rich.table import Table
 
-        t = Table(title="kd eval", header_style="bold")
-        t.add_column("model")
-        t.add_column("kind")
-        for c in self.columns:
-            t.add_column(c.header, justify="right")
-        for m in self.models:
-            t.add_row(m.name, m.kind, *[self.cell(m, c) for c in self.columns])
-        t.caption = "\n".join(f"[{i}] {name}: {why}" for i, (name, why) in enumerate(self.empty_notes(), 1)) or None
-        return t
+        rows = [[m.name, m.kind, *[self.cell(m, c) for c in self.columns]] for m in self.models]
+        heads = ["model", "kind", *[c.header for c in self.columns]]
+
+        def need(i: int, head: str) -> int:  # a column: its widest line, padding and a border
+            return max(len(line) for cell in [head, *(r[i] for r in rows)] for line in cell.split("\n")) + 3
+
+        if width and 1 + sum(need(i, h) for i, h in enumerate(heads)) > width:
+            heads = [h.replace(" ", "\n") for h in heads]
+        widths = [need(i, h) for i, h in enumerate(heads)]
+        groups: list[list[int]] = [[]]
+        for i in range(2, len(heads)):
+            if groups[-1] and width and 1 + widths[0] + widths[1] + sum(widths[j] for j in groups[-1] + [i]) > width:
+                groups.append([])
+            groups[-1].append(i)
+        tables = []
+        for n, group in enumerate(groups):
+            t = Table(title="kd eval" if n == 0 else None, header_style="bold")
+            for i in [0, 1, *group]:
+                t.add_column(heads[i], justify="right" if i > 1 else "left", no_wrap=True)
+            for r in rows:
+                t.add_row(r[0], r[1], *[r[i] for i in group])
+            tables.append(t)
+        tables[-1].caption = "\n".join(f"[{i}] {name}: {why}"
+                                       for i, (name, why) in enumerate(self.empty_notes(), 1)) or None
+        return tables[0] if len(tables) == 1 else Group(*tables)
 
 
 def _why(row: ModelResult, col: Column) -> str | None:
@@ -179,22 +198,33 @@ class _Bars:
         pass
 
     def encode(self, model: EvalModel, texts: list[str], what: str) -> np.ndarray:
+        _ = model.loaded  # before the bar: loading (a first unpack, an export) is a step line, not its first batch
         with Bar(f"{model.name}: {what}", len(set(texts)), "texts", self.enabled) as bar:
             return model.encode(texts, progress=bar.advance)
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(text, file=sys.stderr)
 
 
 @dataclass
 class _Teacher:
     """Where teacher vectors come from: the store when it has the texts, else the cache of an earlier call, else
-    the live model (whose vectors are then cached)."""
+    the live model (whose vectors are then cached). `model` None: no teacher (students scored on gold labels)."""
 
-    model: EvalModel
+    model: EvalModel | None
     store: StoreTeacher | None
     cache: TeacherCache | None = None
+
+    def each(self, others: list[EvalModel]) -> list[EvalModel]:
+        """The teacher (when there is one), then the other models: the report's row order."""
+        return [self.model, *others] if self.model is not None else list(others)
+
+    def encoded(self, others: list[EvalModel], texts: list[str], bars: _Bars, what: str
+                ) -> tuple[list[tuple[EvalModel, np.ndarray]], str]:
+        """(model, vectors of `texts`) for the teacher and every other model, and where the teacher's came from
+        ("teacher vectors from the cache"; "no teacher")."""
+        if self.model is None:
+            return [(o, bars.encode(o, texts, what)) for o in others], "no teacher"
+        tv, src = self.vectors(texts, bars, what)
+        vectors = [(self.model, tv), *[(o, bars.encode(o, texts, what)) for o in others]]
+        return vectors, f"teacher vectors from the {src}"
 
     def vectors(self, texts: list[str], bars: _Bars, what: str) -> tuple[np.ndarray, str]:
         if self.store is not None:
@@ -205,6 +235,7 @@ class _Teacher:
             got = self.cache.vectors(texts)
             if got is not None:
                 return got, "cache"
+        assert self.model is not None  # (callers without a teacher use `encoded`)
         vecs = bars.encode(self.model, texts, what)
         if self.cache is not None:
             self.cache.put_vectors(texts, vecs)
@@ -213,7 +244,7 @@ class _Teacher:
 
 def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]:
     info: dict[str, Any] = {}
-    store = None
+    store, teacher = None, None
     if cfg.store:
         store = StoreTeacher.open(cfg.store, cfg.teacher, cfg.target)
         spec = str(store.meta.get("source") or store.name)
@@ -224,9 +255,12 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
         spec, target = cfg.teacher, cfg.target
         teacher = teacher_model(spec, target)
         info["teacher"] = f"{teacher.name} (run from {cfg.teacher})"
-    else:
-        raise InputError("no teacher to compare with", "kd eval", "pass --teacher NAME or --store STORE")
-    names: set[str] = {teacher.name}
+    else:  # gold-label tasks need no teacher (agreement and neighbours do: `_teacher_measures`)
+        if not cfg.students and not cfg.baseline_dir:
+            raise InputError("nothing to evaluate: no --student, --teacher or --store", "kd eval",
+                             "pass --student DIR (and --teacher NAME or --store STORE to compare with a teacher)")
+        teacher, spec, target = None, None, None
+    names: set[str] = {teacher.name} if teacher is not None else set()
     others = []
     for d in cfg.students:
         if not Path(d).is_dir():
@@ -238,6 +272,8 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
         others.append(student_model(d, name))
     if cfg.baseline_dir:
         others.append(model2vec_folder(cfg.baseline_dir))
+    elif cfg.baseline and teacher is None:
+        info["baseline"] = "model2vec skipped: it is distilled from the teacher (pass --teacher, or --baseline-dir)"
     elif cfg.baseline and model2vec_available():
         try:  # resolve the checkpoint folder without loading the teacher's weights
             from kd.pipeline.resolve import resolve_teacher
@@ -248,7 +284,8 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
             others.append(base)
         except Exception as e:  # any failure of the optional baseline is reported, not fatal
             info["baseline"] = f"model2vec skipped: {e}"
-    return _Teacher(teacher, store, TeacherCache(spec, target) if cfg.cache else None), others, info
+    cache = TeacherCache(spec, target) if cfg.cache and spec is not None else None
+    return _Teacher(teacher, store, cache), others, info
 
 
 def evaluate(cfg: EvalConfig) -> EvalReport:
@@ -287,7 +324,9 @@ def _evaluate(cfg: EvalConfig) -> EvalReport:
     measures = expand_measures(cfg.measures)
     check_outputs(cfg)
     teacher, others, info = _models(cfg)
-    models = [teacher.model, *others]
+    if teacher.model is None:
+        measures = _without_teacher(cfg, measures, info)
+    models = teacher.each(others)
     rows = {m.name: ModelResult(m.name, m.kind.value) for m in models}
     sims: dict[str, np.ndarray] = {}
     with _Bars(cfg.progress) as bars:
@@ -334,6 +373,24 @@ def _json_default(o: object) -> object:
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
+TEACHER_MEASURES = (Measure.agreement, Measure.neighbours)  # they compare each model with the teacher
+
+
+def _without_teacher(cfg: EvalConfig, measures: list[Measure], info: dict[str, Any]) -> list[Measure]:
+    """The measures a run without --teacher or --store takes: the gold-label ones. Agreement and neighbours asked
+    for by name are refused; left at their default (kd eval --student DIR), they are dropped with a note."""
+    asked = [m for m in measures if m in TEACHER_MEASURES]
+    if asked and list(cfg.measures) != list(DEFAULT_MEASURES):
+        names = " and ".join(m.value for m in asked)
+        raise InputError(f"--task {names} compare{'s' * (len(asked) == 1)} each student with a teacher, and none "
+                         "was given", "kd eval", "pass --teacher NAME or --store STORE, or leave out --task "
+                         f"{names} (sts, probe, cluster, documents, mrpc, lee, retrieval and speed need none)")
+    if asked:
+        info["agreement"] = ("not run: agreement and neighbours compare with a teacher (pass --teacher NAME or "
+                             "--store STORE)")
+    return [m for m in measures if m not in TEACHER_MEASURES]
+
+
 def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
     if cfg.pairs:
         if not cfg.score_column:
@@ -347,13 +404,14 @@ def _sts(cfg, teacher: _Teacher, others, rows, sims, info, bars) -> None:
     task = task.head(cfg.max_pairs)
     texts = task.a + task.b
     n = len(task.a)
-    tv, src = teacher.vectors(texts, bars, task.name)
-    info["sts"] = f"{task.name}, {n} pairs, teacher vectors from the {src}"
-    reference = metrics.spread(tv, metrics.rowwise_cosine(tv[:n], tv[n:]))
-    for m, vecs in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
+    models, src = teacher.encoded(others, texts, bars, task.name)
+    info["sts"] = f"{task.name}, {n} pairs, {src}"
+    tv = models[0][1] if teacher.model is not None else None
+    reference = metrics.spread(tv, metrics.rowwise_cosine(tv[:n], tv[n:])) if tv is not None else None
+    for m, vecs in models:
         rows[m.name].put("sts_spearman", metrics.sts_spearman(vecs[:n], vecs[n:], task.scores), vecs)
         sims[m.name] = metrics.rowwise_cosine(vecs[:n], vecs[n:])
-        if m is not teacher.model:  # the teacher is the reference a collapse is judged against
+        if reference is not None and m is not teacher.model:  # the teacher: the reference a collapse is judged by
             rows[m.name].flag("sts_spearman", metrics.collapse(metrics.spread(vecs, sims[m.name]), reference))
     sims["_gold"] = task.scores
 
@@ -362,10 +420,9 @@ def _probe(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
     task = tasks.load_sst2(cfg.probe_train_rows)
     texts = task.train_texts + task.test_texts
     n = len(task.train_texts)
-    tv, src = teacher.vectors(texts, bars, "sst2")
-    info["probe"] = (f"SST-2: logistic regression on {n} train sentences, accuracy on {len(task.test_texts)} dev; "
-                     f"teacher vectors from the {src}")
-    for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, "sst2")) for o in others]]:
+    models, src = teacher.encoded(others, texts, bars, "sst2")
+    info["probe"] = f"SST-2: logistic regression on {n} train sentences, accuracy on {len(task.test_texts)} dev; {src}"
+    for m, v in models:
         rows[m.name].put("probe_accuracy", metrics.probe_accuracy(v[:n], task.train_labels, v[n:],
                                                                  task.test_labels), v)
 
@@ -375,11 +432,11 @@ def _cluster(cfg, teacher: _Teacher, others, rows, info, bars, name: str, key: s
     task = tasks.load_cluster_set(name, cfg.cluster_scale)
     texts = task.dev_texts + task.test_texts
     n = len(task.dev_texts)
-    tv, src = teacher.vectors(texts, bars, task.name)
+    models, src = teacher.encoded(others, texts, bars, task.name)
     info[key] = (f"{task.name}: average-linkage cosine clustering, cut tuned on {n} dev texts "
                  f"({len(set(task.dev_groups))} groups), pair-F1 on {len(task.test_texts)} test texts "
-                 f"({len(set(task.test_groups))} groups); teacher vectors from the {src}")
-    for m, v in [(teacher.model, tv), *[(o, bars.encode(o, texts, task.name)) for o in others]]:
+                 f"({len(set(task.test_groups))} groups); {src}")
+    for m, v in models:
         res = metrics.cluster_quality(v[:n], task.dev_groups, v[n:], task.test_groups)
         rows[m.name].metrics[f"{key}_f1"] = res.test.f1 * 100.0
         rows[m.name].details[key] = res.to_dict()
@@ -430,10 +487,9 @@ def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
     info["speed"] = (f"STS-B dev sentences: {min(cfg.speed_b1, len(texts))} one at a time, "
                      f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency; "
                      f"{torch.get_num_threads()} torch thread(s)")
-    for m in [teacher.model, *others]:
-        bars.note(f"timing {m.name}")
+    for m in teacher.each(others):
         try:
-            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None)
+            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None, bars)
         except KdError as e:
             rows[m.name].details["speed"] = f"not measured: {e.what}"
             continue
@@ -446,7 +502,7 @@ def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
             rows[m.name].details["size"] = size.to_dict()
 
 
-def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None
+def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None, bars: _Bars
            ) -> tuple[SpeedResult, SizeResult | None, bool]:
     """Speed and size of `m`, and whether they came from `cache` (the teacher's, timed here with the same
     threads and texts by an earlier call: timing it again would load the teacher only for that)."""
@@ -457,7 +513,10 @@ def _timed(cfg, m: EvalModel, texts: list[str], cache: TeacherCache | None
     got = _speed_record(cache.speed(settings)) if cache is not None else None
     if got is not None:
         return *got, True
-    sp, size = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big), m.size()
+    _ = m.loaded  # (a step line of its own)
+    with Bar(f"{m.name}: timing", speed_texts(texts, cfg.speed_b1, cfg.speed_big), "texts", bars.enabled) as bar:
+        sp = measure_speed(m.encode_batch, texts, cfg.speed_b1, cfg.speed_big, progress=bar.advance)
+    size = m.size()
     if cache is not None:
         cache.put_speed(settings, sp.to_dict(), asdict(size) if size is not None else None)
     return sp, size, False

@@ -32,7 +32,8 @@ class EvalConfig:
     students: list[str] = option(factory=list, flag="--student", help="Student folder (kd train-student --out); "
                                                                       "repeatable")
     teacher: str | None = option(None, help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its "
-                                            "teachers")
+                                            "teachers. Neither: students are scored on the gold-label tasks "
+                                            "alone (agreement and neighbours need a teacher)")
     store: str | None = option(None, help="Store whose teacher vectors are reused where it holds the texts")
     measures: list[Measure] = option(factory=lambda: list(DEFAULT_MEASURES), flag="--task", choices=Measure,
                                      help="sts | probe | cluster | documents | agreement | neighbours | speed | mrpc | "

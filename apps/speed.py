@@ -47,26 +47,38 @@ class SpeedResult:
         return asdict(self)
 
 
+def speed_texts(texts: Sequence[str], n_b1: int = 128, n_b256: int = 1024, big_batch: int = 256) -> int:
+    """How many texts `measure_speed` encodes, warm-up calls included (a progress bar's total)."""
+    one, many = min(n_b1, len(texts)), min(n_b256, len(texts))
+    return min(one, 1) + min(many, big_batch) + one + many
+
+
 def measure_speed(encode: EncodeFn, texts: Sequence[str], n_b1: int = 128, n_b256: int = 1024,
-                  big_batch: int = 256) -> SpeedResult:
+                  big_batch: int = 256, progress: Callable[[int], None] | None = None) -> SpeedResult:
     """Time `encode` on the first `n_b1` texts one at a time and the first `n_b256` in batches.
 
     - one warm-up call of each shape first (lazy init, allocator, thread pools);
-    - wall-clock time with time.perf_counter; throughput = texts / total seconds.
+    - wall-clock time with time.perf_counter; throughput = texts / total seconds;
+    - `progress(n)` after every call, outside the timed spans (timing mpnet takes minutes on a CPU: not silent).
     """
     texts = list(texts)
+    tick = progress or (lambda n: None)
     one, many = texts[: min(n_b1, len(texts))], texts[: min(n_b256, len(texts))]
-    encode(one[:1])
-    encode(many[:big_batch])
+    for warm in (one[:1], many[:big_batch]):
+        encode(warm)
+        tick(len(warm))
     per_call = []
     for t in one:
         start = time.perf_counter()
         encode([t])
         per_call.append(time.perf_counter() - start)
-    start = time.perf_counter()
+        tick(1)
+    big = 0.0
     for i in range(0, len(many), big_batch):
+        start = time.perf_counter()
         encode(many[i : i + big_batch])
-    big = time.perf_counter() - start
+        big += time.perf_counter() - start
+        tick(len(many[i : i + big_batch]))
     return SpeedResult(
         sent_per_s_b1=len(one) / max(sum(per_call), 1e-9),
         sent_per_s_b256=len(many) / max(big, 1e-9),

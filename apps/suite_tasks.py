@@ -1,7 +1,8 @@
 """The `kd eval` suite's tasks beyond STS-B, probe and clustering: MRPC, Lee document similarity, title retrieval.
 
-- Same shape as eval.py's `_sts`/`_probe`/`_cluster`: the teacher's vectors first (store, cache or the model),
-  then every other model on the same texts, each number put in that model's row beside the teacher's.
+- Same shape as eval.py's `_sts`/`_probe`/`_cluster`: the teacher's vectors first (store, cache or the model;
+  none without a teacher), then every other model on the same texts, each number put in that model's row beside
+  the teacher's.
 - Every choice (MRPC's threshold) is made on a train split; test splits are only scored.
 - Arguments are eval.py's objects, untyped here: importing eval.py would make an import cycle.
 """
@@ -18,9 +19,9 @@ RETRIEVAL_K = 10
 
 
 def _models(teacher, others, texts: list[str], bars, what: str) -> tuple[list[tuple[Any, Any]], str]:
-    """(model, vectors of `texts`) for the teacher and every other model, and where the teacher's came from."""
-    tv, src = teacher.vectors(texts, bars, what)
-    return [(teacher.model, tv), *[(o, bars.encode(o, texts, what)) for o in others]], src
+    """(model, vectors of `texts`) for the teacher (when there is one) and every other model, and where the
+    teacher's came from ("teacher vectors from the cache", or "no teacher")."""
+    return teacher.encoded(others, texts, bars, what)
 
 
 def _not_run(key: str, why: str, rows, info) -> None:
@@ -50,7 +51,7 @@ def mrpc(cfg, teacher, others, rows, info, bars) -> None:
         rows[model.name].put("mrpc_f1", res.f1, v)
         rows[model.name].details["mrpc"] = asdict(res)
     info["mrpc"] = (f"MRPC: cosine threshold chosen for accuracy on {n} train pairs, accuracy and F1 on {m} test "
-                    f"pairs; teacher vectors from the {src}")
+                    f"pairs; {src}")
 
 
 def lee(cfg, teacher, others, rows, info, bars) -> None:
@@ -61,7 +62,7 @@ def lee(cfg, teacher, others, rows, info, bars) -> None:
         rows[model.name].put("lee_pearson", metrics.matrix_pearson(v, task.sims), v)
     n = len(task.docs)
     info["lee"] = (f"Lee et al. 2005: {n} news documents (truncated by each model), Pearson with the mean human "
-                   f"similarity over {n * (n - 1) // 2} pairs; teacher vectors from the {src}")
+                   f"similarity over {n * (n - 1) // 2} pairs; {src}")
 
 
 def retrieval(cfg, teacher, others, rows, info, bars) -> None:
@@ -74,8 +75,8 @@ def retrieval(cfg, teacher, others, rows, info, bars) -> None:
         rows[model.name].put("retrieval_recall", s.recall_at_k, v)
         rows[model.name].put("retrieval_mrr", s.mrr, v)
     info["retrieval"] = (f"{n} news titles, each retrieving its own article (first {tasks.RETRIEVAL_SENTENCES} "
-                         f"sentences) among {n} by exact cosine search; ties count against the query; teacher "
-                         f"vectors from the {src}")
+                         f"sentences) among {n} by exact cosine search; ties count against the query; "
+                         f"{src}")
 
 
 def suite_text_sets() -> list[list[str]]:

@@ -56,6 +56,9 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}"
 
 
+SPEED_WINDOW_S = 24 * 3600.0  # the rate and ETA of a bar on a terminal: over the whole run (see Bar.__enter__)
+
+
 class Bar:
     """Usage: `with Bar("precompute", total=n) as bar: bar.advance(rows, loss=0.3)`."""
 
@@ -72,9 +75,13 @@ class Bar:
     def __enter__(self) -> Bar:
         self._t0 = self._last = time.perf_counter()
         if self.enabled and self._console.is_terminal:
+            # rich estimates speed from the last 30 s of updates by default: a unit slower than that (a teacher's
+            # batch of documents on CPU) leaves one update in the window, so no rate and no ETA, ever. The whole
+            # run's average is what the log line uses too.
             self._rich = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn(self.unit), _Rate(self.unit), TimeElapsedColumn(), TextColumn("ETA"),
-                                  TimeRemainingColumn(), _Fields(), console=self._console)
+                                  TimeRemainingColumn(), _Fields(), console=self._console,
+                                  speed_estimate_period=SPEED_WINDOW_S)
             self._rich.__enter__()
             self._task = self._rich.add_task(self.label, total=self.total, completed=self.done)
         return self

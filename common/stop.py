@@ -7,12 +7,19 @@
   second SIGTERM: the default, the process ends), for when the unit itself hangs.
 - Handlers can only be set from the main thread; elsewhere no stop is ever requested (a scheduler's
   SIGTERM then ends the process as before).
+- A command without a StopRequest of its own (eval, export, index, precompute's local engine) still must not
+  die silently on SIGTERM: `sigterm_interrupts` makes SIGTERM raise `Terminated`, a KeyboardInterrupt, so it
+  unwinds the way Ctrl-C does (finally blocks run, precompute keeps its finished batches) and the CLI says what
+  was kept and the command that resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 from kd.common.errors import KdError
@@ -25,12 +32,23 @@ class Stopped(KdError):
     reports a process ended by that signal (130 for Ctrl-C, 143 for SIGTERM)."""
 
     def __init__(self, signum: int, what: str, where: str | None = None, fix: str | None = None) -> None:
+        self.resume: str | None = None  # the exact command line that resumes (set by the CLI: `resuming`)
         super().__init__(what, where, fix)
         self.signum = signum
         self.exit_code = 128 + signum
 
+    def _message(self) -> str:
+        return super()._message() + (f"\n  resume: {self.resume}" if self.resume else "")
+
+    def resuming(self, command: str) -> Stopped:
+        """This stop, its message ending with the command line that resumes it."""
+        err = copy.copy(self)
+        err.resume = command
+        err.args = (err._message(),)
+        return err
+
     def __reduce__(self):
-        return type(self), (self.signum, self.what, self.where, self.fix)
+        return type(self), (self.signum, self.what, self.where, self.fix), {"resume": self.resume}
 
 
 class StopRequest:
@@ -60,3 +78,30 @@ class StopRequest:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old = {}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program was, as Python raises Ctrl-C (see `sigterm_interrupts`)."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside: the first SIGTERM raises `Terminated`; a second one does what the handler before did (the default:
+    the process ends), for when the unwinding itself hangs. A StopRequest inside takes SIGTERM over while it
+    lives. Main thread only (elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, before)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -115,9 +115,36 @@ def test_cli_prints_the_table_and_writes_json(setup, tmp_path):
     assert set(rows[0]["metrics"]) == {"sts_spearman", "cos_to_teacher"}
 
 
+def test_students_are_scored_on_gold_labels_without_a_teacher(report, setup):
+    """Issue 49: STS-B (and every gold-label task, and speed) needs no teacher; before, kd eval refused to run
+    ("no teacher to compare with"). The student's score is the one it gets beside the teacher."""
+    alone = evaluate(EvalConfig(students=[str(setup["student"])], measures=[Measure.sts, Measure.probe,
+                                                                            Measure.speed],
+                                max_pairs=STS_PAIRS, sts_split="dev", probe_train_rows=300, speed_b1=8, speed_big=64,
+                                progress=False, cache=False))
+    assert [(m.name, m.kind) for m in alone.models] == [("student", "student")]
+    student = report.models[1]
+    assert alone.models[0].metrics["sts_spearman"] == pytest.approx(student.metrics["sts_spearman"], abs=1e-9)
+    assert alone.models[0].metrics["probe_accuracy"] == pytest.approx(student.metrics["probe_accuracy"], abs=1e-9)
+    assert math.isfinite(alone.models[0].metrics["params_m"])
+    assert alone.info["sts"].endswith("no teacher") and "baseline" in alone.info
+
+
+def test_default_measures_without_a_teacher_leave_agreement_out_and_say_why(setup):
+    res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"]), "--max-pairs", "30",
+                                   "--no-progress", "--no-baseline"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "STS ρ×100" in res.output and "cos to teacher" not in res.output
+    assert "not run: agreement and neighbours compare with a teacher" in " ".join(res.output.split())
+
+
 def test_cli_errors_are_clear(setup):
-    res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"])])
-    assert res.exit_code == 2 and "--teacher" in res.output
+    res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"]), "--task", "agreement"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--task agreement compares each student with a teacher" in out, out
+    assert "--teacher" in out
+    res = CliRunner().invoke(app, ["eval"])
+    assert res.exit_code == 2 and "nothing to evaluate" in res.output
     res = CliRunner().invoke(app, ["eval", "--store", str(setup["store"]), "--task", "bogus"])
     assert res.exit_code == 2 and "bogus" in res.output
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -40,7 +41,9 @@ SMALL = dict(arch="bilstm", embed_dim=16, hidden_dim=16, batch_size=8, epochs=2,
 
 
 def _env() -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
+    # the caller's PYTHONPATH kept: it may name the checkout whose `kd` is under test (a worktree)
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    return os.environ | {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +164,7 @@ def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_pa
     step = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     said = re.search(rf"stopped by SIGTERM after step {step} of (\d+): checkpoint saved", " ".join(output.split()))
     assert said and 3 <= step < int(said[1]), output[-2000:]
+    assert f"resume: {shlex.join(['kd', *args[3:]])}" in " ".join(output.split()), output[-2000:]  # issue 49
     assert _logged_steps(out) == step and not (out / "config.json").exists()  # nothing ran past the save
     res = CliRunner().invoke(app, args[3:-1])
     assert res.exit_code == 0, res.output
