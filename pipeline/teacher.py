@@ -338,16 +338,32 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     return _teacher(ref, cfg, model, architecture, dev, dtype, max_length, weights_cast=cast)
 
 
+# What a received config.json may say of the model's shape before anything is built from it: transformers builds
+# every layer the config names before the weights are read, so "num_hidden_layers": 1e9 never returned (issue 48's
+# third probe). Far above any encoder's (BERT-large: 24 layers, 1,024 wide; the largest LLMs: ~128 layers).
+SHAPE_LIMITS = {"num_hidden_layers": 512, "hidden_size": 65_536, "intermediate_size": 1 << 20,
+                "num_attention_heads": 4096, "vocab_size": 1 << 23, "max_position_embeddings": 1 << 20}
+
+
 def _config(ref: TeacherRef) -> Any:
-    """The checkpoint's config (every backend reads it first): a junk or unknown one is kd's error, naming the file."""
+    """The checkpoint's config (every backend reads it first): a junk or unknown one is kd's error, naming the file;
+    so is a shape out of SHAPE_LIMITS, before any layer is built."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
+    where = os.path.join(ref.path, "config.json")
     try:
-        return AutoConfig.from_pretrained(ref.path)
-    except (OSError, ValueError, KeyError) as e:  # not JSON, or a model_type this transformers does not know
-        raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})",
-                      os.path.join(ref.path, "config.json"),
+        cfg = AutoConfig.from_pretrained(ref.path)
+    # not JSON, a model_type this transformers does not know, a field of the wrong type (transformers' typed configs)
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
+        raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})", where,
                       "point --teacher at a Hugging Face checkpoint folder with a valid config.json") from e
+    for key, limit in SHAPE_LIMITS.items():
+        value = getattr(cfg, key, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit):
+            raise KdError(f"the teacher's config.json says {key} = {value!r}: not a whole number from 1 to {limit:,}",
+                          where, "point --teacher at the checkpoint as it was saved (its config.json is damaged)")
+    return cfg
 
 
 def _has_head(cfg: Any) -> bool:

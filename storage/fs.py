@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
+from kd.common.inputs import special_file
 from kd.common.locks import try_lock
 from kd.storage.names import inside, real_inside
 
@@ -88,7 +89,9 @@ def member(loc: Location, rel: object, source: str, field: str) -> str:
         if not ok:
             raise StoreError(f"{field} {rel!r} leads out of the folder (a symlink to {target})", source,
                              "replace the symlink by the file itself, or re-run the kd command that wrote it")
-    return loc.path(str(rel))
+    path = loc.path(str(rel))
+    require_regular(loc, path)  # every recorded file is read through here: a FIFO or device is refused unopened
+    return path
 
 
 def exists(loc: Location, *parts: str) -> bool:
@@ -100,8 +103,20 @@ def makedirs(loc: Location, *parts: str) -> None:
 
 
 def read_bytes(loc: Location, *parts: str) -> bytes:
-    with loc.fs.open_input_stream(loc.path(*parts)) as f:
+    path = loc.path(*parts)
+    require_regular(loc, path)
+    with loc.fs.open_input_stream(path) as f:
         return f.read()
+
+
+def require_regular(loc: Location, path: str) -> None:
+    """Refuse a store file that is a named pipe or a device before opening it: a FIFO in place of a shard or
+    manifest.json blocked every reader forever, /dev/zero was read until memory ran out (issue 48's probe)."""
+    kind = special_file(path) if loc.is_local else None
+    if kind is not None:
+        raise StoreError(f"a store file is {kind}, not a regular file", path,
+                         "put back the file kd wrote (kd validate STORE --repair sets damaged shards aside), or "
+                         "re-run the command that wrote the store")
 
 
 def list_files(loc: Location, *parts: str) -> list[str]:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from kd.common.ids import text_id, text_key
-from kd.storage.manifest import Manifest, plan_problems
+from kd.storage.manifest import Manifest, plan_problems, teacher_table
 from kd.storage.schema import canonical_type, type_name, unlike_declared
 
 # Teacher columns pooled from hidden states: their innermost width is the teacher's `meta.dim`. (`sentence` may
@@ -39,8 +39,10 @@ def manifest_problems(m: Manifest) -> list[str]:
     out = list(plan_problems(m))
     if "texts" not in m.tables:
         out.append("the manifest has no texts table (every table's rows are paired with it by id)")
-    for name, rec in sorted(m.tables.items()):
-        dim = rec.meta.get("dim") if rec.kind == "teacher" else None
+    for teacher in sorted(m.teachers()):
+        name = teacher_table(teacher)
+        rec = m.tables[name]
+        dim = rec.meta.get("dim")
         if dim is None:
             continue
         for col, typ in sorted(rec.columns.items()):

@@ -282,6 +282,7 @@ class Store:
         try:
             if verify:
                 return pq.read_table(pa.BufferReader(self.read_checked(name, k)), columns=columns)
+            fs.require_regular(self.loc, path)
             return pq.read_table(path, columns=columns, filesystem=self.loc.fs)
         except StoreError:
             raise
