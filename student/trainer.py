@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from kd.common.attention import varying_shape_attention
 from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
@@ -115,7 +116,10 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "embed" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr)
+    # fused on a GPU: one kernel for every parameter's update instead of a dozen per group (the small students'
+    # steps are bound by how fast the host queues kernels, not by the GPU's arithmetic)
+    fused = all(p.is_cuda for p in decay + no_decay) or None
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused)
 
 
 def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, total: int):
@@ -289,7 +293,7 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
     model.eval()
     total = n = 0.0
     for b in batches:
-        with autocast():
+        with autocast(), varying_shape_attention(d.device.type):
             loss, _ = model(_to(b, d.device), progress)
         rows = len(b["id"])
         total, n = total + float(loss) * rows, n + rows
@@ -430,20 +434,22 @@ def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
     n_batches = run.plan.steps(st.epoch)
     pin = run.d.device.type == "cuda"
     for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank, run.s.tok, pin):
+        # counted on the host copy: a sum of a GPU tensor would wait for the GPU every step
+        for key in [k for k in batch if k.endswith("attention_mask")]:
+            rep.tokens[0] += int(batch[key].sum())
+            rep.tokens[1] += batch[key].numel()
         batch = _to(batch, run.d.device)
         parts = _train_step(run, st, batch)
         st.step, st.batch_no = st.step + 1, st.batch_no + 1
         st.rows_seen += len(batch["id"]) * run.d.world
         rep.window.append(parts)
-        for key in [k for k in batch if k.endswith("attention_mask")]:
-            rep.tokens[0] += int(batch[key].sum())
-            rep.tokens[1] += batch[key].numel()
         epoch_end = st.batch_no >= n_batches
         _maybe_log(run, st, rep, epoch_end)
         _maybe_validate(run, st, epoch_end)
         last = st.step >= run.total or st.early.stop
         stopping = not last and _stop_agreed(run, rep.stop)
         if st.step % run.cfg.checkpoint_every == 0 or epoch_end or last or stopping:
+            _require_finite_losses(run, st, rep.window)  # the steps since the last record (GPU: not checked yet)
             _save_checkpoint(run, st)
         if stopping:
             raise Stopped(rep.stop.signum or signal.SIGTERM,
@@ -463,14 +469,11 @@ def _stop_agreed(run: _Run, stop: StopRequest) -> bool:
 def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
     """Forward, backward, clip, AdamW, schedule; returns the (weighted) loss of each objective, detached."""
     tr = run.tr
-    with run.autocast():
+    # bucketed batches vary in shape: cuDNN's attention would build a plan per new shape (common/attention.py)
+    with run.autocast(), varying_shape_attention(run.d.device.type):
         loss, parts = run.ddp(batch, st.step / run.total)
-    if not torch.isfinite(loss.detach()).item():
-        # NaN/Inf targets (a store written in fp16 that overflowed) or a diverged model: stop before the
-        # weights become NaN and a useless student is saved with exit 0. torchrun stops the other ranks.
-        losses = ", ".join(f"{o.spec} {v:.3g}" for o, v in zip(run.s.objectives, parts.tolist()))
-        raise KdError(f"the training loss is not finite at step {st.step + 1} ({losses}); training stopped, the "
-                      "last checkpoint is kept", run.cfg.store, DIVERGED)
+    if _checks_every_step(run):
+        _require_finite_losses(run, st, [parts.detach()], st.step + 1)
     tr.opt.zero_grad(set_to_none=True)
     tr.scaler.scale(loss).backward()
     if run.cfg.clip > 0:
@@ -483,11 +486,37 @@ def _train_step(run: _Run, st: TrainState, batch: dict[str, Any]) -> Tensor:
     return parts.detach()
 
 
+def _checks_every_step(run: _Run) -> bool:
+    """Whether each step's loss is checked before its update. On a GPU the check is a sync: the host waits for
+    the forward before it may queue the backward, and the GPU idles while the host queues the next step. There
+    the losses are checked where the host reads them anyway (each metrics record) and before every checkpoint:
+    a NaN found then names its step, the weights may be NaN since, and no checkpoint after it is written."""
+    return run.d.device.type != "cuda"
+
+
+def _require_finite_losses(run: _Run, st: TrainState, window: list[Tensor], last_step: int | None = None) -> None:
+    """NaN/Inf targets (a store written in fp16 that overflowed) or a diverged model: stop before a useless
+    student is saved with exit 0, the last checkpoint kept. torchrun stops the other ranks. `window`: the per-step
+    objective losses of the steps up to `last_step` (default: the current one)."""
+    if not window:
+        return
+    parts = torch.stack(window).float().cpu()
+    bad = (~torch.isfinite(parts).all(1)).nonzero()
+    if len(bad) == 0:
+        return
+    first = int(bad[0, 0])
+    step = (last_step if last_step is not None else st.step) - len(window) + 1 + first
+    losses = ", ".join(f"{o.spec} {v:.3g}" for o, v in zip(run.s.objectives, parts[first].tolist()))
+    raise KdError(f"the training loss is not finite at step {step} ({losses}); training stopped, the "
+                  "last checkpoint is kept", run.cfg.store, DIVERGED)
+
+
 def _maybe_log(run: _Run, st: TrainState, rep: _Report, epoch_end: bool) -> None:
     """Every `log_every` steps, at epoch ends and at the last step: a metrics record of the mean losses."""
     if not (st.step % run.cfg.log_every == 0 or epoch_end or st.step >= run.total):
         rep.bar.update(st.step, rows=st.rows_seen)
         return
+    _require_finite_losses(run, st, rep.window)
     mean = torch.stack(rep.window).mean(0).cpu()
     rep.window.clear()
     rps = (st.rows_seen - rep.rows0) / max(1e-9, time.perf_counter() - rep.t0)

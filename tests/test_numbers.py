@@ -249,3 +249,26 @@ def test_embed_of_a_sound_student_writes_finite_vectors(student_dir, tmp_path):
     assert res.exit_code == 0, res.output
     vecs = np.array(pq.read_table(tmp_path / "v.parquet")["embedding"].to_pylist())
     assert vecs.shape[0] == 2 and np.isfinite(vecs).all()
+
+
+@pytest.mark.parametrize("every_step", [True, False], ids=["cpu-each-step", "gpu-deferred"])
+def test_train_student_names_the_first_nan_step_whether_checked_each_step_or_deferred(store_path, tmp_path,
+                                                                                     monkeypatch, every_step):
+    """On a GPU the loss is read at records and checkpoints only (a per-step read is a sync that idles it): a
+    forward that turns NaN at step 7 is still reported as step 7, and the checkpoint of step 5 is the last one."""
+    real, calls = T.Distiller.forward, [0]
+
+    def diverging(self, batch, progress):
+        calls[0] += 1
+        loss, parts = real(self, batch, progress)
+        return (loss * float("nan"), parts * float("nan")) if calls[0] >= 7 else (loss, parts)
+
+    monkeypatch.setattr(T, "_checks_every_step", lambda run: every_step)
+    monkeypatch.setattr(T.Distiller, "forward", diverging)
+    out = tmp_path / "out"
+    cfg = SMALL | {"val_percent": 0.0, "checkpoint_every": 5, "log_every": 20}
+    with pytest.raises(Exception, match="not finite at step 7") as e:
+        T.train(T.TrainConfig(str(store_path), str(out), **cfg))
+    assert type(e.value).__name__ == "KdError"
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 5
+    assert not (out / "model.safetensors").exists()
