@@ -18,24 +18,26 @@ from kd.common.stop import Stopped
 
 Kept = Callable[[dict[str, Any]], str]
 
-_KEPT: dict[str, Kept] = {
-    "precompute": lambda p: (f"the shards committed to {p.get('out') or p.get('add_to') or 'the store'} and the "
-                             "finished batches of the shard in flight are kept"),
-    "train-student": lambda p: (f"the last checkpoint in {p.get('out') or 'the output folder'} is kept (one every "
-                                "--checkpoint-every steps and at each epoch's end; none before the first)"),
-    "distill": lambda p: (f"every finished step in {p.get('out') or 'the output folder'} is kept (the store's "
-                          "committed shards, each stage's checkpoints and trained students, the choice)"),
-    "demo": lambda p: (f"in {p.get('out') or 'the output folder'}: the store's committed shards (and the "
+# command -> (what a stopped run kept, whether the same command continues from it rather than starting over)
+_KEPT: dict[str, tuple[Kept, bool]] = {
+    "precompute": (lambda p: f"the shards committed to {p.get('out') or p.get('add_to') or 'the store'} and the "
+                             "finished batches of the shard in flight are kept", True),
+    "train-student": (lambda p: f"the last checkpoint in {p.get('out') or 'the output folder'} is kept (one every "
+                                "--checkpoint-every steps and at each epoch's end; none before the first)", True),
+    "distill": (lambda p: f"every finished step in {p.get('out') or 'the output folder'} is kept (the store's "
+                          "committed shards, each stage's checkpoints and trained students, the choice)", True),
+    "demo": (lambda p: f"in {p.get('out') or 'the output folder'}: the store's committed shards (and the "
                        "finished batches of the shard in flight), each finished student and the last checkpoint of "
-                       "the one in training are kept"),
-    "embed": lambda p: "the shards already committed are kept",
-    "eval": lambda p: ("the teacher's vectors of the sets finished so far are kept in kd's cache folder"
+                       "the one in training are kept", True),
+    "embed": (lambda p: "the shards already committed are kept", True),
+    "eval": (lambda p: "the teacher's vectors of the sets finished so far are kept in kd's cache folder"
                        + (" (not with --no-cache)" if p.get("cache") is False else "")
-                       + "; no report was written"),
-    "export": lambda p: ("nothing: the export is built in a temporary folder beside --out, removed by the next "
-                         "run, and --out is unchanged"),
-    "index": lambda p: "nothing: the index files are written at the end, so the store is unchanged",
+                       + "; no report was written", True),
+    "export": (lambda p: "nothing: the export is built in a temporary folder beside --out, removed by the next "
+                         "run, and --out is unchanged", False),
+    "index": (lambda p: "nothing: the index files are written at the end, so the store is unchanged", False),
 }
+_NOTHING: tuple[Kept, bool] = (lambda p: "nothing of this run is kept", False)
 
 # Options that discard what a stopped run kept: the resume command leaves them out (train-student's --overwrite
 # deletes the checkpoint the rerun should continue from, --no-resume ignores it; demo's redoes every stage).
@@ -53,7 +55,7 @@ def interrupted(command: str, params: dict[str, Any], signum: int, argv: Sequenc
     to resume (`argv`: the command line after `kd`, `params`: its parsed options, for the paths)."""
     import signal
 
-    kept = _KEPT.get(command, lambda p: "nothing of this run is kept")(params)
-    fix = "run the same command again to resume" if not kept.startswith("nothing") else "run the same command again"
-    return Stopped(signum, f"kd {command} stopped by {signal.Signals(signum).name}: {kept}", None,
+    kept, resumes = _KEPT.get(command, _NOTHING)
+    fix = "run the same command again to resume" if resumes else "run the same command again"
+    return Stopped(signum, f"kd {command} stopped by {signal.Signals(signum).name}: {kept(params)}", None,
                    fix).resuming(resume_command(command, argv))
