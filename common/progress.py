@@ -3,7 +3,8 @@
 - On a terminal: a rich bar with `done/total unit`, `unit/s`, elapsed and ETA, plus any extra
   fields (e.g. the loss) the job passes to `update`.
 - Elsewhere (a log file, CI, `nohup`): rich would print nothing until the end, so a plain line is
-  written every `every` seconds instead. A job started in the background is never silent for long.
+  written every `every` seconds (HEARTBEAT_S) instead, by a heartbeat thread when the job itself reports
+  nothing that long (a teacher's batch of documents on one core can take a minute): never silent for long.
 - `step("unpacking mpnet")`: the same for a step with nothing to count (unpacking, exporting a graph, loading a
   teacher): a spinner on a terminal, a start and a done line elsewhere; `showing(False)` turns steps off for a
   job whose progress is off.
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -57,19 +59,46 @@ def _clock(seconds: float) -> str:
 
 
 SPEED_WINDOW_S = 24 * 3600.0  # the rate and ETA of a bar on a terminal: over the whole run (see Bar.__enter__)
+HEARTBEAT_S = 10.0  # the longest a job writing to a log stays silent (issue 49: a user waiting sees it alive)
+
+
+class _Heartbeat:
+    """Calls `beat()` from a daemon thread whenever `every` seconds passed since `last()` (both the owner's):
+    the job's own reports reset the clock, so a busy job's log gets no extra lines."""
+
+    def __init__(self, every: float, last: Callable[[], float], beat: Callable[[], None]) -> None:
+        self.every, self.last, self.beat = every, last, beat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kd-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.every / 2)):
+            if time.perf_counter() - self.last() >= self.every:
+                self.beat()
+
+    def __enter__(self) -> _Heartbeat:
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 class Bar:
     """Usage: `with Bar("precompute", total=n) as bar: bar.advance(rows, loss=0.3)`."""
 
     def __init__(self, label: str, total: float, unit: str = "rows", enabled: bool = True, completed: float = 0,
-                 every: float = 30.0) -> None:
+                 every: float = HEARTBEAT_S) -> None:
         within = _WITHIN.get()
         self.label = f"{within} · {label}" if within else label
         self.total, self.unit, self.enabled, self.every = total, unit, enabled, every
         self.done, self.start_done, self.fields = completed, completed, {}
         self._console = Console(stderr=True)
         self._rich: Progress | None = None
+        self._heart: _Heartbeat | None = None
         self._t0 = self._last = 0.0
 
     def __enter__(self) -> Bar:
@@ -84,6 +113,8 @@ class Bar:
                                   speed_estimate_period=SPEED_WINDOW_S)
             self._rich.__enter__()
             self._task = self._rich.add_task(self.label, total=self.total, completed=self.done)
+        elif self.enabled:
+            self._heart = _Heartbeat(self.every, lambda: self._last, self._log).__enter__()
         return self
 
     def advance(self, n: float = 1, **fields: Any) -> None:
@@ -117,6 +148,8 @@ class Bar:
               f"elapsed {_clock(now - self._t0)}, ETA {eta}{extra}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
+        if self._heart is not None:
+            self._heart.__exit__(*exc)
         if self._rich is not None:
             self._rich.__exit__(*exc)
         elif self.enabled and self.done != self.start_done:
@@ -153,12 +186,13 @@ def showing(enabled: bool) -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
-def step(label: str, enabled: bool | None = None) -> Iterator[None]:
+def step(label: str, enabled: bool | None = None, every: float = HEARTBEAT_S) -> Iterator[None]:
     """One line for a step with nothing to count: `with step("unpacking mpnet"): ...`.
 
     On a terminal a spinner while it runs, then `label: 12.3 s` if it took over SLOW_S; in a log `label ...`
-    at the start (a killed job shows where it was) and `label: done in 12.3 s` at the end (none if it
-    failed: the error says why). Nothing when `enabled` is False or, left None, inside `showing(False)`.
+    at the start (a killed job shows where it was), `label: still running, 10 s` every `every` seconds, and
+    `label: done in 12.3 s` at the end (none if it failed: the error says why). Nothing when `enabled` is False
+    or, left None, inside `showing(False)`.
     """
     if not (_STEPS.get() if enabled is None else enabled):
         yield
@@ -172,5 +206,12 @@ def step(label: str, enabled: bool | None = None) -> Iterator[None]:
             console.print(f"{label}: {time.perf_counter() - t0:.1f} s", highlight=False, markup=False)
         return
     print(f"{label} ...", file=sys.stderr, flush=True)
-    yield
+    last = [t0]
+
+    def beat() -> None:
+        last[0] = time.perf_counter()
+        print(f"{label}: still running, {last[0] - t0:.0f} s", file=sys.stderr, flush=True)
+
+    with _Heartbeat(every, lambda: last[0], beat):
+        yield
     print(f"{label}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

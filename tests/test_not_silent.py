@@ -53,3 +53,36 @@ def test_eval_times_a_model_under_a_bar(setup, capfd):
     err = " ".join(capfd.readouterr().err.split())
     total = speed_texts(list(range(1500)), 8, 64)
     assert f"student: timing: {total:,}/{total:,} texts (100.0%)" in err and "ETA" in err, err
+
+
+def test_a_piped_bar_whose_job_reports_nothing_still_logs_every_interval(capsys):
+    """In a log (no terminal) a bar printed only when the job reported progress: a 30 s teacher batch on one core
+    left the log silent that long. A heartbeat thread now writes the line when the job has not."""
+    import time
+
+    with progress.Bar("mpnet: brown-documents", 100, "texts", every=0.4) as bar:
+        bar.advance(1)
+        time.sleep(1.5)  # the job is busy inside one unit: it reports nothing
+    lines = [x for x in capsys.readouterr().err.splitlines() if "brown-documents" in x]
+    assert len(lines) >= 3, lines  # >= 2 heartbeats in 1.5 s at 0.4 s, plus the closing line
+    assert all("1/100 texts" in x for x in lines), lines
+
+
+def test_a_bar_that_reports_often_gets_no_extra_heartbeat_lines(capsys):
+    import time
+
+    with progress.Bar("train", 1_000, "steps", every=0.5) as bar:
+        for _ in range(20):
+            bar.advance(1)
+            time.sleep(0.01)
+    assert len(capsys.readouterr().err.splitlines()) == 1  # the closing line only: 0.2 s < one interval
+
+
+def test_a_long_step_says_it_is_still_running(capsys):
+    import time
+
+    with progress.step("exporting mpnet for openvino", enabled=True, every=0.4):
+        time.sleep(1.3)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "exporting mpnet for openvino ..." and err[-1].startswith("exporting mpnet for openvino: done in")
+    assert sum("still running" in x for x in err) >= 2, err
