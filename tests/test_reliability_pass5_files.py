@@ -218,3 +218,111 @@ def test_kd_index_rebuilds_a_refused_index(indexed, tmp_path):
                                  "--kind", "flat"])
     assert r.exit_code == 0, r.output
     assert search(store, indexed[1][7:8], k=1).ids[0, 0] == np.load(indexed[0] / IDS)[7]
+
+
+# -- files handed to kd eval and to teacher loading ------------------------------------------------------------
+
+MEMORY_LIMIT = 8 << 30  # the old code read /dev/zero until memory ran out: held here to fail, not to take the machine
+
+
+def _kd_bounded(args: list[str], timeout: int = 120) -> tuple[int, str]:
+    """`kd ARGS` in a subprocess with a timeout and a memory limit: (exit code, output)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+    res = subprocess.run([sys.executable, "-m", "kd", *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "COLUMNS": "200"}, preexec_fn=limit)
+    return res.returncode, res.stdout + res.stderr
+
+
+def _special(path: Path, kind: str) -> Path:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    return path
+
+
+def _refused(rc: int, out: str, *words: str) -> None:
+    assert rc == 2 and "Traceback" not in out and all(w in out for w in words), out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_eval_pairs_that_is_a_pipe_or_a_device_is_refused(tiny_teacher, tmp_path, kind):
+    pairs = _special(tmp_path / "pairs.jsonl", kind)
+    rc, out = _kd_bounded(["eval", "--teacher", str(tiny_teacher), "--task", "sts", "--pairs", str(pairs),
+                           "--text-columns", "a,b", "--score-column", "score", "--no-baseline"])
+    _refused(rc, out, "--pairs is not a regular file")
+
+
+def test_load_pairs_refuses_a_pipe(tmp_path):
+    pairs = _special(tmp_path / "pairs.jsonl", "fifo")
+    code = f"from kd.apps.tasks import load_pairs; load_pairs({str(pairs)!r}, 'score', ('a', 'b'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "InputError: the pair file is not a regular file" in res.stderr, res.stderr
+
+
+def _st_teacher(src: Path, dst: Path) -> Path:
+    """The tiny teacher as a sentence-transformers folder (Transformer + mean Pooling)."""
+    folder = Path(shutil.copytree(src, dst))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    return folder
+
+
+@pytest.mark.parametrize(("file", "kind"), [("1_Pooling/config.json", "dev-zero"), ("tokenizer.json", "dev-zero"),
+                                            ("tokenizer.json", "fifo")])
+def test_a_teacher_file_that_is_a_device_or_a_pipe_is_refused(tiny_teacher, tmp_path, sentences, file, kind):
+    teacher = _st_teacher(tiny_teacher, tmp_path / "teacher")
+    _special(teacher / file, kind)
+    (tmp_path / "in.txt").write_text("\n".join(sentences[:20]) + "\n", encoding="utf-8")
+    rc, out = _kd_bounded(["precompute", str(tmp_path / "in.txt"), "-t", f"t={teacher}", "--outputs", "mean",
+                           "--backend", "torch", "-o", str(tmp_path / "store")])
+    _refused(rc, out, f"{Path(file).name} is not a regular file")
+    assert not (tmp_path / "store" / "manifest.json").exists()
+
+
+def test_a_teacher_whose_tokenizer_lost_its_vocabulary_is_refused(tiny_teacher, tmp_path):
+    from kd.pipeline.teacher import load_teacher
+
+    teacher = Path(shutil.copytree(tiny_teacher, tmp_path / "teacher"))
+    for name in ("tokenizer.json", "vocab.txt"):  # transformers then builds a tokenizer of the special tokens alone
+        (teacher / name).unlink(missing_ok=True)
+    with pytest.raises(KdError, match="tokenizer knows 5 tokens, its model") as e:
+        load_teacher(str(teacher))
+    assert e.value.exit_code == 2
+
+
+def test_a_sentence_bert_config_of_another_type_is_refused(tiny_teacher, tmp_path):
+    from kd.pipeline.teacher import load_teacher
+
+    teacher = _st_teacher(tiny_teacher, tmp_path / "teacher")
+    (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": "big"}))
+    with pytest.raises(KdError, match="max_seq_length = 'big'"):
+        load_teacher(str(teacher))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_baseline_dir_config_that_is_a_pipe_or_a_device_is_refused(tiny_teacher, tmp_path, kind):
+    baseline = tmp_path / "m2v"
+    baseline.mkdir()
+    (baseline / "modules.json").write_text("[]")
+    _special(baseline / "config_sentence_transformers.json", kind)
+    rc, out = _kd_bounded(["eval", "--teacher", str(tiny_teacher), "--baseline-dir", str(baseline), "--task",
+                           "speed"])
+    _refused(rc, out, "config_sentence_transformers.json")
+
+
+def test_a_config_larger_than_a_config_is_refused_unread(tmp_path):
+    from kd.common.parsing import MAX_CONFIG_BYTES, read_config
+
+    big = tmp_path / "config.json"
+    big.write_text('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
+    with pytest.raises(KdError, match="larger than 1 MiB"):
+        read_config(big, "fix")
