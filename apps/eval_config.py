@@ -80,8 +80,9 @@ class EvalConfig:
             if len(self.text_columns) != 2:
                 raise InputError("--text-columns needs two names: A,B", ",".join(self.text_columns),
                                  "e.g. --text-columns sentence1,sentence2")
-        if self.agreement_texts is not None and os.path.exists(self.agreement_texts):
-            require_regular_file(self.agreement_texts, "--agreement-texts")  # a named pipe would block the read
+        for flag, path in (("--agreement-texts", self.agreement_texts), ("--pairs", self.pairs)):
+            if path is not None and os.path.exists(path):  # before any model loads: a named pipe would block the read
+                require_regular_file(path, flag)
         if self.store and self.agreement_texts:  # with a store, agreement is measured on its rows: the file unread
             raise InputError("--agreement-texts is for runs without --store (a store's own rows are its agreement "
                              "texts)", self.agreement_texts, "drop --agreement-texts, or --store")

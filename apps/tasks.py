@@ -27,7 +27,7 @@ import numpy as np
 
 from kd.common.bounds import StsSplit, check_choice
 from kd.common.errors import InputError
-from kd.common.inputs import extra_fields_error
+from kd.common.inputs import extra_fields_error, require_regular_file
 
 # Long news articles come close to csv's default 128 KiB field limit; lift it so no real file is refused.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -158,6 +158,7 @@ def load_pairs(
       that is not a finite number (a NaN would make every Spearman correlation undefined).
     """
     p = data_path(path)
+    require_regular_file(str(p), "the pair file")  # a named pipe blocks the read, /dev/zero never ends
     by_index = score_column.isdigit()
     try:
         header, rows = _pair_rows(p, by_index)

@@ -13,6 +13,7 @@ Both decoders' own errors (`json.JSONDecodeError`, `tomllib.TOMLDecodeError`) ar
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ else:  # pragma: no cover
 
 MAX_INT_DIGITS = 30  # 10**30 exceeds every count, size and seed kd stores (int64 ids have 19 digits)
 MAX_FILE_BYTES = 256 << 20  # a manifest of 100,000 shards is ~50 MiB
+# A model's config.json, modules.json, a module's or a tokenizer's config: a few KB (with a label map, tens of KB)
+MAX_CONFIG_BYTES = 1 << 20
 _LONG_DIGITS = re.compile(rf"\d{{{MAX_INT_DIGITS + 1},}}")
 
 
@@ -46,20 +49,64 @@ def parse_json(text: str | bytes, where: str, fix: str, error: type[KdError] = I
         raise error(f"the {what} is not valid JSON ({_reason(e)})", where, fix) from None
 
 
-def read_json(path: str | Path, fix: str, error: type[KdError] = InputError) -> Any:
-    """The JSON file at `path` (see `parse_json`); a file that cannot be read is the same error."""
+def read_json(path: str | Path, fix: str, error: type[KdError] = InputError, limit: int = MAX_FILE_BYTES) -> Any:
+    """The JSON file at `path` (see `parse_json`), of at most `limit` bytes; a file that cannot be read is the same
+    error."""
     p = Path(path)
-    kind = special_file(p)  # a FIFO would block the open, /dev/zero never end: regular files only, bounded
-    if kind is not None:
-        raise error(f"{p.name} is not a regular file but {kind}", str(p), fix)
+    require_regular(p, fix, error)
     try:
         with open(p, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as e:
         raise error(f"{p.name} cannot be read ({e.strerror or e})", str(p), fix) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise error(f"{p.name} is larger than {MAX_FILE_BYTES >> 20} MiB, more than any file of kd's", str(p), fix)
+    if len(data) > limit:
+        raise error(f"{p.name} is larger than {limit >> 20} MiB, more than any such file kd reads", str(p), fix)
     return parse_json(data, str(p), fix, error, what=p.name)
+
+
+def read_config(path: str | Path, fix: str, error: type[KdError] = InputError) -> Any:
+    """A small JSON config of a folder kd was handed (a model's config.json, modules.json, a module's config):
+    `read_json` held to MAX_CONFIG_BYTES, so a config that is /dev/zero or a huge file costs nothing."""
+    return read_json(path, fix, error, MAX_CONFIG_BYTES)
+
+
+def require_regular(path: str | Path, fix: str, error: type[KdError] = InputError) -> None:
+    """A FIFO would block the open, /dev/zero never end: regular files only (checked without opening it)."""
+    kind = special_file(path)
+    if kind is not None:
+        raise error(f"{Path(path).name} is not a regular file but {kind}", str(path), fix)
+
+
+def check_model_folder(folder: str | Path, fix: str, error: type[KdError] = KdError) -> None:
+    """A model folder kd was handed, before a library loads it: nothing in it is a pipe or a device
+    (`refuse_special_files`), and each JSON file of it and of its module subfolders parses within its bound
+    (configs: MAX_CONFIG_BYTES).
+
+    transformers and model2vec read a config whole (a /dev/zero config ran out of memory) and skip a file that is
+    not a regular one as if absent: a teacher whose tokenizer.json was /dev/zero ran on a 5-token vocabulary built
+    from tokenizer_config.json, with exit 0 (issue 48's probe)."""
+    root = Path(folder)
+    refuse_special_files(root, fix, error)
+    for sub in [root, *(p for p in _entries(root) if p.is_dir())]:
+        for p in _entries(sub):
+            if p.suffix == ".json" and p.is_file():
+                read_json(p, fix, error, MAX_CONFIG_BYTES if "config" in p.name or p.name == "modules.json"
+                          else MAX_FILE_BYTES)
+
+
+def refuse_special_files(folder: str | Path, fix: str, error: type[KdError] = InputError) -> None:
+    """Every file under `folder` (symlinks followed to their target) a regular one: a named pipe blocks its reader
+    forever, /dev/zero never ends, and a loader that skips them answers as if they were absent."""
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            require_regular(os.path.join(dirpath, name), fix, error)
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError:  # missing or unreadable: the loader that opens it says so
+        return []
 
 
 def parse_toml(text: str, where: str, fix: str, error: type[KdError] = InputError) -> dict[str, Any]:

@@ -14,7 +14,6 @@ forward pass (on its device), in numpy after an exported backend's (`pool_numpy`
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -28,6 +27,7 @@ from kd.common.attention import varying_shape_attention
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.hardware import native_bf16, resolve_device
+from kd.common.parsing import check_model_folder, read_config
 from kd.common.progress import step
 from kd.common.quiet import hush_libraries
 from kd.pipeline.resolve import TeacherRef, resolve_teacher
@@ -64,23 +64,42 @@ class STPooling:
     max_seq_length: int | None
 
 
+ST_FIX = "point --teacher at the sentence-transformers folder as it was saved (copy or download it again)"
+
+
 def read_st_pooling(path: str) -> STPooling | None:
+    """The pooling a sentence-transformers folder declares, None for a plain checkpoint or modules kd does not
+    reimplement. Its configs go through the bounded reader (common.parsing.read_config) and their fields are
+    checked here: they come with a folder kd was handed."""
     mpath = os.path.join(path, "modules.json")
-    if not os.path.isfile(mpath):
+    if not os.path.lexists(mpath):  # lexists: a pipe or a device in its place is refused, not taken as absent
         return None
-    modules = json.load(open(mpath))
+    modules = read_config(mpath, ST_FIX, KdError)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str)
+                                                and isinstance(m.get("path", ""), str) for m in modules):
+        raise KdError("modules.json is not a list of modules, each with a type and a path", mpath, ST_FIX)
     if any(m["type"] not in ST_MODULES for m in modules):
         return None  # e.g. a Dense layer: we do not reimplement it, so no `sentence` output
     pool = next((m for m in modules if m["type"].endswith("Pooling")), None)
     mode = "mean"
     if pool is not None:
-        cfg = json.load(open(os.path.join(path, pool["path"], "config.json")))
+        cfg = _st_config(os.path.join(path, pool.get("path", ""), "config.json"))
         mode = "cls" if cfg.get("pooling_mode_cls_token") else "max" if cfg.get("pooling_mode_max_tokens") else "mean"
     max_len = None
     sbc = os.path.join(path, "sentence_bert_config.json")
-    if os.path.isfile(sbc):
-        max_len = json.load(open(sbc)).get("max_seq_length")
+    if os.path.lexists(sbc):
+        max_len = _st_config(sbc).get("max_seq_length")
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+            raise KdError(f"sentence_bert_config.json says max_seq_length = {max_len!r}, not a positive whole number",
+                          sbc, ST_FIX)
     return STPooling(mode, any(m["type"].endswith("Normalize") for m in modules), max_len)
+
+
+def _st_config(path: str) -> dict:
+    cfg = read_config(path, ST_FIX, KdError)
+    if not isinstance(cfg, dict):
+        raise KdError(f"{os.path.basename(path)} is not a JSON object", path, ST_FIX)
+    return cfg
 
 
 def weights_sha256(path: str) -> str:
@@ -352,6 +371,8 @@ def _config(ref: TeacherRef) -> Any:
     from transformers import AutoConfig
 
     where = os.path.join(ref.path, "config.json")
+    check_model_folder(ref.path, "point --teacher at the checkpoint folder as it was saved (copy or download it "
+                       "again)")
     try:
         cfg = AutoConfig.from_pretrained(ref.path)
     # not JSON, a model_type this transformers does not know, a field of the wrong type (transformers' typed configs)
@@ -366,6 +387,17 @@ def _config(ref: TeacherRef) -> Any:
     return cfg
 
 
+def _check_vocab(tok: Any, cfg: Any, where: str) -> None:
+    """A tokenizer of far fewer tokens than the model's embedding table is not the model's: transformers builds one
+    from the special tokens alone when the vocabulary files are missing or unreadable (5 tokens, every word [UNK]).
+    Half leaves room for tables padded past the vocabulary (T5: 32,100 tokens, 32,128 rows)."""
+    size = getattr(cfg, "vocab_size", None)
+    if isinstance(size, int) and len(tok) < size // 2:
+        raise KdError(f"the teacher's tokenizer knows {len(tok):,} tokens, its model {size:,} (config.json "
+                      "vocab_size): the tokenizer files are missing or damaged (tokenizer.json, vocab.txt)", where,
+                      "copy or download the checkpoint again, tokenizer files included")
+
+
 def _has_head(cfg: Any) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
 
@@ -378,6 +410,7 @@ def _teacher(ref: TeacherRef, cfg: Any, model: torch.nn.Module | None, architect
 
     tok = load_tokenizer(ref.path, "the directory must hold the teacher's tokenizer files, undamaged: copy or "
                          "download the checkpoint again")
+    _check_vocab(tok, cfg, ref.path)
     st = read_st_pooling(ref.path)
     limit = min(x for x in (tok.model_max_length, getattr(cfg, "max_position_embeddings", 512), 8192) if x)
     if st and st.max_seq_length:

@@ -29,14 +29,13 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
+from kd.common import parsing
 from kd.common.attention import varying_shape_attention
 from kd.common.errors import InputError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
-from kd.common.inputs import special_file
 from kd.common.padding import pad_rows
-from kd.common.parsing import read_json
 from kd.common.progress import Bar
 from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
@@ -258,7 +257,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     if not cfg_file.exists():
         raise InputError("no trained student here (no config.json)", str(p), fix)
     check_received(p, "copy the student folder again, or retrain it")
-    info = read_json(cfg_file, "the student folder is damaged: copy it again, or retrain with --overwrite")
+    info = parsing.read_config(cfg_file, "the student folder is damaged: copy it again, or retrain with --overwrite")
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise InputError("config.json is not a kd student config", str(cfg_file), fix)
     if info.get("format_version") != FORMAT_VERSION:
@@ -274,17 +273,14 @@ def check_received(folder: Path, fix: str) -> None:
     - a symlink that leads out of it (`storage.names.links_out`, refused in a store too): loading would read a file
       of the receiver's (tokenizer/ linked to ~/.ssh) and an export would copy it. A Hugging Face cache snapshot
       (`models--ORG--NAME/snapshots/REV/`) is the exception: its files are links into its repository's `blobs/`;
-    - anything but folders and regular files: a named pipe blocks its reader forever, /dev/zero never ends.
+    - anything but folders and regular files, and JSON files past their size bound or not JSON
+      (`common.parsing.check_model_folder`): a named pipe blocks its reader forever, /dev/zero never ends.
     """
     link = next(links_out(str(folder), _hub_blobs(folder)), None)
     if link is not None:
         raise InputError(f"{link[0]} is a symlink that leads out of the folder (to {link[1]})", str(folder / link[0]),
                          f"replace the link by the file it points to (e.g. cp -rL), or {fix}")
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            kind = special_file(os.path.join(dirpath, name))
-            if kind is not None:
-                raise InputError(f"{name} is not a regular file but {kind}", os.path.join(dirpath, name), fix)
+    parsing.check_model_folder(folder, fix, InputError)
 
 
 def _hub_blobs(folder: Path) -> list[str]:

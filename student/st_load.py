@@ -27,7 +27,7 @@ from typing import Any
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
-from kd.common.parsing import read_json
+from kd.common.parsing import read_config, read_json
 from kd.student.saved import check_received
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
@@ -85,7 +85,7 @@ def check_export(root: Path) -> list[dict[str, Any]]:
                          "point at the --out folder of kd export --format sentence-transformers")
     check_received(root, AGAIN)
     _refuse_code_files(root)
-    entries = _read_json(listing)
+    entries = read_config(listing, AGAIN)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise InputError("modules.json is not a list of modules", str(listing), REFUSED)
     for e in entries:
@@ -143,7 +143,7 @@ def _model_settings(root: Path) -> dict[str, Any]:
     """Similarity function and prompts saved with the model (what `SentenceTransformer(dir)` restores), each of
     its JSON type (their values are sentence-transformers' to check)."""
     path = root / SETTINGS
-    saved = _read_json(path) if path.is_file() else {}
+    saved = read_config(path, AGAIN) if os.path.lexists(path) else {}  # a pipe or device refused, not skipped
     if not isinstance(saved, dict):
         raise InputError(f"{SETTINGS} is not a JSON object", str(path), AGAIN)
     settings = {k: saved[k] for k in ("similarity_fn_name", "prompts", "default_prompt_name")
