@@ -118,24 +118,39 @@ def id_problems(shards: dict[int, pa.Table], pairs: bool, sampled: bool, hashes:
     or (`hashes`: every texts shard is there, so occurrences count right) is not the content hash `kd precompute`
     gives its text (`common.ids`: blake2b of occurrence and text); the first of each kind. `sampled`: --sample
     may have dropped earlier copies of a text, so a few later occurrences are accepted. A null text is left to
-    `values_problems`."""
-    seen: Counter[str] = Counter()
-    ids: set[int] = set()
-    dup = wrong = None
-    for k, table in sorted(shards.items()):
+    `values_problems`. 300,000 short texts take about a second (the hashing, in Python)."""
+    order = sorted(shards)
+    out = [p for p in [_duplicate_id(shards, order)] if p is not None]
+    seen: dict[str, int] = {}
+    for k in order if hashes else []:
+        table = shards[k]
         cols = [table[c].to_pylist() for c in (("text_a", "text_b") if pairs else ("text",))]
-        for i, row_id in enumerate(table["id"].to_pylist()):
-            if dup is None and row_id in ids:
-                dup = (k, f"id {row_id} appears twice (row {i} of shard {k} and an earlier row)")
-            ids.add(row_id)
-            if not hashes or any(c[i] is None for c in cols):
+        keys = cols[0] if not pairs else [None if None in side else text_key(side) for side in zip(*cols)]
+        for i, (row_id, key) in enumerate(zip(table["id"].to_pylist(), keys)):
+            if key is None:
                 continue
-            key = text_key((cols[0][i], cols[1][i]) if pairs else cols[0][i])
-            if wrong is None and not _is_hash(row_id, key, seen[key], sampled):
-                wrong = (k, f"id {row_id} (row {i} of shard {k}) is not the content hash of its text "
-                            f"{_clip(key)!r}")
-            seen[key] += 1
-    return [p for p in (dup, wrong) if p is not None]
+            before = seen.get(key, 0)
+            seen[key] = before + 1
+            if text_id(key, before) != row_id and not (sampled and _is_hash(row_id, key, before, sampled)):
+                return out + [(k, f"id {row_id} (row {i} of shard {k}) is not the content hash of its text "
+                                  f"{_clip(key)!r}")]
+    return out
+
+
+def _duplicate_id(shards: dict[int, pa.Table], order: list[int]) -> tuple[int, str] | None:
+    """The first row, in store order, whose id an earlier row has (one stable sort of every id)."""
+    if not order:
+        return None
+    ids = np.concatenate([shards[k]["id"].to_numpy() for k in order])
+    sort = np.argsort(ids, kind="stable")
+    again = sort[1:][ids[sort[1:]] == ids[sort[:-1]]]  # each a later copy of the id before it in the sort
+    if not len(again):
+        return None
+    pos = int(again.min())
+    ends = np.cumsum([shards[k].num_rows for k in order])
+    j = int(np.searchsorted(ends, pos, side="right"))
+    k, row = order[j], pos - (int(ends[j - 1]) if j else 0)
+    return k, f"id {int(ids[pos])} appears twice (row {row} of shard {k} and an earlier row)"
 
 
 def _is_hash(row_id: int, key: str, before: int, sampled: bool) -> bool:
