@@ -23,18 +23,20 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
 from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
 from kd.common.inputs import MAX_TEXT_BYTES
 from kd.storage.manifest import Manifest, plan_problems, teacher_table
-from kd.storage.schema import canonical_type, non_finite_columns, type_name, unlike_declared
+from kd.storage.schema import canonical_type, is_int8, non_finite_columns, table_vectors, type_name, unlike_declared
 
 if TYPE_CHECKING:  # store.py imports this module
     from kd.storage.store import Store
@@ -82,8 +84,10 @@ def shard_problems(schema: pa.Schema, rows: int, recorded_rows: int, declared: d
 
 def values_problems(name: str, table: pa.Table) -> list[str]:
     """What is wrong with the values of a shard of table `name` (its footer sound): vectors NaN/Inf or beyond
-    `MAX_ABS`, a negative token count, texts that kd precompute never writes (null, blank, over 1 MiB)."""
+    `MAX_ABS`, int8 codes without a usable scale, a negative token count, texts that kd precompute never writes
+    (null, blank, over 1 MiB)."""
     out = [f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}" for c, n, ids in non_finite_columns(table)]
+    out += _bad_scales(table)
     if "n_tokens" in table.column_names and pa.types.is_integer(table["n_tokens"].type):
         counts = table["n_tokens"].to_numpy(zero_copy_only=False)
         neg = np.nonzero(counts < 0)[0]
@@ -92,6 +96,18 @@ def values_problems(name: str, table: pa.Table) -> list[str]:
     if name == "texts":
         out += [p for c in ("text", "text_a", "text_b") if c in table.column_names
                 for p in _text_problem(table, c)]
+    return out
+
+
+def _bad_scales(table: pa.Table) -> list[str]:
+    """int8 columns whose scale column is missing, non-finite or negative (what `table_vectors` refuses)."""
+    out = []
+    for f in table.schema:
+        if is_int8(f.type):
+            try:
+                table_vectors(table, f.name)
+            except StoreError as e:
+                out.append(e.what)
     return out
 
 
@@ -193,29 +209,82 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
     return None
 
 
+VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
 # The content checks' version: bump when they change, so every store state is checked again by the new ones.
 CHECKS = 1
 VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
 
 
 def require_sound_content(store: Store) -> None:
-    """Refuse a store whose content `kd validate` refuses (`validate.content_problems`: every shard's values, ids,
-    recorded files), naming the first problem; checked once per store state. A sound verdict is remembered in the
-    kd cache under a hash of the manifest (which holds every shard's and file's sha256, and every reader verifies
-    them on read), never in the store: readers do not write into a store."""
+    """Refuse a store whose content `kd validate` refuses (every shard's bytes, footer, ids and values, the texts'
+    ids, the files the manifest records), with the error a reader of that part gives; checked once per store
+    state. A sound verdict is remembered in the kd cache under a hash of the manifest (which holds every shard's
+    and file's sha256, and every reader verifies them on read), never in the store: readers do not write into a
+    store."""
     mark = _verdict_path(store.manifest)
     if mark is not None and mark.is_file():
         return
-    from kd.storage.validate import content_problems
-
-    problems = content_problems(store)
-    if problems:
-        first = problems[0]
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise StoreError(f"the store's content is damaged: {first.what}{more}", first.file, content_fix(
-            store.root, first.repairable))
+    texts = {k: table for name, k, table in _shards(store) if name == "texts"}
+    m = store.manifest
+    for k, what in id_problems(texts, m.pairs, sampled(m), hashes=sorted(texts) == list(range(m.num_shards))):
+        raise StoreError(f"the store's content is damaged: {what}", store.loc.path(m.tables["texts"].shards[k].file),
+                         content_fix(store.root, repairable=False))
+    for rel in sorted(m.extras.get("files", {})):
+        why = recorded_file_problem(store, rel, store.read_recorded(rel))  # checksum and NaN: read_recorded
+        if why:
+            raise StoreError(why, store.loc.path(rel), content_fix(store.root, repairable=True))
     if mark is not None:
         _remember(mark)
+
+
+def _shards(store: Store) -> Iterator[tuple[str, int, pa.Table]]:
+    """(table, k, its rows) for every committed shard, texts first, each read as every reader reads it
+    (`Store.read_checked`: checksum, footer, ids aligned with texts shard k) and refused for its values."""
+    names = store.manifest.tables
+    for name in [n for n in ("texts",) if n in names] + sorted(n for n in names if n != "texts"):
+        for k, rec in sorted(names[name].shards.items()):
+            table = pq.ParquetFile(pa.BufferReader(store.read_checked(name, k))).read()
+            store.mark_verified(rec)
+            wrong = values_problems(name, table)
+            if wrong:
+                raise StoreError(f"the store's content is damaged: {wrong[0]}", store.loc.path(rec.file),
+                                 content_fix(store.root, repairable=True))
+            yield name, k, table
+
+
+def sampled(m: Manifest) -> bool:
+    """Whether --sample may have dropped earlier copies of a text (`id_problems` accepts later occurrences)."""
+    return bool((m.inputs.get("options") or {}).get("sample")) or bool((m.inputs.get("counts") or {})
+                                                                       .get("sampled_out"))
+
+
+def recorded_file_problem(store: Store, rel: str, data: bytes) -> str | None:
+    """What is wrong with the shape of a recorded file whose bytes `data` were read and checked: a vocab output or
+    input embeddings unlike the teacher (None: sound, or another file)."""
+    parts = rel.split("/")
+    if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
+        return None
+    from safetensors.numpy import load
+
+    rec = store.manifest.tables.get(teacher_table(parts[1]))
+    tensors = load(data)
+    if parts[2] == EMBEDDINGS:
+        return embeddings_problem(tensors, _tokenizer_size(store, rec.meta.get("tokenizer") if rec else None))
+    return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
+
+
+def _tokenizer_size(store: Store, folder: str | None) -> int | None:
+    """How many token ids the tokenizer in `folder` has (its tokenizer.json, checked against the manifest; None
+    where there is none or it does not parse: the tokenizer's own check reports that)."""
+    rel = f"{folder}/tokenizer.json"
+    if not folder or rel not in store.manifest.extras.get("files", {}):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(store.read_recorded(rel).decode()).get_vocab_size(with_added_tokens=True)
+    except Exception:  # noqa: BLE001  (tokenizers raises its own exception type for a malformed file)
+        return None
 
 
 def content_fix(root: str, repairable: bool) -> str:

@@ -245,7 +245,7 @@ class Store:
         return [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
 
     def mark_verified(self, rec: ShardRecord) -> None:
-        """Record a shard whose bytes, footer and ids were just checked (`validate.content_problems`), so that
+        """Record a shard whose bytes, footer and ids were just checked (`soundness.require_sound_content`), so that
         `verify_files` does not read it again."""
         self._verified.add((rec.file, rec.sha256))
 

@@ -18,18 +18,15 @@ from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
 from kd.storage.manifest import teacher_table
-from kd.storage.schema import is_int8, table_vectors
 from kd.storage.soundness import (
-    embeddings_problem,
     id_problems,
     manifest_problems,
+    recorded_file_problem,
+    sampled,
     shard_problems,
     values_problems,
-    vocab_problem,
 )
 from kd.storage.store import Store
-
-EMBEDDINGS = "input_embeddings.safetensors"
 
 
 @dataclass(frozen=True)
@@ -78,11 +75,9 @@ def _check_ids(store: Store, texts: dict[int, pa.Table]) -> list[Problem]:
     m = store.manifest
     if "texts" not in m.tables:
         return []
-    sampled = bool((m.inputs.get("options") or {}).get("sample")) or bool((m.inputs.get("counts") or {})
-                                                                           .get("sampled_out"))
     every = sorted(texts) == list(range(m.num_shards))
     return [Problem(store.loc.path(m.tables["texts"].shards[k].file), what, repairable=False)
-            for k, what in id_problems(texts, m.pairs, sampled, hashes=every)]
+            for k, what in id_problems(texts, m.pairs, sampled(m), hashes=every)]
 
 
 def _check_files(store: Store) -> list[Problem]:
@@ -90,41 +85,12 @@ def _check_files(store: Store) -> list[Problem]:
     out = []
     for rel in sorted(store.manifest.extras.get("files", {})):
         try:
-            why = vocab_shape_problem(store, rel, store.read_recorded(rel))  # read once: checksum, NaN, shape
+            why = recorded_file_problem(store, rel, store.read_recorded(rel))  # read once: checksum, NaN, shape
         except StoreError as e:
             out.append(Problem(e.where or rel, e.what))
             continue
         out += [Problem(store.loc.path(rel), why)] if why else []
     return out
-
-
-def vocab_shape_problem(store: Store, rel: str, data: bytes | None = None) -> str | None:
-    """What is wrong with the shape of the vocab output or the input embeddings at `rel` (None: sound, or another
-    file). `data`: its bytes, already read and checked (None: read here)."""
-    parts = rel.split("/")
-    if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in ("vocab.safetensors", EMBEDDINGS):
-        return None
-    from safetensors.numpy import load
-
-    rec = store.manifest.tables.get(teacher_table(parts[1]))
-    tensors = load(data if data is not None else store.read_recorded(rel))
-    if parts[2] == EMBEDDINGS:
-        return embeddings_problem(tensors, _tokenizer_size(store, rec.meta.get("tokenizer") if rec else None))
-    return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
-
-
-def _tokenizer_size(store: Store, folder: str | None) -> int | None:
-    """How many token ids the tokenizer in `folder` has (its tokenizer.json, checked against the manifest; None
-    where there is none or it does not parse: the tokenizer's own check reports that)."""
-    rel = f"{folder}/tokenizer.json"
-    if not folder or rel not in store.manifest.extras.get("files", {}):
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_str(store.read_recorded(rel).decode()).get_vocab_size(with_added_tokens=True)
-    except Exception:  # noqa: BLE001  (tokenizers raises its own exception type for a malformed file)
-        return None
 
 
 def _check_teacher_files(store: Store) -> list[Problem]:
@@ -176,7 +142,7 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
         return [Problem(path, f"unreadable parquet: {e}")]
     if name == "texts" and not out:
         texts[k] = table
-    out += [Problem(path, what) for what in values_problems(name, table)] + _bad_scales(table, path)
+    out += [Problem(path, what) for what in values_problems(name, table)]
     if "id" in table.column_names:
         why = _ids_problem(store, name, k, shard, table["id"].combine_chunks(), text_ids)
         out += [Problem(path, why)] if why else []
@@ -201,18 +167,6 @@ def _ids_problem(store: Store, name: str, k: int, shard, ids: pa.Array, text_ids
     if shard.ids not in (None, digest):
         return "ids do not match the digest the manifest records for them"
     return None
-
-
-def _bad_scales(table: pa.Table, path: str) -> list[Problem]:
-    """int8 columns whose scale column is missing, non-finite or negative (what the readers refuse)."""
-    out = []
-    for f in table.schema:
-        if is_int8(f.type):
-            try:
-                table_vectors(table, f.name, path)
-            except StoreError as e:
-                out.append(Problem(path, e.what))
-    return out
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:

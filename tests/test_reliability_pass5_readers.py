@@ -246,7 +246,7 @@ def test_vocab_token_ids_past_the_tokenizer_are_reported(store):
 
 
 def test_a_sound_verdict_is_kept_in_the_kd_cache_and_spares_the_next_query(store, tmp_path, monkeypatch):
-    import kd.storage.validate as V
+    import kd.storage.soundness as S
 
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
     before = snapshot(store)
@@ -258,7 +258,7 @@ def test_a_sound_verdict_is_kept_in_the_kd_cache_and_spares_the_next_query(store
     def no_second_check(store):
         raise AssertionError("the content of a store state already checked was checked again")
 
-    monkeypatch.setattr(V, "content_problems", no_second_check)
+    monkeypatch.setattr(S, "values_problems", no_second_check)
     assert query(store).exit_code == 0
     monkeypatch.undo()
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
