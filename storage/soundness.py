@@ -227,7 +227,8 @@ def require_sound_content(store: Store) -> None:
     texts = {k: table for name, k, table in _shards(store) if name == "texts"}
     m = store.manifest
     for k, what in id_problems(texts, m.pairs, sampled(m), hashes=sorted(texts) == list(range(m.num_shards))):
-        raise StoreError(f"the store's content is damaged: {what}", store.loc.path(m.tables["texts"].shards[k].file),
+        raise StoreError(f"the store's content is damaged: table 'texts': {what}",
+                         store.loc.path(m.tables["texts"].shards[k].file),
                          content_fix(store.root, repairable=False))
     for rel in sorted(m.extras.get("files", {})):
         why = recorded_file_problem(store, rel, store.read_recorded(rel))  # checksum and NaN: read_recorded
@@ -247,7 +248,8 @@ def _shards(store: Store) -> Iterator[tuple[str, int, pa.Table]]:
             store.mark_verified(rec)
             wrong = values_problems(name, table)
             if wrong:
-                raise StoreError(f"the store's content is damaged: {wrong[0]}", store.loc.path(rec.file),
+                raise StoreError(f"the store's content is damaged: shard {k} of table {name!r}: {wrong[0]}",
+                                 store.loc.path(rec.file),
                                  content_fix(store.root, repairable=True))
             yield name, k, table
 
