@@ -76,7 +76,7 @@ def check_store(store_path: str, sets: dict[str, list[str]] | None = None, *, ex
     overlapping ids are written there (the path checked before the work)."""
     if exclude_out is not None:
         claim_exclude_out(exclude_out, overwrite, store_path)
-    store = Store.open(store_path)
+    store = Store.open(store_path, content=True)
     sets = eval_sets() if sets is None else sets
     wanted = {name: {normalise(t) for t in texts} for name, texts in sets.items()}
     cols = ["text_a", "text_b"] if store.manifest.pairs else ["text"]

@@ -70,7 +70,7 @@ def search_text(
         raise InputError("the query text is empty", "kd search QUERY", 'pass the text to search for, e.g. "rates rose"')
     if (student is None) == (teacher is None):
         raise InputError("give exactly one query encoder", "kd search", "pass --student DIR or --teacher NAME")
-    store = Store.open(store_path)
+    store = Store.open(store_path, content=True)
     if teacher is not None:
         vec, teacher_table, column = _teacher_vector(store, teacher, query, column)
         table = table or teacher_table

@@ -172,7 +172,7 @@ def cluster_store(
     - Re-running replaces the table: its manifest entry is dropped first, because the manifest
       refuses a table whose settings or shard contents change under the same name.
     """
-    store = Store.open(store_path)
+    store = Store.open(store_path, content=True)
     table = resolve_table(store, table)
     vector_column(store, table, column)
     ids, x, sizes = read_vectors(store, table, column)

@@ -160,7 +160,7 @@ def build_index(store_path: str | os.PathLike, table: str, column: str, kind: In
     except ValueError:
         raise InputError(f"unknown index kind {kind!r}", "--kind",
                          f"use one of {', '.join(k.value for k in IndexKind)}") from None
-    store = Store.open(store_path)
+    store = Store.open(store_path, content=True)  # hits are named by ids and shown with texts: both checked
     table = resolve_table(store, table)
     dim = vector_column(store, table, column)
     ids, x, _ = read_vectors(store, table, column)

@@ -47,6 +47,7 @@ from kd.common.stop import Stopped
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
 from kd.storage.schema import is_int8, vector_shape
+from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store
 
 RESERVED = ("texts", "outputs")
@@ -164,6 +165,8 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
     """
     store = store_path if isinstance(store_path, Store) else Store.open(store_path)
     if verify:
+        # DuckDB reads every value of every table: once per store state they are checked as validate does
+        require_sound_content(store)
         for table in store.manifest.tables:
             store.verify_files(table)
     con = duckdb.connect(database)

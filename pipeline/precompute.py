@@ -48,6 +48,7 @@ from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, wr
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
+from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store, open_writer, readable_manifest, refuse_foreign_folder, remove_if_nothing_committed
 
 __all__ = ["PrecomputeJob", "PrecomputeSummary", "corpus_rows", "precompute", "run"]
@@ -83,6 +84,7 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
         check_plan_sound(existing, loc.root)
         check_same_inputs(existing, fingerprint, job.out, grown)
         check_committed_files(existing, loc)
+        require_sound_content(Store(loc, existing))  # --add-to and a resume pair new tables with its rows
     same = existing if existing is not None and existing.fingerprint == fingerprint["fingerprint"] else None
     # the inputs are read before any teacher loads (a bad line is refused in seconds), unless a resume reloads them
     records = None if _texts_committed(job, same, index, count) else _read(files, spec, job)

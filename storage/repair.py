@@ -30,14 +30,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
-from kd.common.finite import OUT_OF_RANGE
 from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, ShardRecord, merge, plan_problems
 from kd.storage.names import real_inside
-from kd.storage.schema import non_finite_columns, tensors_problem
-from kd.storage.soundness import shard_problems
+from kd.storage.schema import tensors_problem
+from kd.storage.soundness import shard_problems, values_problems
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -120,7 +119,7 @@ def repair(store_path: str) -> RepairReport:
     drop, aside = _Drop(), set()
     for name, rec in merged.tables.items():
         for k, shard in rec.shards.items():
-            why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _unlike_declared(loc, shard, rec.columns)
+            why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _unlike_declared(loc, name, shard, rec.columns)
             if why:
                 drop.shards.add((name, k))
                 aside.add(shard.file)
@@ -196,21 +195,19 @@ def _misaligned(loc: fs.Location, m: Manifest, drop: _Drop) -> list[tuple[str, i
     return out
 
 
-def _unlike_declared(loc: fs.Location, shard: ShardRecord, columns: dict[str, str]) -> str | None:
+def _unlike_declared(loc: fs.Location, name: str, shard: ShardRecord, columns: dict[str, str]) -> str | None:
     """Why a shard whose checksum held is not what its record and table declare (not Parquet, another row count, a
-    column missing, of another type or undeclared: its record forged to match other bytes; NaN/Inf or out-of-range
-    vectors), or None: validate and every reader refuse such a shard, so --repair drops it too, and the rerun of
-    precompute writes it again."""
+    column missing, of another type, undeclared or named twice: its record forged to match other bytes; values that
+    kd precompute never writes, `soundness.values_problems`), or None: validate and every reader refuse such a
+    shard, so --repair drops it too, and the rerun of precompute writes it again."""
     try:
         with loc.fs.open_input_file(loc.path(shard.file)) as f:
             table = pq.ParquetFile(f).read()
     except (OSError, pa.ArrowException) as e:
         return f"unreadable parquet ({' '.join(str(e).split())[:160]})"
-    wrong = shard_problems(table.schema, table.num_rows, shard.rows, columns)  # what validate and the readers refuse
-    if wrong:
-        return wrong[0]
-    bad = non_finite_columns(table)
-    return f"column {bad[0][0]!r} has {OUT_OF_RANGE} in {bad[0][1]} row(s)" if bad else None
+    # what validate and the readers refuse
+    wrong = shard_problems(table.schema, table.num_rows, shard.rows, columns) or values_problems(name, table)
+    return wrong[0] if wrong else None
 
 
 def _ids_of(loc: fs.Location, rel: str) -> str | None:

@@ -18,7 +18,7 @@ from enum import Enum
 import numpy as np
 import pyarrow as pa
 
-from kd.common.finite import MAX_ABS
+from kd.common.finite import MAX_ABS, OUT_OF_RANGE
 from kd.storage.int8 import dequantize, quantize, scale_column
 
 
@@ -196,13 +196,20 @@ def non_finite_columns(table: pa.Table) -> list[tuple[str, int, list]]:
 
 def tensors_problem(data: bytes) -> str | None:
     """What is wrong with the bytes of a per-teacher safetensors file (input embeddings, vocab, init weights):
-    not safetensors, or a float tensor holding NaN/Inf (named); None when sound. Its checksum may hold (a forged
-    record): one NaN there spreads through a student's every weight from its first step."""
+    not safetensors, or a float tensor holding NaN/Inf or values past MAX_ABS (named); None when sound. Its
+    checksum may hold (a forged record): one NaN there spreads through a student's every weight from its first
+    step."""
     from safetensors.numpy import load
 
     try:
         tensors = load(data)
     except Exception as e:  # safetensors raises its own error type for a bad header
         return f"not a readable safetensors file ({' '.join(str(e).split())[:120]})"
-    bad = next((n for n, a in tensors.items() if a.dtype.kind == "f" and not np.isfinite(a).all()), None)
-    return f"tensor {bad!r} holds NaN/Inf values" if bad else None
+    bad = next((n for n, a in tensors.items() if a.dtype.kind == "f" and not _in_range(a)), None)
+    return f"tensor {bad!r} holds {OUT_OF_RANGE}" if bad else None
+
+
+def _in_range(a: np.ndarray) -> bool:
+    """Every value finite and within MAX_ABS: a forged 3e38 is finite, and overflows the first PCA or norm."""
+    with np.errstate(invalid="ignore"):
+        return bool((np.abs(a) <= MAX_ABS).all())  # NaN compares False

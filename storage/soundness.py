@@ -7,22 +7,39 @@ validate refuses here, readers refuse too, at two costs (docs/design.md, "Reader
   `meta.dim` against the declared column types) and a shard's Parquet footer (`shard_problems`: rows, declared
   columns and types, undeclared extra columns);
 - expensive, in `kd validate` and where a reader holds the values anyway: every id a content hash of its text
-  and none twice (`id_problems`), every vector component finite and within `common.finite.MAX_ABS`, a vocab
-  output of the teacher's width (`vocab_problem`).
+  and none twice (`id_problems`), every vector component finite and within `common.finite.MAX_ABS`, no negative
+  token count, every text present, non-blank and within kd's 1 MiB (`values_problems`), a vocab output and
+  input embeddings of the teacher's shape (`vocab_problem`, `embeddings_problem`);
+- readers that do not hold every value (`kd query`, `kd index`, `kd train-student` reads only its targets) run
+  validate's content checks once per store state (`require_sound_content`): the verdict is kept in the kd cache,
+  keyed by the manifest (every shard's and file's sha256), so the next reader of that state pays a lookup.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import re
 from collections import Counter
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from kd.common.errors import StoreError
+from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
+from kd.common.inputs import MAX_TEXT_BYTES
 from kd.storage.manifest import Manifest, plan_problems, teacher_table
-from kd.storage.schema import canonical_type, type_name, unlike_declared
+from kd.storage.schema import canonical_type, is_int8, non_finite_columns, table_vectors, type_name, unlike_declared
+
+if TYPE_CHECKING:  # store.py imports this module
+    from kd.storage.store import Store
 
 # Teacher columns pooled from hidden states: their innermost width is the teacher's `meta.dim`. (`sentence` may
 # pass a sentence-transformers Dense layer of another width, `logits` has one value per label.)
@@ -60,28 +77,96 @@ def shard_problems(schema: pa.Schema, rows: int, recorded_rows: int, declared: d
             for col, have, want in unlike_declared(schema, declared)]
     out += [f"column {f.name!r} ({type_name(f.type)}) is not declared in the manifest"
             for f in schema if f.name not in declared]
+    # Parquet allows a name twice; every reader would then pick one of the two by position
+    twice = sorted(n for n, c in Counter(schema.names).items() if c > 1)
+    return out + [f"column {n!r} appears twice" for n in twice]
+
+
+def values_problems(name: str, table: pa.Table) -> list[str]:
+    """What is wrong with the values of a shard of table `name` (its footer sound): vectors NaN/Inf or beyond
+    `MAX_ABS`, int8 codes without a usable scale, a negative token count, texts that kd precompute never writes
+    (null, blank, over 1 MiB)."""
+    out = [f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}" for c, n, ids in non_finite_columns(table)]
+    out += _bad_scales(table)
+    if "n_tokens" in table.column_names and pa.types.is_integer(table["n_tokens"].type):
+        counts = table["n_tokens"].to_numpy(zero_copy_only=False)
+        neg = np.nonzero(counts < 0)[0]
+        out += [f"column 'n_tokens' is negative in {len(neg)} row(s), first {int(counts[neg[0]])} at row "
+                f"{int(neg[0])}{_row_id(table, int(neg[0]))}"] if len(neg) else []
+    if name == "texts":
+        out += [p for c in ("text", "text_a", "text_b") if c in table.column_names
+                for p in _text_problem(table, c)]
     return out
 
 
-def id_problems(shards: list[pa.Table], pairs: bool, sampled: bool) -> list[tuple[int, str]]:
-    """(shard, what) for rows of the texts table, in store order, whose id is there twice or is not the content
-    hash `kd precompute` gives its text (`common.ids`: blake2b of occurrence and text); the first of each kind.
-    `sampled`: --sample may have dropped earlier copies of a text, so a few later occurrences are accepted."""
-    seen: Counter[str] = Counter()
-    ids: set[int] = set()
-    dup = wrong = None
-    for k, table in enumerate(shards):
+def _bad_scales(table: pa.Table) -> list[str]:
+    """int8 columns whose scale column is missing, non-finite or negative (what `table_vectors` refuses)."""
+    out = []
+    for f in table.schema:
+        if is_int8(f.type):
+            try:
+                table_vectors(table, f.name)
+            except StoreError as e:
+                out.append(e.what)
+    return out
+
+
+def _text_problem(table: pa.Table, column: str) -> list[str]:
+    """The first text of `column` that is null, blank, or over MAX_TEXT_BYTES of UTF-8 (precompute drops blank
+    texts and refuses long ones: such a row was written by something else)."""
+    for i, text in enumerate(table[column].to_pylist()):
+        if text is None or not text.strip():
+            return [f"column {column!r} holds {'a null' if text is None else 'a blank'} text at row "
+                    f"{i}{_row_id(table, i)}"]
+        if len(text) > MAX_TEXT_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+            return [f"column {column!r} holds a text of {len(text):,} characters at row {i}{_row_id(table, i)}, "
+                    f"over kd's limit of {MAX_TEXT_BYTES >> 20} MiB"]
+    return []
+
+
+def _row_id(table: pa.Table, i: int) -> str:
+    return f" (id {table['id'][i].as_py()})" if "id" in table.column_names else ""
+
+
+def id_problems(shards: dict[int, pa.Table], pairs: bool, sampled: bool, hashes: bool = True
+                ) -> list[tuple[int, str]]:
+    """(shard, what) for rows of the texts table (`shards` by number), in store order, whose id is there twice
+    or (`hashes`: every texts shard is there, so occurrences count right) is not the content hash `kd precompute`
+    gives its text (`common.ids`: blake2b of occurrence and text); the first of each kind. `sampled`: --sample
+    may have dropped earlier copies of a text, so a few later occurrences are accepted. A null text is left to
+    `values_problems`. 300,000 short texts take about a second (the hashing, in Python)."""
+    order = sorted(shards)
+    out = [p for p in [_duplicate_id(shards, order)] if p is not None]
+    seen: dict[str, int] = {}
+    for k in order if hashes else []:
+        table = shards[k]
         cols = [table[c].to_pylist() for c in (("text_a", "text_b") if pairs else ("text",))]
-        for i, row_id in enumerate(table["id"].to_pylist()):
-            key = text_key((cols[0][i], cols[1][i]) if pairs else cols[0][i])
-            if dup is None and row_id in ids:
-                dup = (k, f"id {row_id} appears twice (row {i} of shard {k} and an earlier row)")
-            ids.add(row_id)
-            if wrong is None and not _is_hash(row_id, key, seen[key], sampled):
-                wrong = (k, f"id {row_id} (row {i} of shard {k}) is not the content hash of its text "
-                            f"{_clip(key)!r}")
-            seen[key] += 1
-    return [p for p in (dup, wrong) if p is not None]
+        keys = cols[0] if not pairs else [None if None in side else text_key(side) for side in zip(*cols)]
+        for i, (row_id, key) in enumerate(zip(table["id"].to_pylist(), keys)):
+            if key is None:
+                continue
+            before = seen.get(key, 0)
+            seen[key] = before + 1
+            if text_id(key, before) != row_id and not (sampled and _is_hash(row_id, key, before, sampled)):
+                return out + [(k, f"id {row_id} (row {i} of shard {k}) is not the content hash of its text "
+                                  f"{_clip(key)!r}")]
+    return out
+
+
+def _duplicate_id(shards: dict[int, pa.Table], order: list[int]) -> tuple[int, str] | None:
+    """The first row, in store order, whose id an earlier row has (one stable sort of every id)."""
+    if not order:
+        return None
+    ids = np.concatenate([shards[k]["id"].to_numpy() for k in order])
+    sort = np.argsort(ids, kind="stable")
+    again = sort[1:][ids[sort[1:]] == ids[sort[:-1]]]  # each a later copy of the id before it in the sort
+    if not len(again):
+        return None
+    pos = int(again.min())
+    ends = np.cumsum([shards[k].num_rows for k in order])
+    j = int(np.searchsorted(ends, pos, side="right"))
+    k, row = order[j], pos - (int(ends[j - 1]) if j else 0)
+    return k, f"id {int(ids[pos])} appears twice (row {row} of shard {k} and an earlier row)"
 
 
 def _is_hash(row_id: int, key: str, before: int, sampled: bool) -> bool:
@@ -105,4 +190,132 @@ def vocab_problem(tensors: dict[str, Any], dim: Any) -> str | None:
         return f"the vocab output's vectors are {vecs.shape[1]} wide, the teacher's dim is {dim}"
     if ids.shape != (len(vecs),):
         return f"the vocab output has {len(vecs):,} vectors but {ids.size:,} token ids"
+    if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(vecs):
+        return (f"the vocab output's token ids run {ids.min()} to {ids.max()}, outside the tokenizer's "
+                f"0 to {len(vecs) - 1}")
     return None
+
+
+def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | None:
+    """What is wrong with a teacher's input embeddings (`weight` [vocab, width] float, a row per token id of its
+    tokenizer: `tokens` of them, None when unknown); None when it has that shape."""
+    w = tensors.get("weight")
+    if w is None:
+        return "the input embeddings lack their 'weight' tensor"
+    if w.ndim != 2 or w.dtype.kind != "f" or w.size == 0:
+        return f"the input embeddings are {w.dtype} {list(w.shape)}, not a float [tokens, width] matrix"
+    if tokens is not None and len(w) < tokens:
+        return f"the input embeddings have {len(w):,} rows, the teacher's tokenizer has {tokens:,} token ids"
+    return None
+
+
+VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
+# The content checks' version: bump when they change, so every store state is checked again by the new ones.
+CHECKS = 1
+VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
+
+
+def require_sound_content(store: Store) -> None:
+    """Refuse a store whose content `kd validate` refuses (every shard's bytes, footer, ids and values, the texts'
+    ids, the files the manifest records), with the error a reader of that part gives; checked once per store
+    state. A sound verdict is remembered in the kd cache under a hash of the manifest (which holds every shard's
+    and file's sha256, and every reader verifies them on read), never in the store: readers do not write into a
+    store."""
+    mark = _verdict_path(store.manifest)
+    if mark is not None and mark.is_file():
+        return
+    texts = {k: table for name, k, table in _shards(store) if name == "texts"}
+    m = store.manifest
+    for k, what in id_problems(texts, m.pairs, sampled(m), hashes=sorted(texts) == list(range(m.num_shards))):
+        raise StoreError(f"the store's content is damaged: table 'texts': {what}",
+                         store.loc.path(m.tables["texts"].shards[k].file),
+                         content_fix(store.root, repairable=False))
+    for rel in sorted(m.extras.get("files", {})):
+        why = recorded_file_problem(store, rel, store.read_recorded(rel))  # checksum and NaN: read_recorded
+        if why:
+            raise StoreError(why, store.loc.path(rel), content_fix(store.root, repairable=True))
+    if mark is not None:
+        _remember(mark)
+
+
+def _shards(store: Store) -> Iterator[tuple[str, int, pa.Table]]:
+    """(table, k, its rows) for every committed shard, texts first, each read as every reader reads it
+    (`Store.read_checked`: checksum, footer, ids aligned with texts shard k) and refused for its values."""
+    names = store.manifest.tables
+    for name in [n for n in ("texts",) if n in names] + sorted(n for n in names if n != "texts"):
+        for k, rec in sorted(names[name].shards.items()):
+            table = pq.ParquetFile(pa.BufferReader(store.read_checked(name, k))).read()
+            store.mark_verified(rec)
+            wrong = values_problems(name, table)
+            if wrong:
+                raise StoreError(f"the store's content is damaged: shard {k} of table {name!r}: {wrong[0]}",
+                                 store.loc.path(rec.file),
+                                 content_fix(store.root, repairable=True))
+            yield name, k, table
+
+
+def sampled(m: Manifest) -> bool:
+    """Whether --sample may have dropped earlier copies of a text (`id_problems` accepts later occurrences)."""
+    return bool((m.inputs.get("options") or {}).get("sample")) or bool((m.inputs.get("counts") or {})
+                                                                       .get("sampled_out"))
+
+
+def recorded_file_problem(store: Store, rel: str, data: bytes) -> str | None:
+    """What is wrong with the shape of a recorded file whose bytes `data` were read and checked: a vocab output or
+    input embeddings unlike the teacher (None: sound, or another file)."""
+    parts = rel.split("/")
+    if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
+        return None
+    from safetensors.numpy import load
+
+    rec = store.manifest.tables.get(teacher_table(parts[1]))
+    tensors = load(data)
+    if parts[2] == EMBEDDINGS:
+        return embeddings_problem(tensors, _tokenizer_size(store, rec.meta.get("tokenizer") if rec else None))
+    return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
+
+
+def _tokenizer_size(store: Store, folder: str | None) -> int | None:
+    """How many token ids the tokenizer in `folder` has (its tokenizer.json, checked against the manifest; None
+    where there is none or it does not parse: the tokenizer's own check reports that)."""
+    rel = f"{folder}/tokenizer.json"
+    if not folder or rel not in store.manifest.extras.get("files", {}):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(store.read_recorded(rel).decode()).get_vocab_size(with_added_tokens=True)
+    except Exception:  # noqa: BLE001  (tokenizers raises its own exception type for a malformed file)
+        return None
+
+
+def content_fix(root: str, repairable: bool) -> str:
+    """The fix for a content problem of the store at `root`: --repair where it drops the damaged part (and the
+    rerun of precompute writes it again); ids unlike their texts cannot tell which of the two is wrong."""
+    see = f"run `kd validate {root}` for every problem; "
+    if repairable:
+        return see + (f"`kd validate {root} --repair` drops the damaged shards and files, then re-run the kd "
+                      "precompute command that wrote the store")
+    return see + "ids and texts written by something else cannot be repaired: write the store again with kd " \
+                 "precompute (a new --out, or --overwrite)"
+
+
+def _verdict_path(m: Manifest) -> Path | None:
+    """Where the verdict on the store state `m` is kept (None: no usable kd cache folder). Index records are
+    left out of the key: `kd index` adds one without changing any value."""
+    from kd.pipeline.resolve import cache_dir
+
+    state = json.loads(m.to_json())  # (fragments merge in any order: the key sorts its keys)
+    state["extras"] = {k: v for k, v in state["extras"].items() if not k.startswith("index:")}
+    key = hashlib.sha256(json.dumps([CHECKS, state], sort_keys=True).encode()).hexdigest()
+    return cache_dir() / VERDICTS / key
+
+
+def _remember(mark: Path) -> None:
+    """Write the verdict (an empty file, renamed into place); a cache that cannot be written only costs the next
+    reader the check again."""
+    with contextlib.suppress(OSError):
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        tmp = mark.with_name(f".{mark.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(b"")
+        os.replace(tmp, mark)

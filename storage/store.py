@@ -36,7 +36,7 @@ from kd.storage.manifest import (
     same_settings,
 )
 from kd.storage.schema import tensors_problem
-from kd.storage.soundness import manifest_problems, shard_problems
+from kd.storage.soundness import manifest_problems, require_sound_content, shard_problems
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -91,10 +91,11 @@ class Store:
     _texts_ids: dict[int, str] = field(default_factory=dict, repr=False)  # ids digests computed from texts files
 
     @classmethod
-    def open(cls, uri: str | os.PathLike, sound: bool = True) -> Store:
+    def open(cls, uri: str | os.PathLike, sound: bool = True, content: bool = False) -> Store:
         """The store at `uri`; its manifest is refused unless sound (`soundness.manifest_problems`: the row plan,
-        the texts table, dims), so no reader runs on what `kd validate` refuses. `sound=False`: opened to be
-        reported on (`kd validate`, `kd info`), whatever its state."""
+        the texts table, dims), so no reader runs on what `kd validate` refuses. `content`: its committed content
+        too (`soundness.require_sound_content`: values, ids, recorded files; once per store state), for readers
+        of its rows. `sound=False`: opened to be reported on (`kd validate`, `kd info`), whatever its state."""
         loc = fs.resolve(uri)
         m = load_manifest(loc)
         if m is None:
@@ -106,7 +107,10 @@ class Store:
             raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path(MANIFEST),
                              f"run `kd validate {loc.root}` for every problem; a damaged row plan or table record "
                              "cannot be repaired: write the store again (a new --out, or --overwrite)")
-        return cls(loc, m)
+        store = cls(loc, m)
+        if content:
+            require_sound_content(store)
+        return store
 
     @property
     def root(self) -> str:
@@ -239,6 +243,11 @@ class Store:
                 self.read_checked(name, k)
                 self._verified.add((rec.shards[k].file, rec.shards[k].sha256))
         return [self.path_of(rec.shards[k].file) for k in sorted(rec.shards)]
+
+    def mark_verified(self, rec: ShardRecord) -> None:
+        """Record a shard whose bytes, footer and ids were just checked (`soundness.require_sound_content`), so that
+        `verify_files` does not read it again."""
+        self._verified.add((rec.file, rec.sha256))
 
     def verify_folder(self, *parts: str) -> None:
         """Check the files under a folder (or one file) against the sha256 the manifest records for them.

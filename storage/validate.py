@@ -14,13 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
-from kd.common.finite import OUT_OF_RANGE
 from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import list_indexes, load_index
 from kd.storage.manifest import teacher_table
-from kd.storage.schema import is_int8, non_finite_columns, table_vectors
-from kd.storage.soundness import id_problems, manifest_problems, shard_problems, vocab_problem
+from kd.storage.soundness import (
+    id_problems,
+    manifest_problems,
+    recorded_file_problem,
+    sampled,
+    shard_problems,
+    values_problems,
+)
 from kd.storage.store import Store
 
 
@@ -28,37 +33,51 @@ from kd.storage.store import Store
 class Problem:
     file: str
     what: str
+    repairable: bool = True  # whether `kd validate --repair` (and a rerun of precompute) fixes it
 
     def __str__(self) -> str:
         return f"{self.file}: {self.what}"
 
 
 def validate(store: Store) -> list[Problem]:
-    problems: list[Problem] = []
     m = store.manifest
+    missing = []
+    for name in _tables(store):
+        count, first = m.tables[name].missing(m.num_shards)
+        if count:
+            missing.append(Problem(store.loc.path(name), f"{count} shard(s) missing: {first}"))
+    plan = [Problem(store.loc.path("manifest.json"), what) for what in manifest_problems(m)]
+    return plan + missing + content_problems(store) + _check_teacher_files(store) + _check_indexes(store)
+
+
+def content_problems(store: Store) -> list[Problem]:
+    """What validate finds in the store's committed content (what every reader refuses,
+    `soundness.require_sound_content`): each shard's bytes, footer, values and ids, the texts' ids, the files the
+    manifest records. Not what a reader can do without: a missing shard, a stale index."""
+    problems: list[Problem] = []
     text_ids: dict[int, pa.Array] = {}
     texts: dict[int, pa.Table] = {}  # the texts shards read whole, for the content-hash check
-    for name in [n for n in ("texts",) if n in m.tables] + sorted(n for n in m.tables if n != "texts"):
-        rec = m.tables[name]
-        count, first = rec.missing(m.num_shards)
-        if count:
-            problems.append(Problem(store.loc.path(name), f"{count} shard(s) missing: {first}"))
+    for name in _tables(store):
+        rec = store.manifest.tables[name]
         for k, shard in sorted(rec.shards.items()):
             problems += _check_shard(store, name, k, shard, rec.columns, text_ids, texts)
-    plan = [Problem(store.loc.path("manifest.json"), what) for what in manifest_problems(m)]
-    return (plan + problems + _check_ids(store, texts) + _check_files(store) + _check_teacher_files(store)
-            + _check_indexes(store))
+    return problems + _check_ids(store, texts) + _check_files(store)
+
+
+def _tables(store: Store) -> list[str]:
+    """The store's tables, texts first (every other table's ids are compared with its)."""
+    names = store.manifest.tables
+    return [n for n in ("texts",) if n in names] + sorted(n for n in names if n != "texts")
 
 
 def _check_ids(store: Store, texts: dict[int, pa.Table]) -> list[Problem]:
-    """Every texts id once, and the content hash of its text (checked when every texts shard could be read)."""
+    """Every texts id once, and the content hash of its text (that when every texts shard could be read)."""
     m = store.manifest
-    if sorted(texts) != list(range(m.num_shards)):
+    if "texts" not in m.tables:
         return []
-    sampled = bool((m.inputs.get("options") or {}).get("sample")) or bool((m.inputs.get("counts") or {})
-                                                                           .get("sampled_out"))
-    return [Problem(store.loc.path(m.tables["texts"].shards[k].file), what)
-            for k, what in id_problems([texts[k] for k in sorted(texts)], m.pairs, sampled)]
+    every = sorted(texts) == list(range(m.num_shards))
+    return [Problem(store.loc.path(m.tables["texts"].shards[k].file), what, repairable=False)
+            for k, what in id_problems(texts, m.pairs, sampled(m), hashes=every)]
 
 
 def _check_files(store: Store) -> list[Problem]:
@@ -66,24 +85,12 @@ def _check_files(store: Store) -> list[Problem]:
     out = []
     for rel in sorted(store.manifest.extras.get("files", {})):
         try:
-            store.verify_folder(*rel.split("/"))
-            why = vocab_shape_problem(store, rel)
+            why = recorded_file_problem(store, rel, store.read_recorded(rel))  # read once: checksum, NaN, shape
         except StoreError as e:
             out.append(Problem(e.where or rel, e.what))
             continue
         out += [Problem(store.loc.path(rel), why)] if why else []
     return out
-
-
-def vocab_shape_problem(store: Store, rel: str) -> str | None:
-    """What is wrong with the shape of the vocab output at `rel` (None: sound, or not a vocab output)."""
-    parts = rel.split("/")
-    if len(parts) != 3 or parts[0] != "teachers" or parts[2] != "vocab.safetensors":
-        return None
-    from safetensors.numpy import load
-
-    rec = store.manifest.tables.get(teacher_table(parts[1]))
-    return vocab_problem(load(store.read_recorded(rel)), rec.meta.get("dim") if rec is not None else None)
 
 
 def _check_teacher_files(store: Store) -> list[Problem]:
@@ -125,16 +132,22 @@ def _check_shard(store: Store, name: str, k: int, shard, columns: dict[str, str]
     except StoreError as e:
         return [Problem(path, e.what)]
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        footer = pq.read_metadata(pa.BufferReader(data))
+        schema = footer.schema.to_arrow_schema()
+        out = [Problem(path, what) for what in shard_problems(schema, footer.num_rows, shard.rows, columns)]
+        if len(set(schema.names)) < len(schema.names):
+            return out  # a column named twice: no reader can pick one of them by name
+        table = pq.ParquetFile(pa.BufferReader(data)).read()  # (pq.read_table imports pyarrow.dataset: 1.5 s)
     except (pa.ArrowException, OSError) as e:
         return [Problem(path, f"unreadable parquet: {e}")]
-    out = [Problem(path, what) for what in shard_problems(table.schema, table.num_rows, shard.rows, columns)]
     if name == "texts" and not out:
         texts[k] = table
-    out += _non_finite(table, path) + _bad_scales(table, path)
+    out += [Problem(path, what) for what in values_problems(name, table)]
     if "id" in table.column_names:
         why = _ids_problem(store, name, k, shard, table["id"].combine_chunks(), text_ids)
         out += [Problem(path, why)] if why else []
+    if not out:
+        store.mark_verified(shard)  # a reader's own checksum pass (`Store.verify_files`) would repeat this one
     return out
 
 
@@ -154,23 +167,6 @@ def _ids_problem(store: Store, name: str, k: int, shard, ids: pa.Array, text_ids
     if shard.ids not in (None, digest):
         return "ids do not match the digest the manifest records for them"
     return None
-
-
-def _bad_scales(table: pa.Table, path: str) -> list[Problem]:
-    """int8 columns whose scale column is missing, non-finite or negative (what the readers refuse)."""
-    out = []
-    for f in table.schema:
-        if is_int8(f.type):
-            try:
-                table_vectors(table, f.name, path)
-            except StoreError as e:
-                out.append(Problem(path, e.what))
-    return out
-
-
-def _non_finite(table: pa.Table, path: str) -> list[Problem]:
-    return [Problem(path, f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}")
-            for c, n, ids in non_finite_columns(table)]
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:

@@ -142,7 +142,7 @@ def _drop_table(path: str, table: str, writer_id: str) -> None:
 
 def _embed_store(st: LoadedStudent, path: str, name: str, batch_size: int, overwrite: bool, progress: bool,
                  t0: float) -> EmbedSummary:
-    store = Store.open(path)
+    store = Store.open(path, content=True)
     texts = store.require_complete("texts")
     table, wid = f"students/{name}", _writer_id(name)
     meta = student_meta(st)

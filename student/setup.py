@@ -64,7 +64,7 @@ def setup(cfg: TrainConfig) -> Setup:
     if cfg.init_layers and cfg.arch != "transformer-init":
         raise KdError(f"--init-layers picks a Transformer's layers; this run asks for --arch {cfg.arch}",
                       "--init-layers", "drop --init-layers, or pass --arch transformer-init")
-    store = Store.open(cfg.store)
+    store = Store.open(cfg.store, content=True)  # every table and file, not only the targets it reads
     store.require_complete("texts")
     ctx = Context.from_manifest(store.manifest, StudentConfig(), cfg.target)
     keys = _target_keys(ctx)

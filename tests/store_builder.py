@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from kd.common.ids import row_ids
 from kd.storage.manifest import Manifest
 from kd.storage.schema import VectorDType, texts_schema, vectors_to_arrow
 from kd.storage.store import Store, open_writer
@@ -38,10 +39,11 @@ def build_store(
     ids: np.ndarray | None = None,
     writer_id: str = "test",
 ) -> Store:
-    """Write texts + aligned tables, sharded like kd precompute does (shard k = rows [k*R, (k+1)*R))."""
+    """Write texts + aligned tables, sharded like kd precompute does (shard k = rows [k*R, (k+1)*R)), with the
+    content-hash ids kd precompute gives them (`ids`: others, for a test of a store validate refuses)."""
     n = len(texts)
     pairs = isinstance(texts[0], tuple)
-    ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    ids = row_ids(texts) if ids is None else np.asarray(ids, dtype=np.int64)
     num_shards = (n + rows_per_shard - 1) // rows_per_shard
     inputs = {
         "fingerprint": f"test-{n}-{rows_per_shard}-{pairs}", "num_rows": n, "rows_per_shard": rows_per_shard,

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kd.cli import app
 from kd.common.errors import InputError, StoreError
+from kd.common.ids import row_ids
 from kd.dataset.index import build_index, search
 from kd.storage.index_files import list_indexes
 from kd.storage.store import Store, open_writer
@@ -23,7 +24,7 @@ DIM = 24
 def store(tmp_path, sentences):
     x, _ = grouped_vectors(12, 20, DIM, spread=0.08, seed=1)
     n = len(x)
-    ids = 3 * np.arange(n) - 300  # hash-like: not 0..n-1, some negative; the index maps positions to ids
+    ids = row_ids(sentences[:n])  # content hashes, as kd precompute writes: the index maps positions to ids
     student = unit(np.random.default_rng(2).normal(size=(n, 16)))
     path = tmp_path / "store"
     build_store(path, sentences[:n], {
@@ -170,7 +171,7 @@ def test_pair_store_search_returns_the_embedded_side(tmp_path):
     build_store(path, pairs, {"teachers/bi": TableSpec("teacher", {"sentence_a": a, "sentence_b": b})})
     build_index(path, "bi", "sentence_b", "flat")
     res = search(path, b[7:8], k=2)
-    assert res.ids[0, 0] == 7 and res.texts[0][0] == "right 7"
+    assert res.ids[0, 0] == row_ids(pairs)[7] and res.texts[0][0] == "right 7"
 
 
 def test_default_vector_is_the_first_teachers_sentence_else_mean_else_first(tmp_path, sentences):

@@ -99,7 +99,8 @@ def test_kd_index_refuses_a_non_finite_vector(nan_store, tmp_path):
     assert res.exit_code == 2 and "NaN/Inf" in res.output and str(nan_store[1]) in res.output, res.output
     assert "shard 1" in res.output and not list(store.glob("indexes/*.faiss"))
     res = CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "sentence"])
-    assert res.exit_code == 0, res.output  # a finite column of the same table indexes
+    # a finite column of the same table too: the store is one validate refuses, and its fix (--repair) comes first
+    assert res.exit_code == 2 and "column 'mean'" in res.output and "--repair" in res.output, res.output
 
 
 def test_kd_cluster_refuses_a_non_finite_vector(nan_store, tmp_path):

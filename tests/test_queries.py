@@ -21,6 +21,7 @@ from store_builder import TableSpec, build_store
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.ids import row_ids
 from kd.dataset.cluster import cluster_store
 from kd.dataset.query import connect, view_names
 
@@ -61,7 +62,8 @@ def make_data(sentences: list[str]) -> dict:
     doc_ids = [f"d{math.isqrt(i):02d}" for i in range(N)]
     positions = [i - math.isqrt(i) ** 2 for i in range(N)]
     return {
-        "text": sentences[:N], "doc_id": doc_ids, "position": positions, "label": [i % 3 for i in range(N)],
+        "text": sentences[:N], "id": row_ids(sentences[:N]).tolist(),  # kd precompute's content hashes
+        "doc_id": doc_ids, "position": positions, "label": [i % 3 for i in range(N)],
         "sentence": sentence, "student": student, "layers": layers, "n_tokens": n_tokens, "logits": logits,
     }
 
@@ -106,19 +108,19 @@ def exp_doc_counts(d):
 
 def exp_truncated(d):
     rows = [(i, n) for i, n in enumerate(d["n_tokens"]) if n > MAX_LEN]
-    rows.sort(key=lambda r: (-r[1], r[0]))
-    return [{"id": i, "n_tokens": n, "text": d["text"][i]} for i, n in rows]
+    rows.sort(key=lambda r: (-r[1], d["id"][r[0]]))
+    return [{"id": d["id"][i], "n_tokens": n, "text": d["text"][i]} for i, n in rows]
 
 
 def exp_neighbours(d):
     s = [_f32(v) for v in d["sentence"]]
     sims = sorted(((_cos(s[j], s[10]), j) for j in range(N) if j != 10), key=lambda t: -t[0])[:5]
-    return [{"id": j, "cosine": c, "text": d["text"][j]} for c, j in sims]
+    return [{"id": d["id"][j], "cosine": c, "text": d["text"][j]} for c, j in sims]
 
 
 def exp_near_dups(d):
-    s = [_f32(v) for v in d["sentence"]]
-    pairs = [(a, b, _cos(s[a], s[b])) for a in range(N) for b in range(a + 1, N)]
+    s, ids = [_f32(v) for v in d["sentence"]], d["id"]
+    pairs = [(min(ids[a], ids[b]), max(ids[a], ids[b]), _cos(s[a], s[b])) for a in range(N) for b in range(a + 1, N)]
     pairs = sorted((p for p in pairs if p[2] > 0.98), key=lambda p: (-p[2], p[0]))
     return [{"id_a": a, "id_b": b, "cosine": c} for a, b, c in pairs]
 
@@ -137,8 +139,8 @@ def _student_cos(d):
 
 def exp_worst_student(d):
     c = _student_cos(d)
-    worst = sorted(range(N), key=lambda i: (c[i], i))[:5]
-    return [{"id": i, "cosine": c[i], "text": d["text"][i]} for i in worst]
+    worst = sorted(range(N), key=lambda i: (c[i], d["id"][i]))[:5]
+    return [{"id": d["id"][i], "cosine": c[i], "text": d["text"][i]} for i in worst]
 
 
 def exp_doc_student(d):
@@ -173,10 +175,14 @@ def exp_accuracy(d):
 def exp_clusters(d):
     # With threshold 0.05 only the planted near-duplicates are closer than the threshold (checked here),
     # so they are the only multi-member clusters of average linkage.
-    close = [(a, b) for a, b, _ in ((r["id_a"], r["id_b"], r["cosine"]) for r in exp_near_dups(d))]
+    row = {i: r for r, i in enumerate(d["id"])}
+    close = [(row[r["id_a"]], row[r["id_b"]]) for r in exp_near_dups(d)]
     s = [_f32(v) for v in d["sentence"]]
-    assert {(a, b) for a in range(N) for b in range(a + 1, N) if 1 - _cos(s[a], s[b]) < THRESHOLD} == set(close)
-    return [{"size": 2, "first_id": a, "first_text": d["text"][a]} for a, _ in sorted(close)]
+    assert {(a, b) for a in range(N) for b in range(a + 1, N) if 1 - _cos(s[a], s[b]) < THRESHOLD} == \
+        {tuple(sorted(p)) for p in close}
+    first = sorted(min(p, key=lambda i: d["id"][i]) for p in close)
+    return sorted(({"size": 2, "first_id": d["id"][a], "first_text": d["text"][a]} for a in first),
+                  key=lambda r: r["first_id"])
 
 
 EXPECTED = [
@@ -215,6 +221,7 @@ def test_doc_query(store, i):
     title, expected = EXPECTED[i]
     sql = sql_blocks()[i]
     assert title in sql.splitlines()[0], f"block {i} should be the {title!r} query"
+    sql = re.sub(r"id (=|<>) 10\b", lambda m: f"id {m[1]} {data['id'][10]}", sql)  # the doc's row 10, by its id
     got = connect(path).sql(sql).to_arrow_table().to_pylist()
     want = expected(data)
     assert want, "the planted data should give a non-empty answer"
@@ -266,11 +273,11 @@ def test_views_ignore_uncommitted_files(store):
 def test_cli_query_formats(store, tmp_path):
     path, data = store
     runner = CliRunner()
-    r = runner.invoke(app, ["query", str(path), "SELECT id, text FROM texts WHERE id < 3 ORDER BY id", "-f", "csv"])
+    r = runner.invoke(app, ["query", str(path), "SELECT id, text FROM texts ORDER BY id LIMIT 3", "-f", "csv"])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == "id,text" and len(r.output.splitlines()) == 4
     r = runner.invoke(app, ["query", str(path), "SELECT id FROM texts ORDER BY id LIMIT 2", "--format", "json"])
-    assert [json.loads(line) for line in r.output.splitlines()] == [{"id": 0}, {"id": 1}]
+    assert [json.loads(line) for line in r.output.splitlines()] == [{"id": i} for i in sorted(data["id"])[:2]]
     out = tmp_path / "sub" / "o.parquet"
     r = runner.invoke(app, ["query", str(path), "SELECT id, sentence FROM minilm", "-f", "parquet", "-o", str(out)])
     assert r.exit_code == 0, r.output

@@ -8,27 +8,23 @@ tiny BERT teacher, content-hash ids as kd precompute gives them."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from store_forgery import TEACHER, edit_manifests, index, refused, rewrite_file, rewrite_shard, train, validate
+from store_forgery import set_column as _set
+from store_forgery import snapshot as _snapshot
 from test_reliability_pass4_inputs import _fifo, _unblocking
 from typer.testing import CliRunner
 
 from kd.cli import app
-from kd.storage import fs
-from kd.storage.alignment import table_digest
 from kd.storage.schema import VectorDType, vectors_to_arrow
-
-TEACHER = "teachers/tiny"
 
 
 @pytest.fixture(scope="module")
@@ -45,75 +41,6 @@ def real(tmp_path_factory, tiny_teacher, sentences) -> Path:
 @pytest.fixture
 def store(real, tmp_path) -> Path:
     return Path(shutil.copytree(real, tmp_path / "store"))
-
-
-def _manifests(store: Path) -> list[Path]:
-    return [store / "manifest.json", *sorted((store / "manifests").glob("*.json"))]
-
-
-def edit_manifests(store: Path, edit: Callable[[dict], None]) -> None:
-    """Apply `edit` to manifest.json and every fragment alike (so they still merge)."""
-    for p in _manifests(store):
-        d = json.loads(p.read_text())
-        edit(d)
-        p.write_text(json.dumps(d, indent=1))
-
-
-def rewrite_shard(store: Path, table: str, k: int, change: Callable[[pa.Table], pa.Table], rows: bool = False) -> None:
-    """Shard k of `table` rewritten by `change`, its bytes, sha256 and ids digest re-forged in every manifest
-    (`rows`: its row count too)."""
-    path = store / f"{table}/part-{k:05d}.parquet"
-    new = change(pq.read_table(path))
-    data = fs.parquet_bytes(new)
-    path.write_bytes(data)
-
-    def fix(d: dict) -> None:
-        rec = d["tables"].get(table)
-        if rec is None or str(k) not in rec["shards"]:
-            return
-        rec["shards"][str(k)].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                                     **({"rows": new.num_rows} if rows else {}))
-        if str(k) in rec.get("ids", {}):
-            rec["ids"][str(k)] = table_digest(new)
-
-    edit_manifests(store, fix)
-
-
-def rewrite_file(store: Path, rel: str, data: bytes) -> None:
-    (store / rel).write_bytes(data)
-    sha = hashlib.sha256(data).hexdigest()
-    edit_manifests(store, lambda d: d["extras"].get("files", {}).__setitem__(rel, sha)
-                   if rel in d["extras"].get("files", {}) else None)
-
-
-def _set(table: pa.Table, column: str, values: list | pa.Array) -> pa.Table:
-    i = table.column_names.index(column)
-    return table.set_column(i, table.schema.field(i), pa.array(values, type=table.schema.field(i).type)
-                            if isinstance(values, list) else values)
-
-
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def validate(store: Path):
-    return CliRunner().invoke(app, ["validate", str(store)])
-
-
-def train(store: Path, out: Path, *args: str):
-    return CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(out), "--arch", "bilstm",
-                                    "--embed-dim", "8", "--hidden-dim", "8", "--max-steps", "1", "--no-progress",
-                                    *args])
-
-
-def index(store: Path):
-    return CliRunner().invoke(app, ["index", str(store), "--column", "mean"])
-
-
-def refused(res, *said: str) -> None:
-    assert res.exit_code == 2, res.output
-    assert all(s in res.output for s in said), res.output
-    assert "Traceback" not in res.output and "fix:" in res.output, res.output
 
 
 def test_a_real_store_passes_every_new_check(real):

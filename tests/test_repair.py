@@ -257,7 +257,7 @@ def test_a_nan_vector_under_a_forged_checksum_is_repaired_by_the_documented_fix(
     _forge_record(store, "teachers/tiny", 1, buf.getvalue())
     res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "st"), "--arch", "static",
                                    "--target", "tiny.mean", "--max-steps", "2", "--no-progress"])
-    assert res.exit_code == 2 and "not finite" in res.output and "--repair" in res.output, res.output
+    assert res.exit_code == 2 and "non-finite (NaN/Inf)" in res.output and "--repair" in res.output, res.output
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
     assert "dropped shard 1 of teachers/tiny: column 'mean' has non-finite" in res.output, res.output
     precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
@@ -307,12 +307,12 @@ def test_nan_input_embeddings_under_a_forged_checksum_are_found_repaired_and_res
             d["extras"]["files"][rel] = sha
         m.write_text(json.dumps(d))
     res = CliRunner().invoke(app, ["validate", str(store)])
-    assert res.exit_code == 1 and "tensor 'weight' holds NaN/Inf values" in res.output, res.output
+    assert res.exit_code == 1 and "tensor 'weight' holds non-finite (NaN/Inf)" in res.output, res.output
     res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "st"), "--arch", "static",
                                    "--max-steps", "2", "--no-progress"])
     assert res.exit_code == 2 and "NaN/Inf" in res.output and "--repair" in res.output, res.output
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
-    assert f"set aside {rel} (tensor 'weight' holds NaN/Inf values)" in res.output, res.output
+    assert f"set aside {rel} (tensor 'weight' holds non-finite (NaN/Inf)" in res.output, res.output
     precompute([src], str(store), [f"tiny={tiny_teacher}"], shard_rows=40, progress=False)
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / rel).read_bytes() == good
 

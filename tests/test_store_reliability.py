@@ -90,7 +90,7 @@ def test_validate_and_training_stop_on_nan_vectors(clean, tmp_path):
     res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "s"),
                                    "--target", "tiny.mean", "--max-steps", "20", "--batch-size", "90",
                                    "--val-percent", "0", "--no-progress"])
-    assert res.exit_code == 2 and "not finite" in res.output, res.output
+    assert res.exit_code == 2 and "non-finite (NaN/Inf)" in res.output, res.output
     assert not (tmp_path / "s" / "model.safetensors").exists()
 
 
