@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from kd.pipeline.resolve import cache_dir
+from kd.common.cache import cache_dir
 from kd.storage import fs
 
 FORMAT = 1

@@ -126,7 +126,7 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
 
         from model2vec import StaticModel
 
-        from kd.pipeline.resolve import cache_dir
+        from kd.common.cache import cache_dir
 
         key = hashlib.sha256(f"{Path(teacher_dir).resolve()}:{pca_dims}".encode()).hexdigest()[:16]
         folder = cache_dir() / "model2vec" / key

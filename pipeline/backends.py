@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from kd.common.cache import cache_dir
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import default_threads, device_kind, native_bf16, native_int8
 from kd.common.progress import step
 from kd.pipeline import backend_choice, fidelity_cache, signal_stack
 from kd.pipeline.calibration import FIDELITY_ROWS, fidelity_sentences
-from kd.pipeline.resolve import TeacherRef, cache_dir, resolve_teacher
+from kd.pipeline.resolve import TeacherRef, resolve_teacher
 from kd.pipeline.teacher import Precision, Teacher, load_teacher, weights_sha256
 from kd.storage import fs
 

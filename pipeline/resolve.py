@@ -22,6 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kd.common.cache import cache_dir
 from kd.common.errors import InputError, KdError
 from kd.common.progress import step
 from kd.storage.names import check_name
@@ -36,10 +37,6 @@ class TeacherRef:
     name: str  # table name in the store
     path: str  # local checkpoint directory
     source: str  # what the user asked for
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KD_CACHE", Path.home() / ".cache" / "kd"))
 
 
 def resolve_teacher(spec: str) -> TeacherRef:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kd.pipeline.resolve import cache_dir
+from kd.common.cache import cache_dir
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 

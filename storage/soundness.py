@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common.cache import cache_dir
 from kd.common.errors import StoreError
 from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
@@ -303,8 +304,6 @@ def content_fix(root: str, repairable: bool) -> str:
 def _verdict_path(m: Manifest) -> Path | None:
     """Where the verdict on the store state `m` is kept (None: no usable kd cache folder). Index records are
     left out of the key: `kd index` adds one without changing any value."""
-    from kd.pipeline.resolve import cache_dir
-
     state = json.loads(m.to_json())  # (fragments merge in any order: the key sorts its keys)
     state["extras"] = {k: v for k, v in state["extras"].items() if not k.startswith("index:")}
     key = hashlib.sha256(json.dumps([CHECKS, state], sort_keys=True).encode()).hexdigest()
