@@ -10,10 +10,13 @@ Only the standard library and kd.common are imported here: `kd --help` reads thi
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 from dataclasses import MISSING, Field, dataclass
 from typing import Any
 
 from kd.common import bounds as B
+from kd.common.errors import InputError
 
 KEY = "kd.option"  # the metadata key
 
@@ -64,9 +67,38 @@ def flag_of(name: str, opt: Option) -> str:
 
 
 def check_ranges(config: Any, where: str) -> None:
-    """Raise InputError for the first field (in declaration order) whose value is outside its declared range."""
+    """Raise InputError for the first field (in declaration order) whose value is not of its declared type or is
+    outside its declared range."""
+    for f, o in declared(type(config)):
+        _check_type(flag_of(f.name, o), getattr(config, f.name), str(f.type), where)
     B.check(where, *((flag_of(f.name, o), getattr(config, f.name), o.range)
                      for f, o in declared(type(config)) if o.range is not None))
+
+
+# The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the
+# CLI's parser: `kd.precompute(..., shard_rows=True)` or `epochs="3"` reached deep code and a TypeError (issue 48's
+# probe: 107 cases). bool is an int to Python, never to kd; numpy's integers are ints.
+_KINDS: dict[str, tuple[str, Any]] = {
+    "int": ("a whole number", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)),
+    "bool": ("True or False", lambda v: isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str | os.PathLike)),
+    "None": ("None", lambda v: v is None),
+}
+
+
+def _check_type(name: str, value: Any, annotation: str, where: str) -> None:
+    """Refuse `value` unless it is one of `annotation`'s plain kinds; annotations with other kinds (enums,
+    Literals, paths, sequences' items) are left to the range, choice and parsing checks."""
+    kinds = [k.strip() for k in annotation.split("|")]
+    seq = [k for k in kinds if k.startswith(("list[", "tuple["))]
+    if any(k not in _KINDS for k in kinds if k not in seq):
+        return
+    if any(_KINDS[k][1](value) for k in kinds if k not in seq) or (seq and isinstance(value, list | tuple)):
+        return
+    wanted = " or ".join([_KINDS[k][0] for k in kinds if k not in seq] + (["a list"] if seq else []))
+    raise InputError(f"{name} must be {wanted}, not {value!r} ({type(value).__name__})", where,
+                     f"pass {name} as {wanted}")
 
 
 def one_value_as_sequence(config: Any) -> None:

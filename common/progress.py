@@ -102,7 +102,10 @@ class Bar:
         self._t0 = self._last = 0.0
 
     def __enter__(self) -> Bar:
-        self._t0 = self._last = time.perf_counter()
+        self._t0 = time.perf_counter()
+        # a log's first line after half an interval: the silent set-up before a bar (a student built, its head
+        # fitted) plus a whole first interval made gaps of 16 s in `kd demo`'s log
+        self._last = self._t0 - self.every / 2
         if self.enabled and self._console.is_terminal:
             # rich estimates speed from the last 30 s of updates by default: a unit slower than that (a teacher's
             # batch of documents on CPU) leaves one update in the window, so no rate and no ETA, ever. The whole

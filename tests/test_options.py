@@ -259,3 +259,26 @@ def test_init_accepts_shape_options_that_agree(stage_one, tmp_path):
     # a static run with --init keeps the source's width instead of the arch default (256) contradicting it
     assert arch_defaults("static", {"embed_dim": None}, init=True) == {"embed_dim": None}
     assert arch_defaults("static", {"embed_dim": None}) == {"embed_dim": 256}
+
+
+@pytest.mark.parametrize(("call", "kwargs", "flag"), [
+    ("precompute", {"shard_rows": True}, "--shard-rows"),
+    ("precompute", {"batch_tokens": 1.5}, "--batch-tokens"),
+    ("train_student", {"epochs": "3"}, "--epochs"),
+    ("train_student", {"lr": True}, "--lr"),
+    ("train_student", {"progress": 1}, "--progress"),
+    ("distill", {"sample": "0.5"}, "--sample"),
+    ("distill", {"dedup": "no"}, "--dedup"),
+])
+def test_a_python_caller_giving_an_option_the_wrong_type_gets_kd_s_error(tmp_path, call, kwargs, flag):
+    """The CLI's parser types every value; a Python caller is not held by it: `shard_rows=True` was taken as 1 and
+    `epochs="3"` ended in a TypeError deep in the loop (issue 48's probe). Each is refused before any work."""
+    import kd
+    from kd.common.errors import InputError
+
+    args = {"precompute": (["x.txt"], str(tmp_path / "o"), ["minilm"]), "distill": (["x.txt"], str(tmp_path / "o")),
+            "train_student": (str(tmp_path), str(tmp_path / "o"))}[call]
+    with pytest.raises(InputError) as e:
+        getattr(kd, call)(*args, **kwargs)
+    assert e.value.what.startswith(f"{flag} must be ") and repr(next(iter(kwargs.values()))) in e.value.what
+    assert not (tmp_path / "o").exists()
