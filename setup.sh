@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 say() { echo "setup: $*"; }
-# pip prints nothing while it installs the collected packages (85 s on a fresh machine): a line every 10 s says
+# pip prints nothing while it installs the collected packages (85 s on a fresh machine): a line every 8 s says
 # the set-up is alive; pip's own output goes through unchanged.
 # (A background job of a script ignores Ctrl-C, hence the trap that stops pip with the script.)
 alive() {
@@ -17,7 +17,7 @@ alive() {
   local t=0
   while kill -0 "$ALIVE_PID" 2>/dev/null; do
     sleep 1; t=$((t + 1))
-    if [ $((t % 10)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still working ($t s)"; fi
+    if [ $((t % 8)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still working ($t s)"; fi
   done
   trap - INT TERM
   wait "$ALIVE_PID"

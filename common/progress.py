@@ -3,7 +3,7 @@
 - On a terminal: a rich bar with `done/total unit`, `unit/s`, elapsed and ETA, plus any extra
   fields (e.g. the loss) the job passes to `update`.
 - Elsewhere (a log file, CI, `nohup`): rich would print nothing until the end, so a plain line is
-  written every `every` seconds (HEARTBEAT_S) instead, by a heartbeat thread when the job itself reports
+  written every `every` seconds (HEARTBEAT_S, 8) instead, by a heartbeat thread when the job itself reports
   nothing that long (a teacher's batch of documents on one core can take a minute): never silent for long.
 - `step("unpacking mpnet")`: the same for a step with nothing to count (unpacking, exporting a graph, loading a
   teacher): a spinner on a terminal, a start and a done line elsewhere; `showing(False)` turns steps off for a
@@ -59,7 +59,7 @@ def _clock(seconds: float) -> str:
 
 
 SPEED_WINDOW_S = 24 * 3600.0  # the rate and ETA of a bar on a terminal: over the whole run (see Bar.__enter__)
-HEARTBEAT_S = 10.0  # the longest a job writing to a log stays silent (issue 49: a user waiting sees it alive)
+HEARTBEAT_S = 8.0  # a log line at least this often (issue 49: no gap over 10 s; the thread may wake a second late)
 
 
 class _Heartbeat:
