@@ -28,6 +28,7 @@ also reachable by its quoted path, e.g. `SELECT * FROM "teachers/minilm"`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -342,4 +343,7 @@ def export(
     except duckdb.Error as e:
         raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e
     finally:
-        writer.close()
+        # after a Ctrl-C the writer can stay busy with the stream it was reading from the interrupted store
+        # connection: closing it then raises, which would replace the Stopped the user should see
+        with contextlib.suppress(duckdb.Error):
+            writer.close()
