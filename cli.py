@@ -6,6 +6,7 @@ Heavy imports (torch, transformers) happen inside commands so `kd --help` stays 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -207,6 +208,14 @@ def _declared_by(cls: type) -> Callable[[Callable[[Any], None]], Callable[..., N
     return wrap
 
 
+def _starting(command: str, enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """A line before the first import of torch and transformers (10-20 s on a loaded core, the first silence of
+    the README's commands)."""
+    from kd.common.progress import step
+
+    return step(f"{command}: loading torch and transformers", enabled)
+
+
 @app.callback()
 def _options(
     ctx: typer.Context,
@@ -399,7 +408,8 @@ def eval_(cfg: EvalConfig) -> None:
 @_declared_by(DemoConfig)
 def demo(cfg: DemoConfig) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
-    from kd.apps.demo import run_demo
+    with _starting("kd demo", cfg.progress):
+        from kd.apps.demo import run_demo
 
     res = run_demo(cfg)
     out = _wide()
@@ -414,8 +424,9 @@ def demo(cfg: DemoConfig) -> None:
 def distill(cfg: DistillConfig) -> None:
     """One command from a corpus to a served student: precompute, leakage, every recipe stage, the choice on dev,
     export and the evaluation suite. Kill it anywhere; the same command resumes."""
-    from kd.apps.distill import distill as run_distill
-    from kd.apps.distill_plan import estimate
+    with _starting("kd distill", cfg.progress):
+        from kd.apps.distill import distill as run_distill
+        from kd.apps.distill_plan import estimate
 
     if cfg.dry_run:
         term.print(estimate(cfg).table())

@@ -32,7 +32,8 @@ if ! python -c "import torch" 2>/dev/null; then
   say "installing torch 2.13.0 (CPU wheel, ~200 MB)"
   alive "${PIP[@]}" "torch==2.13.0"
 fi
-if ! python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
+say "checking what .venv already has"
+if ! alive python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
   alive "${PIP[@]}" -e ".[test]"
   alive python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
