@@ -14,7 +14,7 @@ import signal
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer needs it on py3.10 annotations)
@@ -208,12 +208,18 @@ def _declared_by(cls: type) -> Callable[[Callable[[Any], None]], Callable[..., N
     return wrap
 
 
-def _starting(command: str, enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """A line before the first import of torch and transformers (10-20 s on a loaded core, the first silence of
-    the README's commands)."""
+@contextlib.contextmanager
+def _starting(command: str, enabled: bool) -> Iterator[None]:
+    """A line while torch, transformers' BERT code and the teacher pass are first imported (10-20 s on a loaded
+    core: the first silence of the README's commands); the command's own imports follow in the block."""
     from kd.common.progress import step
 
-    return step(f"{command}: loading torch and transformers", enabled)
+    with step(f"{command}: loading torch and transformers", enabled):
+        import transformers.models.bert.modeling_bert  # noqa: F401
+
+        import kd.pipeline.precompute  # noqa: F401  (torch, transformers, the backends)
+
+        yield
 
 
 @app.callback()

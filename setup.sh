@@ -28,11 +28,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 PIP=(pip install --disable-pip-version-check --progress-bar on)
-if ! python -c "import torch" 2>/dev/null; then
+say "checking what .venv already has"
+if ! alive python -c "import torch" 2>/dev/null; then
   say "installing torch 2.13.0 (CPU wheel, ~200 MB)"
   alive "${PIP[@]}" "torch==2.13.0"
 fi
-say "checking what .venv already has"
 if ! alive python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
   alive "${PIP[@]}" -e ".[test]"
