@@ -14,10 +14,12 @@ say() { echo "setup: $*"; }
 alive() {
   "$@" & ALIVE_PID=$!
   trap 'kill "$ALIVE_PID" 2>/dev/null; wait "$ALIVE_PID" || true; exit 130' INT TERM
-  local t=0
+  local t0=$SECONDS next=8  # wall-clock seconds: on a loaded core a `sleep 1` takes longer than a second
   while kill -0 "$ALIVE_PID" 2>/dev/null; do
-    sleep 1; t=$((t + 1))
-    if [ $((t % 8)) -eq 0 ] && kill -0 "$ALIVE_PID" 2>/dev/null; then say "still working ($t s)"; fi
+    sleep 1
+    if [ $((SECONDS - t0)) -ge $next ] && kill -0 "$ALIVE_PID" 2>/dev/null; then
+      say "still working ($((SECONDS - t0)) s)"; next=$((SECONDS - t0 + 8))
+    fi
   done
   trap - INT TERM
   wait "$ALIVE_PID"
