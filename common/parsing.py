@@ -27,7 +27,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-MAX_INT_DIGITS = 30  # 10**30 exceeds every count, size and seed kd stores (int64 ids have 19 digits)
+MAX_INT_DIGITS = 40  # past every count, size and seed kd stores (int64: 19 digits) and transformers' "no limit"
+# sentinel in tokenizer_config.json (model_max_length = int(1e30): 31 digits), far below the 4,300 of the CVE
 MAX_FILE_BYTES = 256 << 20  # a manifest of 100,000 shards is ~50 MiB
 # A model's config.json, modules.json, a module's or a tokenizer's config: a few KB (with a label map, tens of KB)
 MAX_CONFIG_BYTES = 1 << 20
