@@ -14,7 +14,7 @@ say() { echo "setup: $*"; }
 alive() {
   "$@" & ALIVE_PID=$!
   trap 'kill "$ALIVE_PID" 2>/dev/null; wait "$ALIVE_PID" || true; exit 130' INT TERM
-  local t0=$SECONDS next=8  # wall-clock seconds: on a loaded core a `sleep 1` takes longer than a second
+  local t0=$SECONDS next=4  # wall-clock seconds (on a loaded core a `sleep 1` takes longer); the first after 4
   while kill -0 "$ALIVE_PID" 2>/dev/null; do
     sleep 1
     if [ $((SECONDS - t0)) -ge $next ] && kill -0 "$ALIVE_PID" 2>/dev/null; then
@@ -38,6 +38,7 @@ fi
 if ! alive python -c "import kd.cli, pytest, sentence_transformers" 2>/dev/null || [ pyproject.toml -nt .venv/.kd-installed ]; then
   say "installing kd and its test tools (pip install -e '.[test]'; a few minutes on a fresh machine)"
   alive "${PIP[@]}" -e ".[test]"
+  say "checking the install (importing kd, pytest, sentence-transformers)"
   alive python -c "import kd.cli, pytest, sentence_transformers"  # fail here, not later, when pip could not install
   touch .venv/.kd-installed
 fi
