@@ -46,7 +46,7 @@ def reads(monkeypatch) -> Counter:
             return fn(*a, **kw)
         return wrapped
 
-    monkeypatch.setattr(Store, "open", classmethod(count(lambda cls, uri: "Store.open", real_open)))
+    monkeypatch.setattr(Store, "open", classmethod(count(lambda cls, uri, **kw: "Store.open", real_open)))
     monkeypatch.setattr(fs, "read_bytes", count(lambda loc, *parts: "/".join(parts), real_bytes))
     monkeypatch.setattr(tokenizer_files, "load_tokenizer",
                         count(lambda folder, *a, **kw: f"tokenizer {Path(folder).parent.name}", real_tok))
@@ -57,7 +57,17 @@ def reads(monkeypatch) -> Counter:
     return seen
 
 
+def _checked(store, reads) -> None:
+    """The store's content verdict made first (storage.soundness: one pass over a store state, remembered in the kd
+    cache): what follows counts the set-up's own reads."""
+    from kd.storage.soundness import require_sound_content
+
+    require_sound_content(Store.open(store))
+    reads.clear()
+
+
 def test_each_set_up_file_is_read_once_over_two_epochs(store, tmp_path, reads):
+    _checked(store, reads)
     out = T.train(T.TrainConfig(str(store), str(tmp_path / "a"), **TINY))
     assert reads["Store.open"] == 1
     assert reads["tokenizer tokenizers"] == 1  # set-up, validation and both epochs share one load
@@ -68,6 +78,7 @@ def test_each_set_up_file_is_read_once_over_two_epochs(store, tmp_path, reads):
 
 
 def test_the_vocab_output_and_an_init_student_are_read_once(store, tmp_path, reads):
+    _checked(store, reads)
     T.train(T.TrainConfig(str(store), str(tmp_path / "static"), arch="static", **TINY))
     assert reads["teachers/tiny/vocab.safetensors"] == 1 and reads["vocab.safetensors"] == 0
     assert reads["tokenizer tokenizers"] == 1  # SIF's token counts use the set-up's tokenizer too
