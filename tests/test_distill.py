@@ -298,10 +298,7 @@ def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_s
     # a calibration sample smaller than the corpus, as on any real corpus: it once went into --store (refused there
     # as another corpus; when the sample was the whole corpus, silently precomputed into it)
     monkeypatch.setattr(distill_plan, "SAMPLE_ROWS", 64)
-    # a wide table: at 80 columns a cell's words wrap where the estimates' widths (load-dependent) put them
-    wide = {"COLUMNS": "250"}
-    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--store", str(store), "--dry-run"],
-                             env=wide)
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--store", str(store), "--dry-run"])
     plan = " ".join(res.output.split())
     assert res.exit_code == 0 and plan.count("already in the store") == 2, plan  # only their load is estimated
     assert plan.count("copied from") == 2 and f"{uninterrupted.name}/stages/two" in plan, plan  # and the baseline
@@ -313,9 +310,8 @@ def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_s
     assert stages["two"]["copied_from"] == str(uninterrupted / "stages" / "two") and "copied_from" not in stages["one"]
     assert _weights(out)["stages/two/model.safetensors"] == _weights(uninterrupted)["stages/two/model.safetensors"]
     assert _weights(out)["stages/one/model.safetensors"] != _weights(uninterrupted)["stages/one/model.safetensors"]
-    # a run beside `second` on the same store: nothing left to train
     res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "third", recipe), "--store", str(store),
-                                   "--dry-run"], env=wide)
+                                   "--dry-run"])  # a run beside `second` on the same store: nothing left to train
     plan = " ".join(res.output.split())
     assert f"{uninterrupted.name}/stages/two" in plan and "second/stages/one" in plan, plan
     alone = tmp_path / "alone"  # the same recipe, its own store: every stage trained
