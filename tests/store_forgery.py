@@ -20,6 +20,16 @@ from kd.storage.alignment import table_digest
 TEACHER = "teachers/tiny"
 
 
+def real_store(root: Path, teacher: Path, sentences: list[str]) -> Path:
+    """The sound store every forgery starts from: 90 news sentences, 3 shards, cls + mean + vocab of `teacher`."""
+    from kd.pipeline.precompute import precompute
+
+    (root / "news.txt").write_text("\n".join(sentences[:90]) + "\n", encoding="utf-8")
+    precompute([str(root / "news.txt")], str(root / "store"), [f"tiny={teacher}"], shard_rows=30,
+               outputs=["cls", "mean", "vocab"], progress=False)
+    return root / "store"
+
+
 def manifests(store: Path) -> list[Path]:
     return [store / "manifest.json", *sorted((store / "manifests").glob("*.json"))]
 

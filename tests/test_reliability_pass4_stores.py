@@ -17,7 +17,17 @@ import pyarrow as pa
 import pytest
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from store_forgery import TEACHER, edit_manifests, index, refused, rewrite_file, rewrite_shard, train, validate
+from store_forgery import (
+    TEACHER,
+    edit_manifests,
+    index,
+    real_store,
+    refused,
+    rewrite_file,
+    rewrite_shard,
+    train,
+    validate,
+)
 from store_forgery import set_column as _set
 from store_forgery import snapshot as _snapshot
 from test_reliability_pass4_inputs import _fifo, _unblocking
@@ -29,13 +39,7 @@ from kd.storage.schema import VectorDType, vectors_to_arrow
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, tiny_teacher, sentences) -> Path:
-    from kd.pipeline.precompute import precompute
-
-    root = tmp_path_factory.mktemp("pass4-stores")
-    (root / "news.txt").write_text("\n".join(sentences[:90]) + "\n", encoding="utf-8")
-    precompute([str(root / "news.txt")], str(root / "store"), [f"tiny={tiny_teacher}"], shard_rows=30,
-               outputs=["cls", "mean", "vocab"], progress=False)
-    return root / "store"
+    return real_store(tmp_path_factory.mktemp("pass4-stores"), tiny_teacher, sentences)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from store_forgery import (
     TEACHER,
     index,
+    real_store,
     refused,
     rewrite_file,
     rewrite_shard,
@@ -43,13 +44,7 @@ EMB = "teachers/tiny/input_embeddings.safetensors"
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, tiny_teacher, sentences) -> Path:
-    from kd.pipeline.precompute import precompute
-
-    root = tmp_path_factory.mktemp("pass5-readers")
-    (root / "news.txt").write_text("\n".join(sentences[:90]) + "\n", encoding="utf-8")
-    precompute([str(root / "news.txt")], str(root / "store"), [f"tiny={tiny_teacher}"], shard_rows=30,
-               outputs=["cls", "mean", "vocab"], progress=False)
-    return root / "store"
+    return real_store(tmp_path_factory.mktemp("pass5-readers"), tiny_teacher, sentences)
 
 
 @pytest.fixture
