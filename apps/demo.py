@@ -22,7 +22,7 @@ from pathlib import Path
 from kd.apps.corpus import demo_corpus
 from kd.apps.demo_config import DemoConfig
 from kd.apps.eval import EvalConfig, EvalReport, Measure, evaluate, write_outputs
-from kd.apps.speed import pick_threads
+from kd.apps.speed import picked_threads
 
 
 @dataclass
@@ -77,13 +77,15 @@ def preflight(cfg: DemoConfig) -> Path:
 
 def run_demo(cfg: DemoConfig) -> DemoResult:
     """precompute -> train-student -> eval; returns where everything went and the report."""
-    import torch
+    out = preflight(cfg)
+    with picked_threads(cfg.threads):
+        return _run(cfg, out)
 
+
+def _run(cfg: DemoConfig, out: Path) -> DemoResult:
     from kd.pipeline.precompute import precompute
     from kd.student.trainer import train
 
-    out = preflight(cfg)
-    torch.set_num_threads(pick_threads(cfg.threads))
     store = out / "store"
     students = {tier: out / "students" / tier for tier in cfg.tiers}
     times: dict[str, float] = {}

@@ -360,17 +360,15 @@ def _evaluate(cal: _Run, encode_rate: float) -> PlannedStep:
 
 def _reference_rate(cal: _Run, role: str) -> tuple[float, float]:
     """(load seconds, texts/s) of a role's model as kd eval loads it, on the calibration sample."""
-    import torch
-
     from kd.apps.models import teacher_model
-    from kd.apps.speed import pick_threads
+    from kd.apps.speed import picked_threads
 
-    torch.set_num_threads(pick_threads(None))  # as kd eval does
     texts = Path(cal.cfg.inputs[0]).read_text(encoding="utf-8").splitlines()[:256]
-    t = time.perf_counter()
-    model = teacher_model(cal.teacher_spec(role))
-    model.encode(texts[:16])  # loads, and warms up
-    load_s = time.perf_counter() - t
-    t = time.perf_counter()
-    model.encode(texts[16:])
-    return load_s, (len(texts) - 16) / (time.perf_counter() - t)
+    with picked_threads(None):  # as kd eval does
+        t = time.perf_counter()
+        model = teacher_model(cal.teacher_spec(role))
+        model.encode(texts[:16])  # loads, and warms up
+        load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        model.encode(texts[16:])
+        return load_s, (len(texts) - 16) / (time.perf_counter() - t)

@@ -33,7 +33,7 @@ from kd.apps.models import (
     teacher_model,
 )
 from kd.apps.plots import PLOT_FILES
-from kd.apps.speed import SizeResult, SpeedResult, measure_speed, pick_threads, speed_texts
+from kd.apps.speed import SizeResult, SpeedResult, measure_speed, picked_threads, speed_texts
 from kd.apps.store_teacher import StoreTeacher
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
@@ -290,15 +290,8 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
 
 def evaluate(cfg: EvalConfig) -> EvalReport:
     """Run every requested measure on every model and return (and optionally write) the report."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(pick_threads(cfg.threads))
-    try:
-        with showing(cfg.progress):  # loading a teacher is a step line, silent with progress off
-            return _evaluate(cfg)
-    finally:
-        torch.set_num_threads(before)
+    with picked_threads(cfg.threads), showing(cfg.progress):  # a teacher's load is a step line
+        return _evaluate(cfg)
 
 
 def check_outputs(cfg: EvalConfig) -> None:

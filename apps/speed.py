@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +34,22 @@ def pick_threads(requested: int | None) -> int:
         return requested
     busy = hasattr(os, "getloadavg") and os.getloadavg()[0] >= (os.cpu_count() or 1)
     return 1 if busy else torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def picked_threads(requested: int | None) -> Iterator[int]:
+    """torch's threads at pick_threads(requested) inside, the caller's again after: the count is part of what a
+    run's results depend on (a stage's key holds it: apps.shared_stages), so a job must not leave it changed for
+    the rest of the process (under load, an in-process `kd demo` once left it at 1, and a `kd distill` after it
+    keyed its stages at 1 thread and found none of those a 2-thread run had trained to copy)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(pick_threads(requested))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
