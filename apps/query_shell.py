@@ -1,6 +1,6 @@
 """`kd query`: one SQL statement to the terminal or a file, or an interactive prompt.
 
-- Results print as a rich table (at most `max_rows` rows; long cells such as vectors shortened),
+- Results print as a rich table (the first MAX_ROWS rows, read as a stream; long cells such as vectors shortened),
   or go through DuckDB COPY to csv/json/parquet (`dataset.query.export`); csv/json without
   --out print to stdout.
 - The prompt reads lines until one ends with ';' (so it works piped: `kd query S < file.sql`),
@@ -11,18 +11,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 
 import pyarrow as pa
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from kd.common.errors import KdError
-from kd.dataset.query import Format, connect, export, run_query
+from kd.dataset.query import Format, connect, export, head
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
 
+MAX_ROWS = 50  # rows a terminal table shows; the rest of a result goes through --out
 MAX_CELL = 60
 
 
@@ -50,17 +53,17 @@ def _type(t: pa.DataType) -> str:
     return f"{t}[{']['.join(map(str, shape))}]"
 
 
-def render(result: pa.Table, max_rows: int = 50) -> Table:
-    """A rich table of the first `max_rows` rows (the caption says how many were left out)."""
+def render(result: pa.Table, more: bool) -> Group:
+    """A rich table of a result's first rows (`dataset.query.head`), and a line with the count, saying when
+    there are more (a line, not the table's caption: a caption wraps at a narrow table's width)."""
     t = Table(show_lines=False)
     for f in result.schema:
         t.add_column(f"{f.name}\n[dim]{_type(f.type)}[/]", overflow="fold")
-    for row in result.slice(0, max_rows).to_pylist():
+    for row in result.to_pylist():
         t.add_row(*(_cell(v) for v in row.values()))
-    shown = min(max_rows, result.num_rows)
-    more = f" ({shown} shown; use --out FILE for all)" if shown < result.num_rows else ""
-    t.caption = f"{result.num_rows} rows{more}"
-    return t
+    count = (f"the first {result.num_rows} rows; there are more: use --out FILE for all" if more
+             else f"{result.num_rows} rows")
+    return Group(t, Text(count, style="dim"))
 
 
 def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console,
@@ -72,7 +75,7 @@ def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Cons
         console.print(f"wrote {rows} rows to {out}", style="dim", highlight=False)
         return
     if fmt is Format.table:
-        console.print(render(run_query(store_path, sql)))
+        console.print(render(*head(store_path, sql, MAX_ROWS)))
         return
     if fmt is Format.parquet:
         raise KdError("parquet output needs a file", None, "add --out FILE.parquet")
@@ -81,7 +84,7 @@ def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Cons
         path = os.path.join(tmp, f"out.{fmt.value}")
         export(store_path, sql, path, fmt)
         with open(path, encoding="utf-8") as f:
-            console.file.write(f.read())
+            shutil.copyfileobj(f, console.file)  # in chunks: the result may be larger than memory
 
 
 def repl(store_path: str, lines: Iterable[str], console: Console, interactive: bool = False) -> int:
@@ -104,9 +107,9 @@ def repl(store_path: str, lines: Iterable[str], console: Console, interactive: b
             if stripped.endswith(";"):
                 sql, buf = "\n".join(buf), []
                 try:
-                    result = run_query(store, sql, con=con)
+                    result, more = head(store, sql, MAX_ROWS, con=con)
                     if result.num_columns:
-                        console.print(render(result))
+                        console.print(render(result, more))
                 except KdError as e:
                     failures += 1
                     console.print(f"[bold red]error:[/] {e}")

@@ -280,6 +280,40 @@ def _interruptible(cons: list[duckdb.DuckDBPyConnection], work: Callable[[], T])
     return done["value"]
 
 
+def _stream(rel: duckdb.DuckDBPyRelation) -> pa.RecordBatchReader:
+    """The relation's result as Arrow batches, computed as they are read (to_arrow_reader from DuckDB 1.4; the old
+    name before)."""
+    return rel.to_arrow_reader() if hasattr(rel, "to_arrow_reader") else rel.fetch_record_batch()
+
+
+def head(
+    store_path: str | os.PathLike | Store, sql: str, rows: int, con: duckdb.DuckDBPyConnection | None = None
+) -> tuple[pa.Table, bool]:
+    """The first `rows` rows of the last statement's result, and whether it has more: read as a stream and
+    stopped there, so a result of any size (`SELECT * FROM range(1e10)`) shows its head in bounded memory
+    where the whole table (run_query) would be built first. All of it goes through `export`."""
+    con = connect(store_path) if con is None else con
+
+    def work() -> tuple[pa.Table, bool]:
+        rel = con.sql(_run_all_but_last(con, sql))
+        if rel is None:
+            return pa.table({}), False
+        reader, batches, n = _stream(rel), [], 0
+        for batch in reader:
+            batches.append(batch)
+            n += batch.num_rows
+            if n > rows:
+                break
+        reader.close()  # the rest is never computed
+        table = pa.Table.from_batches(batches, reader.schema)
+        return table.slice(0, rows), n > rows
+
+    try:
+        return _interruptible([con], work)
+    except duckdb.Error as e:
+        raise KdError(f"query failed: {e}", None, "list the views with: SHOW TABLES") from e
+
+
 def run_query(
     store_path: str | os.PathLike | Store, sql: str, con: duckdb.DuckDBPyConnection | None = None
 ) -> pa.Table:
@@ -328,9 +362,7 @@ def export(
             if rel is None:
                 raise InputError("the last statement returns no rows to write", str(out),
                                  "end the SQL with a SELECT (or another statement that returns rows)")
-            # streamed: the result never has to fit in memory (to_arrow_reader from DuckDB 1.4; the old name before)
-            result = rel.to_arrow_reader() if hasattr(rel, "to_arrow_reader") else rel.fetch_record_batch()
-            writer.register("kd_result", result)
+            writer.register("kd_result", _stream(rel))  # streamed: the result never has to fit in memory
             res = writer.execute(f"COPY (SELECT * FROM kd_result) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
             return int(res[0]) if res else 0
 

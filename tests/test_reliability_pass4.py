@@ -80,6 +80,24 @@ def test_ctrl_c_stops_a_running_query(store):
     assert proc.returncode == 130 and "interrupted" in out, out
 
 
+def test_a_result_of_any_size_shows_its_head_in_bounded_memory(store):
+    """The terminal table reads the first rows of a result as a stream: 10 billion rows (80 GB as one table, as
+    the table was built before) show their first 50 in seconds under a 3 GB address-space limit."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "kd", "query", str(store), "SELECT * FROM range(10000000000) r(i)"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=limited,
+                          env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"})
+    said = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the first 50 rows; there are more: use --out FILE for all" in said and "│ 49 " in said
+    res = CliRunner().invoke(app, ["query", str(store), "SELECT i FROM range(50) r(i)"])  # exactly the head: all
+    assert res.exit_code == 0 and "50 rows" in res.output and "more" not in res.output, res.output
+
+
 # --- 2. received files are bounded before anything is built -------------------------------------------------
 
 
