@@ -29,6 +29,7 @@ from typing import Any
 
 from kd.apps import recipe as R
 from kd.apps.distill_config import DistillConfig
+from kd.apps.recipe_models import check_models
 from kd.common import progress
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
@@ -223,6 +224,7 @@ def _claim(run: _Run) -> dict[str, Any]:
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     if run.cfg.store:
         check_store(run)
+    check_models(run.recipe, {role: run.teacher_spec(role) for role in run.specs if run.specs[role]})
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")

@@ -321,8 +321,9 @@ def init_folder(store: Store, teacher: str, layers: str | None) -> Path:
     """The store's `init` output for `teacher` (checksums verified): the one asked for, or the only one."""
     known = sorted({rel.rsplit("/", 1)[0] for rel in store.manifest.extras.get("files", {})
                     if rel.startswith(f"teachers/{teacher}/init-")})
-    if layers:
-        known = [k for k in known if k.endswith("init-" + "-".join(x.strip() for x in layers.split(",")))]
+    if layers:  # as precompute names the folder: sorted and unique ("5,2,2" is init-2-5)
+        wanted = "init-" + "-".join(map(str, parse_layers(layers, 1 << 20, "--init-layers")))
+        known = [k for k in known if k.rsplit("/", 1)[1] == wanted]
     if len(known) != 1:
         have = ", ".join(k.rsplit("init-", 1)[1].replace("-", ",") for k in known) or "none"
         raise KdError(f"the store has {len(known)} matching init outputs for teacher {teacher!r} (kept layers: {have})",

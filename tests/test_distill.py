@@ -102,6 +102,41 @@ def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
              start=tiny_teacher)
 
 
+@pytest.mark.parametrize("case", ["keep_layers", "init_layers", "later_init_layers", "start_folder"])
+def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, tmp_path, tiny_teacher, corpus,
+                                                                         monkeypatch):
+    """The layers a recipe names exist in its 2-layer start model and its model folders exist: found before any
+    model loads, in a dry run and a run alike (issue 48's probe: after the models' load and timing, up to 2 min,
+    naming a temporary folder); a refused run leaves no --out behind."""
+    from kd.pipeline import teacher
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the recipe was checked")
+
+    monkeypatch.setattr(teacher, "load_teacher", no_load)
+    stages, start, outputs = STAGES.format(steps=3), tiny_teacher, ""
+    where, said = {
+        "keep_layers": ("[outputs] keep_layers", "layers are numbered 0..1 (the model has 2 layers)"),
+        "init_layers": ("[[stage]] two: init_layers", "init layers 0,7, which the run does not store"),
+        "later_init_layers": ("[[stage]] one: init_layers", "layers are numbered 0..1"),
+        "start_folder": ("no-such-model", "no-such-model"),
+    }[case]
+    if case == "keep_layers":
+        outputs = '[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,9"\n'
+    elif case == "init_layers":
+        stages = stages.replace('init_layers = "0,1"', 'init_layers = "0,7"')
+    elif case == "later_init_layers":
+        stages = stages.replace('init_layers = "1"', 'init_layers = "5"')
+    else:
+        start = tmp_path / "no-such-model"
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, start=start, outputs=outputs)
+    for dry in (["--dry-run"], []):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "out", recipe), *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and said in text and where in text, res.output
+        assert not (tmp_path / "out").exists()
+
+
 def test_presets_load():
     assert {"tiny6", "tiny3", "static", "bilstm"} <= set(R.PRESETS)
     tiny3 = R.load("tiny3")
