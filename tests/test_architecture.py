@@ -17,8 +17,8 @@ import ast
 import graphlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "storage", "pipeline", "student", "dataset", "apps")
+from package_modules import ROOT, modules
+
 # what each top-level part may import (besides itself)
 ALLOWED = {
     "kd": {"apps"},  # kd.precompute / kd.train_student (kd.apps.api), loaded on first use
@@ -31,17 +31,6 @@ ALLOWED = {
     "cli": {"common", "storage", "pipeline", "student", "dataset", "apps"},
     "__main__": {"cli"},
 }
-
-
-def modules() -> dict[str, Path]:
-    """kd module name -> file, for the package's own files (tests/ and bench/ are not part of it)."""
-    out = {"kd": ROOT / "__init__.py", "kd.cli": ROOT / "cli.py", "kd.__main__": ROOT / "__main__.py"}
-    for pkg in PACKAGES:
-        for f in sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []:
-            parts = f.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(("kd", *parts[:-1])) if parts[-1] == "__init__" else ".".join(("kd", *parts))
-            out[name] = f
-    return out
 
 
 def _type_only(tree: ast.AST) -> set[int]:
@@ -77,7 +66,7 @@ def graph(type_only: bool = True) -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """The top-level part a module belongs to: kd, cli, __main__, or one of PACKAGES."""
+    """The top-level part a module belongs to: kd, cli, __main__, or one of package_modules.PACKAGES."""
     return module.split(".")[1] if "." in module else "kd"
 
 
