@@ -9,6 +9,9 @@
 - Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> dataset
   -> apps -> cli. A module imports only its own layer and the ones below; dataset (DuckDB views, faiss,
   clustering) sits above the store contract and is never imported by storage, pipeline or student.
+
+The tests obey a rule of their own: no file under tests/ imports a test_* module. What two test files share
+lives in conftest.py or in a helpers module (tests/*.py not named test_*).
 """
 
 from __future__ import annotations
@@ -105,3 +108,31 @@ def test_storage_holds_the_store_contract_only():
                 "index_files", "faiss_layout", "alignment", "soundness"}
     have = {f.stem for f in (ROOT / "storage").glob("*.py")} - {"__init__"}
     assert have == contract, f"storage/ holds {sorted(have - contract)} beyond the store contract"
+
+
+def imported_test_modules(file: Path) -> set[str]:
+    """The test_* modules `file` imports, wherever the import stands (lazy ones too): `import test_x`,
+    `from test_x import y`, `from . import test_x`."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return {m for m in found if m.split(".")[0].startswith("test_")}
+
+
+def test_no_test_file_imports_another():
+    """Helper modules included. A test file imported by another becomes an API nobody sees as one: a change made
+    for its own tests breaks the importer's, and the importer runs its module code."""
+    wrong = [f"{f.name} imports {m}" for f in sorted((ROOT / "tests").glob("*.py"))
+             for m in sorted(imported_test_modules(f))]
+    assert not wrong, "move what they share into conftest.py or a helpers module:\n" + "\n".join(wrong)
+
+
+def test_the_test_import_check_sees_every_form(tmp_path):
+    """Every form of the import is found, a lazy one too, and no other module is taken for a test module."""
+    f = tmp_path / "test_m.py"
+    f.write_text("import test_a\nfrom test_b import x\nfrom . import test_c\nimport testing, store_forgery\n"
+                 "from single_thread import one_thread\ndef f():\n    import test_d.sub\n")
+    assert imported_test_modules(f) == {"test_a", "test_b", "test_c", "test_d.sub"}
