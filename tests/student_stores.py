@@ -3,6 +3,7 @@
 The "teacher" is a bag of words over a random input-embedding matrix: `mean` is the mean of the
 token vectors, `sentence` its normalised version, `layers` fixed random maps of it. So targets are a
 learnable function of the text, and a student whose loss falls has learned something real.
+news_init_store and cross_encoder_pairs are real stores instead: tiny BERTs through kd precompute.
 """
 
 from __future__ import annotations
@@ -148,6 +149,19 @@ def news_init_store(root: Path, teacher: Path, sentences: list[str]) -> Path:
     precompute([str(root / "news.txt")], str(path), [f"tiny={teacher}"], outputs=["vocab", "init"], shard_rows=48,
                keep_layers="1", progress=False)
     return path
+
+
+def cross_encoder_pairs(root: Path, teachers: dict[str, Path], rows: int = 90) -> Path:
+    """A pair store written by the real precompute with cross-encoder teachers only (logits, no embedding)."""
+    from kd.pipeline.precompute import precompute
+
+    rng = np.random.default_rng(0)
+    lines = ["a\tb\tlabel"] + [f"{' '.join(rng.choice(WORDS, 6))}\t{' '.join(rng.choice(WORDS, 6))}\t{i % 3}"
+                               for i in range(rows)]
+    (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
+    precompute([str(root / "pairs.tsv")], str(root / "store"), [f"{n}={p}" for n, p in teachers.items()],
+               pair_columns="a,b", label_column="label", shard_rows=50, progress=False)
+    return root / "store"
 
 
 def train_students(store: Path, root: Path, specs: dict[str, tuple[str, list[str]]],

@@ -9,6 +9,9 @@
 - Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> dataset
   -> apps -> cli. A module imports only its own layer and the ones below; dataset (DuckDB views, faiss,
   clustering) sits above the store contract and is never imported by storage, pipeline or student.
+
+The tests obey a rule of their own: no file under tests/ imports a test_* module. What two test files share
+lives in conftest.py or in a helpers module (tests/*.py not named test_*).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import ast
 import graphlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "storage", "pipeline", "student", "dataset", "apps")
+from package_modules import ROOT, modules
+
 # what each top-level part may import (besides itself)
 ALLOWED = {
     "kd": {"apps"},  # kd.precompute / kd.train_student (kd.apps.api), loaded on first use
@@ -31,17 +34,6 @@ ALLOWED = {
     "cli": {"common", "storage", "pipeline", "student", "dataset", "apps"},
     "__main__": {"cli"},
 }
-
-
-def modules() -> dict[str, Path]:
-    """kd module name -> file, for the package's own files (tests/ and bench/ are not part of it)."""
-    out = {"kd": ROOT / "__init__.py", "kd.cli": ROOT / "cli.py", "kd.__main__": ROOT / "__main__.py"}
-    for pkg in PACKAGES:
-        for f in sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []:
-            parts = f.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(("kd", *parts[:-1])) if parts[-1] == "__init__" else ".".join(("kd", *parts))
-            out[name] = f
-    return out
 
 
 def _type_only(tree: ast.AST) -> set[int]:
@@ -77,7 +69,7 @@ def graph(type_only: bool = True) -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """The top-level part a module belongs to: kd, cli, __main__, or one of PACKAGES."""
+    """The top-level part a module belongs to: kd, cli, __main__, or one of package_modules.PACKAGES."""
     return module.split(".")[1] if "." in module else "kd"
 
 
@@ -116,3 +108,31 @@ def test_storage_holds_the_store_contract_only():
                 "index_files", "faiss_layout", "alignment", "soundness"}
     have = {f.stem for f in (ROOT / "storage").glob("*.py")} - {"__init__"}
     assert have == contract, f"storage/ holds {sorted(have - contract)} beyond the store contract"
+
+
+def imported_test_modules(file: Path) -> set[str]:
+    """The test_* modules `file` imports, wherever the import stands (lazy ones too): `import test_x`,
+    `from test_x import y`, `from . import test_x`."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return {m for m in found if m.split(".")[0].startswith("test_")}
+
+
+def test_no_test_file_imports_another():
+    """Helper modules included. A test file imported by another becomes an API nobody sees as one: a change made
+    for its own tests breaks the importer's, and the importer runs its module code."""
+    wrong = [f"{f.name} imports {m}" for f in sorted((ROOT / "tests").glob("*.py"))
+             for m in sorted(imported_test_modules(f))]
+    assert not wrong, "move what they share into conftest.py or a helpers module:\n" + "\n".join(wrong)
+
+
+def test_the_test_import_check_sees_every_form(tmp_path):
+    """Every form of the import is found, a lazy one too, and no other module is taken for a test module."""
+    f = tmp_path / "test_m.py"
+    f.write_text("import test_a\nfrom test_b import x\nfrom . import test_c\nimport testing, store_forgery\n"
+                 "from single_thread import one_thread\ndef f():\n    import test_d.sub\n")
+    assert imported_test_modules(f) == {"test_a", "test_b", "test_c", "test_d.sub"}

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from objective_batches import B, hash_ids, make_batch, manifest, run, student_cfg
 from safetensors.torch import load_file, save_file
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
 from student_stores import TEACHER, make_store
-from test_objectives import B, hash_ids, make_batch, manifest, run, student_cfg
 
 from kd.storage.store import Store
 from kd.student import data as D

@@ -1,8 +1,8 @@
 """Cross-teacher students: tokenizer and initial weights from one stored teacher, the target from another
 teacher of another width (issue 26: MiniLM's layers, mpnet's 768-d vector), and several targets at once.
 
-The store: real news sentences through two tiny random BERTs of different widths and vocabularies,
-"small" (32-d, 2 layers, the init output) and "big" (48-d, 3 layers, extra words in its vocabulary).
+The store (tests/two_teacher_store.py): real news sentences through two tiny random BERTs of different widths and
+vocabularies, "small" (32-d, 2 layers, the init output) and "big" (48-d, 3 layers, extra words in its vocabulary).
 """
 
 from __future__ import annotations
@@ -11,38 +11,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-from conftest import build_tiny_bert
+import two_teacher_store
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from typer.testing import CliRunner
+from two_teacher_store import train
 
-from kd.cli import app
 from kd.pipeline.precompute import precompute
 
-
-@pytest.fixture(scope="module")
-def teachers(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("xteachers")
-    return {"small": build_tiny_bert(root / "small"),
-            "big": build_tiny_bert(root / "big", hidden=48, layers=3, seed=3, extra_words=("stocks", "##ing"))}
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory, teachers, sentences) -> Path:
-    root = tmp_path_factory.mktemp("xstore")
-    (root / "news.txt").write_text("\n".join(sentences[:160]) + "\n", encoding="utf-8")
-    specs = [f"{k}={v}" for k, v in teachers.items()]
-    precompute([str(root / "news.txt")], str(root / "store"), specs, shard_rows=80, progress=False)
-    s = precompute([str(root / "news.txt")], str(root / "store"), [specs[0]], outputs=["init"], keep_layers="0,1",
-                   shard_rows=80, progress=False)
-    assert s.shards_written == 0 and s.vocab_written == ["small layers 0,1"]
-    return root / "store"
-
-
-def _train(store: Path, out: Path, *args: str, steps: int = 30) -> object:
-    return CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(out), "--max-steps",
-                                    str(steps), "--val-percent", "0", "--batch-size", "16", "--log-every", "1",
-                                    "--no-progress", *args])
+# module fixtures (this module's own): the two teachers and their store
+teachers, store = two_teacher_store.teachers, two_teacher_store.store
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -63,7 +39,7 @@ def test_transformer_init_from_one_teacher_learns_another_teachers_wider_target(
 
     from kd import student
 
-    res = _train(store, tmp_path / "x", "--arch", "transformer-init", "--target", "big.mean", "--lr", "2e-3", steps=60)
+    res = train(store, tmp_path / "x", "--arch", "transformer-init", "--target", "big.mean", "--lr", "2e-3", steps=60)
     assert res.exit_code == 0, res.output  # no other flag: "small" is the only teacher with an init output
     st = student.load(tmp_path / "x")
     info = json.loads((tmp_path / "x" / "config.json").read_text())
@@ -84,7 +60,7 @@ def test_cross_teacher_student_exports_with_the_same_vectors(store, tmp_path, se
     from kd.student.exporters.onnx_graph import export_onnx, onnx_encode
     from kd.student.exporters.st_directory import export_sentence_transformers
 
-    assert _train(store, tmp_path / "x", "--arch", "transformer-init", "--target", "big.mean", steps=5).exit_code == 0
+    assert train(store, tmp_path / "x", "--arch", "transformer-init", "--target", "big.mean", steps=5).exit_code == 0
     want = student.load(tmp_path / "x").encode(sentences[200:240])
     st_dir = export_sentence_transformers(tmp_path / "x", tmp_path / "st")
     got = SentenceTransformer(str(st_dir), device="cpu").encode(sentences[200:240])
@@ -99,8 +75,8 @@ def test_recurrent_student_takes_its_vocabulary_from_the_chosen_teacher(store, t
     from kd import student
 
     for source in ("small", "big"):
-        res = _train(store, tmp_path / source, "--arch", "bilstm", "--target", "big.mean", "--init-teacher", source,
-                     "--init-embeddings", "teacher", "--embed-dim", "16", "--hidden-dim", "16", steps=3)
+        res = train(store, tmp_path / source, "--arch", "bilstm", "--target", "big.mean", "--init-teacher", source,
+                    "--init-embeddings", "teacher", "--embed-dim", "16", "--hidden-dim", "16", steps=3)
         assert res.exit_code == 0, res.output
         st = student.load(tmp_path / source)
         assert len(st.tokenizer) == len(AutoTokenizer.from_pretrained(teachers[source]))
@@ -109,8 +85,8 @@ def test_recurrent_student_takes_its_vocabulary_from_the_chosen_teacher(store, t
 
 
 def test_several_teachers_targets_at_once(store, tmp_path):
-    res = _train(store, tmp_path / "m", "--arch", "bilstm", "--target", "big.mean", "--objective", "cosine",
-                 "--objective", "cosine:0.5:target=small.mean", "--embed-dim", "16", "--hidden-dim", "16", steps=40)
+    res = train(store, tmp_path / "m", "--arch", "bilstm", "--target", "big.mean", "--objective", "cosine",
+                "--objective", "cosine:0.5:target=small.mean", "--embed-dim", "16", "--hidden-dim", "16", steps=40)
     assert res.exit_code == 0, res.output
     recs = [json.loads(x) for x in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
     parts = [r for r in recs if "loss" in r]
@@ -122,18 +98,18 @@ def test_several_teachers_targets_at_once(store, tmp_path):
 
 
 def test_cross_teacher_errors(store, teachers, tmp_path):
-    res = _train(store, tmp_path / "e1", "--arch", "bilstm", "--init-teacher", "nobody", steps=1)
+    res = train(store, tmp_path / "e1", "--arch", "bilstm", "--init-teacher", "nobody", steps=1)
     assert res.exit_code == 2 and "nobody" in res.output and "small" in res.output and "big" in res.output
-    res = _train(store, tmp_path / "e2", "--arch", "transformer-init", "--init-teacher", "big", "--target", "big.mean",
-                 steps=1)
+    res = train(store, tmp_path / "e2", "--arch", "transformer-init", "--init-teacher", "big", "--target", "big.mean",
+                steps=1)
     assert res.exit_code == 2 and "init output" in res.output and "--outputs init" in res.output, res.output
-    res = _train(store, tmp_path / "e3", "--arch", "bilstm", "--objective", "cosine:1:target=nobody.mean", steps=1)
+    res = train(store, tmp_path / "e3", "--arch", "bilstm", "--objective", "cosine:1:target=nobody.mean", steps=1)
     assert res.exit_code == 2 and "nobody" in res.output and "Traceback" not in res.output
     # a trained student continues only from a teacher that tokenises as it does
-    assert _train(store, tmp_path / "src", "--arch", "bilstm", "--init-teacher", "small", "--embed-dim", "8",
-                  "--hidden-dim", "8", steps=1).exit_code == 0
-    res = _train(store, tmp_path / "e4", "--arch", "bilstm", "--init", str(tmp_path / "src"), "--init-teacher", "big",
-                 steps=1)
+    assert train(store, tmp_path / "src", "--arch", "bilstm", "--init-teacher", "small", "--embed-dim", "8",
+                 "--hidden-dim", "8", steps=1).exit_code == 0
+    res = train(store, tmp_path / "e4", "--arch", "bilstm", "--init", str(tmp_path / "src"), "--init-teacher", "big",
+                steps=1)
     assert res.exit_code == 2 and "tokenizer" in res.output
     for name in ("e1", "e2", "e3", "e4"):
         assert not (tmp_path / name / "model.safetensors").exists()
@@ -146,10 +122,10 @@ def test_several_init_outputs_need_the_flag(store, teachers, tmp_path):
     texts = store.parent / "news.txt"
     precompute([str(texts)], str(both), [f"big={teachers['big']}"], outputs=["init"], keep_layers="2",
                shard_rows=80, progress=False)
-    res = _train(both, tmp_path / "a", "--arch", "transformer-init", "--target", "big.mean", steps=1)
+    res = train(both, tmp_path / "a", "--arch", "transformer-init", "--target", "big.mean", steps=1)
     assert res.exit_code == 2 and "several" in res.output and "--init-teacher" in res.output
-    res = _train(both, tmp_path / "b", "--arch", "transformer-init", "--target", "small.mean", "--init-teacher", "big",
-                 steps=2)
+    res = train(both, tmp_path / "b", "--arch", "transformer-init", "--target", "small.mean", "--init-teacher", "big",
+                steps=2)
     assert res.exit_code == 0, res.output
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert cfg["tokenizer"] == "big" and cfg["student"]["bert"]["hidden_size"] == 48
@@ -158,18 +134,18 @@ def test_several_init_outputs_need_the_flag(store, teachers, tmp_path):
 def test_second_stage_of_a_cross_teacher_student_needs_no_teacher_flag(store, tmp_path):
     """--init of a student trained on small's tokenizer with big's target: the tokenizer comes from the student's
     config.json, not from the target's teacher (which would refuse: big's vocabulary differs)."""
-    first = _train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
+    first = train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
     assert first.exit_code == 0, first.output
-    second = _train(store, tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
-                    "--init", str(tmp_path / "one"), steps=8)
+    second = train(store, tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
+                   "--init", str(tmp_path / "one"), steps=8)
     assert second.exit_code == 0, second.output
     info = json.loads((tmp_path / "two" / "config.json").read_text())
     assert info["tokenizer"] == "small" and info["target"] == ["big.mean"]
     records = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert "head_fit" not in records[0]  # the trained head is kept, not refitted
     # an explicit --init-teacher still wins, and the wrong one is refused as before
-    wrong = _train(store, tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean",
-                   "--init", str(tmp_path / "one"), "--init-teacher", "big", steps=8)
+    wrong = train(store, tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean",
+                  "--init", str(tmp_path / "one"), "--init-teacher", "big", steps=8)
     assert wrong.exit_code == 2 and "tokenizer differs" in wrong.output, wrong.output
 
 
@@ -183,10 +159,10 @@ def test_a_student_continues_on_a_grown_store_of_its_target_teacher_alone(store,
     s = precompute([str(grown)], str(tmp_path / "g"), [f"big={teachers['big']}"], shard_rows=80, progress=False,
                    reuse=str(store))
     assert s.rows_reused >= 150 and s.rows_computed >= 70
-    first = _train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
+    first = train(store, tmp_path / "one", "--arch", "transformer-init", "--target", "big.mean", steps=8)
     assert first.exit_code == 0, first.output
-    second = _train(tmp_path / "g", tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
-                    "--init", str(tmp_path / "one"), steps=20)
+    second = train(tmp_path / "g", tmp_path / "two", "--arch", "transformer-init", "--target", "big.mean",
+                   "--init", str(tmp_path / "one"), steps=20)
     assert second.exit_code == 0, second.output
     info = json.loads((tmp_path / "two" / "config.json").read_text())
     args = json.loads((tmp_path / "two" / "training_args.json").read_text())
@@ -196,5 +172,5 @@ def test_a_student_continues_on_a_grown_store_of_its_target_teacher_alone(store,
     texts, want = _target(tmp_path / "g", "big", 48)
     assert not np.allclose(one.encode(texts), two.encode(texts))  # it trained on
     # with no student to take the tokenizer from, a store without "small" cannot start a small-tokenizer student
-    fresh = _train(tmp_path / "g", tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean", steps=2)
+    fresh = train(tmp_path / "g", tmp_path / "three", "--arch", "transformer-init", "--target", "big.mean", steps=2)
     assert fresh.exit_code == 2, fresh.output

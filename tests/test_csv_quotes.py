@@ -4,7 +4,7 @@ reader `kd precompute` and `kd finetune` share."""
 from __future__ import annotations
 
 import pytest
-from test_input_refusals import _refused  # one refusal check for every input test
+from refusals import read_refused
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -20,12 +20,12 @@ STRAY = '"a stray "quote" inside'
 def test_a_stray_quote_in_a_one_column_csv_is_refused_with_its_line(tmp_path):
     """It was read as `a stray quote" inside` (exit 0)."""
     (tmp_path / "x.csv").write_text(f"text\nfine\n{STRAY}\nafter\n", encoding="utf-8")
-    _refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:3", "not well-formed CSV", '""')
+    read_refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:3", "not well-formed CSV", '""')
 
 
 def test_the_same_quote_is_refused_alike_in_several_columns_and_in_finetune_files(tmp_path):
     (tmp_path / "two.csv").write_text(f"text,label\nfine,0\n{STRAY},1\n", encoding="utf-8")
-    _refused(tmp_path / "two.csv", ColumnSpec(label="label"), "two.csv:3", "not well-formed CSV")
+    read_refused(tmp_path / "two.csv", ColumnSpec(label="label"), "two.csv:3", "not well-formed CSV")
     with pytest.raises(InputError, match="not well-formed CSV") as e:
         read_splits([str(tmp_path / "two.csv")], None, Task.classification)
     assert "two.csv:3" in str(e.value)
@@ -65,7 +65,7 @@ def test_a_delimiter_csv_cannot_take_is_refused_at_parse(tmp_path, tiny_teacher,
 
 def test_a_semicolon_csv_read_with_commas_says_which_delimiter_to_pass(tmp_path):
     (tmp_path / "x.csv").write_text("text;label\nhello;1\n", encoding="utf-8")
-    msg = _refused(tmp_path / "x.csv", ColumnSpec(label="label"), "x.csv:1", "--delimiter ';'")
+    msg = read_refused(tmp_path / "x.csv", ColumnSpec(label="label"), "x.csv:1", "--delimiter ';'")
     assert "not in the header" in msg
 
 
@@ -77,7 +77,7 @@ def test_a_semicolon_csv_read_with_commas_says_which_delimiter_to_pass(tmp_path)
 def test_a_row_with_more_fields_than_the_header_is_refused_with_its_line(tmp_path, name, content, line, fix):
     """The probe's I031/I032/I040/I009: `1,Hello, world and more` stored the text "Hello" with exit 0."""
     (tmp_path / name).write_text(content, encoding="utf-8")
-    _refused(tmp_path / name, ColumnSpec(), f"{name}:{line}", "fields, the header", fix)
+    read_refused(tmp_path / name, ColumnSpec(), f"{name}:{line}", "fields, the header", fix)
 
 
 def test_a_row_with_fewer_fields_keeps_its_text_when_the_wanted_column_is_there(tmp_path):

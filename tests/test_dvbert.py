@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from objective_batches import make_batch, manifest, run, student_cfg
 from single_thread import one_thread  # noqa: F401  (autouse: this module runs on one thread)
-from test_objectives import make_batch, manifest, run, student_cfg
+from student_stores import cross_encoder_pairs
 
 from kd.common.errors import KdError
 from kd.storage.manifest import Manifest
@@ -103,21 +103,6 @@ def test_logits_with_a_one_logit_teacher_is_never_a_zero_kl() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # Annealing vs validation: every checkpoint is validated at the final lambda
-
-
-def cross_encoder_pairs(root: Path, teachers: dict[str, Path], rows: int = 90) -> Path:
-    """A pair store written by the real precompute with cross-encoder teachers only (logits, no embedding)."""
-    from conftest import WORDS
-
-    from kd.pipeline.precompute import precompute
-
-    rng = np.random.default_rng(0)
-    lines = ["a\tb\tlabel"] + [f"{' '.join(rng.choice(WORDS, 6))}\t{' '.join(rng.choice(WORDS, 6))}\t{i % 3}"
-                               for i in range(rows)]
-    (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
-    precompute([str(root / "pairs.tsv")], str(root / "store"), [f"{n}={p}" for n, p in teachers.items()],
-               pair_columns="a,b", label_column="label", shard_rows=50, progress=False)
-    return root / "store"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import make_store
-from test_trainer import SMALL
+from training_runs import SMALL
 from typer.testing import CliRunner
 
 from kd.cli import app

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import WORDS
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from task_pairs import write_pairs
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -28,19 +29,6 @@ from kd.student.finetune import FinetuneConfig, finetune, load_task_model
 from kd.student.trainer import TrainConfig, train
 
 PAIRS = dict(pair_columns="a,b", label_column="quality")
-
-
-def write_pairs(path: Path, n: int, seed: int, score: bool = False) -> Path:
-    rng = np.random.default_rng(seed)
-    lines = ["quality\ta\tb"]
-    for _ in range(n):
-        a = list(rng.choice(WORDS[20:40], 5))
-        same = rng.random() < 0.5
-        b = list(rng.permutation(a)) if same else list(rng.choice(WORDS[40:], 5))
-        label = f"{4.0 * same + rng.random():.2f}" if score else ("pos" if same else "neg")
-        lines.append(f"{label}\t{' '.join(a)}\t{' '.join(b)}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

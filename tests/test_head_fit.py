@@ -10,13 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import two_teacher_store
 from single_thread import one_thread  # noqa: F401  (autouse)
-from test_cross_teacher import _train, store, teachers  # noqa: F401  (module fixtures: the two-teacher store)
+from two_teacher_store import train
 
 from kd.common.errors import InputError
 from kd.student.head_fit import fit_head, wants_fit
 from kd.student.models import StudentConfig, build_student
 from kd.student.train_config import HeadInit
+
+# module fixtures (this module's own): the cross-teacher tests' two teachers and their store
+teachers, store = two_teacher_store.teachers, two_teacher_store.store
 
 
 def _student(arch: str = "transformer", out_dim: int = 24, **kw) -> torch.nn.Module:
@@ -95,18 +99,18 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_cross_teacher_run_starts_from_the_fit_and_a_resume_keeps_it(store, tmp_path, monkeypatch):  # noqa: F811
+def test_cross_teacher_run_starts_from_the_fit_and_a_resume_keeps_it(store, tmp_path, monkeypatch):
     from safetensors.numpy import load_file
 
     from kd.student import data as D
 
     common = ["--arch", "transformer-init", "--target", "big.mean", "--lr", "1e-3", "--checkpoint-every", "5"]
-    fitted = _train(store, tmp_path / "fit", *common, steps=10)
+    fitted = train(store, tmp_path / "fit", *common, steps=10)
     assert fitted.exit_code == 0, fitted.output
     rec = _records(tmp_path / "fit")
     head = rec[0]["head_fit"]
     assert head["rows"] >= 64 and head["after"] < 0.5 * head["before"], head
-    rand = _train(store, tmp_path / "rand", *common, "--head-init", "random", steps=10)
+    rand = train(store, tmp_path / "rand", *common, "--head-init", "random", steps=10)
     assert rand.exit_code == 0, rand.output
     assert "head_fit" not in _records(tmp_path / "rand")[0]
     fit_losses = [r["loss"] for r in rec if "loss" in r]
@@ -114,7 +118,7 @@ def test_cross_teacher_run_starts_from_the_fit_and_a_resume_keeps_it(store, tmp_
     assert fit_losses[0] < min(rand_losses), (fit_losses, rand_losses)  # its start is below ten random-head steps
     assert json.loads((tmp_path / "fit" / "training_args.json").read_text())["head_init"] == "auto"
     # a smaller copy of it (--init-layers) counts as fresh: its head, fitted to the layer it lost, is fitted again
-    shrunk = _train(store, tmp_path / "shrunk", *common, "--init", str(tmp_path / "fit"), "--init-layers", "0", steps=1)
+    shrunk = train(store, tmp_path / "shrunk", *common, "--init", str(tmp_path / "fit"), "--init-layers", "0", steps=1)
     assert shrunk.exit_code == 0, shrunk.output
     refit = _records(tmp_path / "shrunk")[0]["head_fit"]
     assert refit["after"] < refit["before"], refit
@@ -129,10 +133,10 @@ def test_cross_teacher_run_starts_from_the_fit_and_a_resume_keeps_it(store, tmp_
             yield b
 
     monkeypatch.setattr(D, "train_batches", crashing)
-    stopped = _train(store, tmp_path / "again", *common, steps=10)
+    stopped = train(store, tmp_path / "again", *common, steps=10)
     assert stopped.exit_code == 130 and (tmp_path / "again" / "checkpoint.pt").exists()
     monkeypatch.setattr(D, "train_batches", real)
-    resumed = _train(store, tmp_path / "again", *common, steps=10)
+    resumed = train(store, tmp_path / "again", *common, steps=10)
     assert resumed.exit_code == 0, resumed.output
     assert sum("head_fit" in r for r in _records(tmp_path / "again")) == 1  # fitted once, restored on resume
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("fit", "again"))

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from student_stores import make_store
-from test_dvbert import cross_encoder_pairs
+from student_stores import cross_encoder_pairs, make_store
 from typer.testing import CliRunner
 
 from kd import student

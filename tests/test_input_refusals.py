@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from refusals import read_refused
 from typer.testing import CliRunner
 
 from kd.apps import tasks
@@ -19,15 +20,6 @@ from kd.common.errors import InputError
 from kd.pipeline.inputs import ColumnSpec, read_inputs
 from kd.pipeline.rows import build_texts
 from kd.student.setup import read_ids
-
-
-def _refused(path, spec: ColumnSpec, *needles: str) -> str:
-    with pytest.raises(InputError) as e:
-        read_inputs([str(path)], spec)
-    msg = str(e.value)
-    assert all(n in msg for n in needles) and "fix:" in msg, msg
-    return msg
-
 
 # --- one-column CSV: a stray quote --------------------------------------------------------------------------
 
@@ -46,7 +38,7 @@ def test_a_stray_quote_in_a_one_column_csv_is_refused_naming_its_line(tmp_path, 
     quote that never closes (the rest of the file became one text) must be caught by its being unclosed."""
     plain = [s for s in sentences if '"' not in s and "," not in s]
     _one_column_csv(tmp_path / "x.csv", plain[:40], {4: '"' + plain[50]})
-    _refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:5", "quote opened on line 5", "never closed")
+    read_refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:5", "quote opened on line 5", "never closed")
 
 
 def test_a_stray_quote_closed_by_a_later_quote_mid_line_is_refused(tmp_path, sentences):
@@ -54,7 +46,7 @@ def test_a_stray_quote_closed_by_a_later_quote_mid_line_is_refused(tmp_path, sen
     texts = [s for s in sentences if "," not in s]
     assert sum('"' in t for t in texts[4:40]) >= 1
     _one_column_csv(tmp_path / "x.csv", texts[:40], {4: '"' + texts[50]})
-    _refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:5", "quote opened on line 5", "closed mid-field")
+    read_refused(tmp_path / "x.csv", ColumnSpec(), "x.csv:5", "quote opened on line 5", "closed mid-field")
 
 
 def test_a_quoted_paragraph_in_a_one_column_csv_is_kept(tmp_path, sentences):
@@ -78,7 +70,7 @@ def test_text_column_on_a_tab_separated_txt_picks_the_column(tmp_path, sentences
                                         (ColumnSpec(label="1"), "--label-column")])
 def test_column_options_on_a_txt_without_columns_are_refused(tmp_path, sentences, spec, flag):
     (tmp_path / "x.txt").write_text("\n".join(sentences[:5]) + "\n", encoding="utf-8")
-    _refused(tmp_path / "x.txt", spec, flag, "has none", "x.txt:1")
+    read_refused(tmp_path / "x.txt", spec, flag, "has none", "x.txt:1")
 
 
 def test_precompute_refuses_text_column_on_a_plain_txt_and_writes_nothing(tmp_path, tiny_teacher, sentences):
@@ -98,7 +90,7 @@ def test_a_delimiter_on_a_format_with_named_fields_is_refused(tmp_path, sentence
         (tmp_path / name).write_text("".join(json.dumps({"text": s}) + "\n" for s in sentences[:3]))
     else:
         pq.write_table(pa.table({"text": sentences[:3]}), tmp_path / name)
-    _refused(tmp_path / name, ColumnSpec(delimiter=";"), "--delimiter", name)
+    read_refused(tmp_path / name, ColumnSpec(delimiter=";"), "--delimiter", name)
 
 
 # --- JSONL decode errors ------------------------------------------------------------------------------------
@@ -110,7 +102,7 @@ def test_a_delimiter_on_a_format_with_named_fields_is_refused(tmp_path, sentence
 ])
 def test_jsonl_lines_python_cannot_use_are_refused_naming_file_and_line(tmp_path, sentences, line, needle):
     (tmp_path / "x.jsonl").write_text(json.dumps({"text": sentences[0]}) + "\n" + line + "\n", encoding="utf-8")
-    _refused(tmp_path / "x.jsonl", ColumnSpec(), needle, "x.jsonl:2")
+    read_refused(tmp_path / "x.jsonl", ColumnSpec(), needle, "x.jsonl:2")
 
 
 def test_a_surrogate_pair_in_jsonl_is_one_character(tmp_path):

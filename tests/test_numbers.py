@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import test_student_safety
 import torch
+import training_runs
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import make_store
-from test_finetune import write_pairs
-from test_trainer import SMALL
+from task_pairs import write_pairs
+from training_runs import SMALL
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -32,8 +32,8 @@ from kd.student import trainer as T
 PAIRS = ["--pair-columns", "a,b", "--label-column", "quality"]
 
 
-# test_student_safety's module fixtures: a 140-row synthetic store, and a bilstm trained 3 steps on it
-store_path, student_dir = test_student_safety.store_path, test_student_safety.trained
+# module fixtures (this module's own): a 140-row synthetic store, and a bilstm trained 3 steps on it
+store_path, student_dir = training_runs.store_path, training_runs.trained
 
 
 def _scores(folder: Path, bad: str | None = None, line: int = 7) -> Path:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from dataclasses import fields
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from named_pipes import make_fifo, unblocking
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import make_store, tiny_student
 from typer.testing import CliRunner
@@ -66,23 +66,10 @@ def test_a_cr_only_tab_separated_txt_picks_its_columns(tmp_path, sentences):
 # --- 2. a device or a named pipe is refused as such, without being opened -----------------------------------
 
 
-def _fifo(path: Path) -> Path:
-    os.mkfifo(path)
-    return path
-
-
-def _unblocking(fifo: Path) -> threading.Timer:
-    """Should a reader open the pipe after all, a writer opens it after 20 s: the test then fails, never hangs."""
-    timer = threading.Timer(20, lambda: open(fifo, "wb").close())
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_pipe_or_device_as_input_is_not_a_regular_file(tmp_path, tiny_teacher, no_teacher, kind):
-    source = str(_fifo(tmp_path / "corpus.txt")) if kind == "fifo" else "/dev/zero"
-    timer = _unblocking(Path(source)) if kind == "fifo" else None
+    source = str(make_fifo(tmp_path / "corpus.txt")) if kind == "fifo" else "/dev/zero"
+    timer = unblocking(Path(source)) if kind == "fifo" else None
     res = _precompute(source, "-t", f"tiny={tiny_teacher}", "-o", str(tmp_path / "store"))
     if timer:
         timer.cancel()
@@ -105,8 +92,8 @@ def test_a_pipe_is_refused_by_every_reader(tmp_path):
     reader: opening a named pipe to read blocks until something writes into it."""
     from kd.common.parsing import read_json
 
-    corpus, config = _fifo(tmp_path / "texts.txt"), _fifo(tmp_path / "config.json")
-    timers = [_unblocking(corpus), _unblocking(config)]
+    corpus, config = make_fifo(tmp_path / "texts.txt"), make_fifo(tmp_path / "config.json")
+    timers = [unblocking(corpus), unblocking(config)]
     with pytest.raises(InputError, match="named pipe"):
         read_inputs([str(corpus)], ColumnSpec())
     with pytest.raises(InputError, match="config.json is not a regular file but a named pipe"):
@@ -296,7 +283,7 @@ def test_a_weights_file_that_is_no_weights_file_is_named(student, export, tmp_pa
         data = path.read_bytes()
         path.unlink()
         if weights == "fifo":
-            timer = _unblocking(_fifo(path))
+            timer = unblocking(make_fifo(path))
         elif weights == "/dev/zero":
             path.symlink_to("/dev/zero")
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from named_pipes import make_fifo, unblocking
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from store_forgery import (
@@ -30,7 +31,6 @@ from store_forgery import (
 )
 from store_forgery import set_column as _set
 from store_forgery import snapshot as _snapshot
-from test_reliability_pass4_inputs import _fifo, _unblocking
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -212,8 +212,8 @@ def test_a_second_precompute_plans_from_the_manifest_read_under_the_lock(real, t
 
 
 def test_exclude_ids_as_a_pipe_is_refused(real, tmp_path):
-    fifo = _fifo(tmp_path / "leaked.txt")
-    timer = _unblocking(fifo)
+    fifo = make_fifo(tmp_path / "leaked.txt")
+    timer = unblocking(fifo)
     res = train(real, tmp_path / "student", "--exclude-ids", str(fifo))
     timer.cancel()
     refused(res, "not a regular file but a named pipe (FIFO)", str(fifo))
@@ -221,8 +221,8 @@ def test_exclude_ids_as_a_pipe_is_refused(real, tmp_path):
 
 
 def test_a_recipe_path_that_is_a_pipe_is_refused(real, tmp_path):
-    fifo = _fifo(tmp_path / "mine.toml")
-    timer = _unblocking(fifo)
+    fifo = make_fifo(tmp_path / "mine.toml")
+    timer = unblocking(fifo)
     res = CliRunner().invoke(app, ["distill", str(real.parent / "news.txt"), "-o", str(tmp_path / "run"),
                                    "--recipe", str(fifo), "--no-progress"])
     timer.cancel()
@@ -234,8 +234,8 @@ def test_agreement_texts_as_a_pipe_is_refused(tmp_path):
     from kd.apps.eval_config import EvalConfig
     from kd.common.errors import InputError
 
-    fifo = _fifo(tmp_path / "agree.txt")
-    timer = _unblocking(fifo)
+    fifo = make_fifo(tmp_path / "agree.txt")
+    timer = unblocking(fifo)
     with pytest.raises(InputError, match="named pipe") as e:
         EvalConfig(students=[str(tmp_path / "student")], agreement_texts=str(fifo))
     timer.cancel()

@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import training_runs
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import make_store
-from test_trainer import SMALL, _cli, _killed_run
+from training_runs import SMALL, killed_run, train_cli
 
 from kd.student import trainer as T
 
-
-@pytest.fixture(scope="module")
-def store_path(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("safety")
-    return make_store(root / "store", rows=140, shards=2, tmp=root)
+# module fixtures (this module's own): a 140-row synthetic store, and a bilstm trained 3 steps on it
+store_path, trained = training_runs.store_path, training_runs.trained
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / "kd-pwned-marker"
 
@@ -36,7 +34,7 @@ def test_a_malicious_checkpoint_is_refused_and_never_run(store_path, tmp_path):
     out.mkdir()
     (out / ".kd-train.lock").touch()  # a copied run folder, as kd left it (without it: not kd's, refused earlier)
     torch.save({"config": {}, "world": 1, "model": {}, "rng": [], "evil": _Evil()}, out / "checkpoint.pt")
-    res = _cli("--shards", str(store_path), "--out", str(out), "--arch", "bilstm", "--max-steps", "2")
+    res = train_cli("--shards", str(store_path), "--out", str(out), "--arch", "bilstm", "--max-steps", "2")
     assert res.exit_code == 2, res.output
     assert "refusing to load" in res.output and "checkpoint.pt" in res.output
     assert not MARKER.exists()
@@ -44,10 +42,10 @@ def test_a_malicious_checkpoint_is_refused_and_never_run(store_path, tmp_path):
 
 def test_a_truncated_checkpoint_is_a_clear_error(store_path, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    _killed_run(store_path, out, monkeypatch)
+    killed_run(store_path, out, monkeypatch)
     data = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
-    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args())
     assert res.exit_code == 2 and "cannot be read" in res.output and "checkpoint.pt" in res.output
 
 
@@ -56,7 +54,7 @@ def test_resume_refuses_a_rebuilt_store(store_path, tmp_path, monkeypatch):
     store = tmp_path / "store"
     shutil.copytree(store_path, store)
     out = tmp_path / "out"
-    _killed_run(store, out, monkeypatch)
+    killed_run(store, out, monkeypatch)
     shutil.rmtree(store)
     make_store(store, rows=140, shards=2, seed=1, tmp=tmp_path)  # rebuilt from other inputs, same path
     with pytest.raises(Exception, match="another store"):
@@ -70,12 +68,6 @@ def test_resume_refuses_a_rebuilt_store(store_path, tmp_path, monkeypatch):
 def _small_args() -> list[str]:
     return ["--arch", "bilstm", "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2",
             "--val-percent", "10"]
-
-
-@pytest.fixture(scope="module")
-def trained(store_path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "student"
-    return T.train(T.TrainConfig(str(store_path), str(out), **(SMALL | {"epochs": 1, "max_steps": 3})))
 
 
 def _copy(trained: Path, tmp_path: Path) -> Path:
@@ -173,7 +165,7 @@ def test_a_second_run_into_the_same_folder_is_refused(store_path, tmp_path):
 def test_out_that_is_a_file_is_refused(store_path, tmp_path):
     f = tmp_path / "taken.txt"
     f.write_text("mine")
-    res = _cli("--shards", str(store_path), "--out", str(f))
+    res = train_cli("--shards", str(store_path), "--out", str(f))
     assert res.exit_code == 2 and "existing file" in res.output and f.read_text() == "mine"
 
 
@@ -267,13 +259,13 @@ def test_disk_full_while_saving_the_student_is_a_clear_error(store_path, tmp_pat
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args())
     assert res.exit_code == 2 and "disk is full" in res.output, res.output
     assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
     assert not list(out.glob("*.tmp*"))
     monkeypatch.setattr(os, "fsync", real_fsync)
     (out / "checkpoint.pt.tmp-0badf00d").write_bytes(b"half")  # what a kill -9 mid-write leaves
-    res = _cli("--shards", str(store_path), "--out", str(out), *_small_args())
+    res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args())
     assert res.exit_code == 0, res.output
     assert (out / "config.json").exists() and not list(out.glob("*.tmp*"))
 

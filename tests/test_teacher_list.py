@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_architecture import modules
+from package_modules import modules
 
 from kd.storage.manifest import Manifest, TableRecord
 

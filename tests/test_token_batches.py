@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import numpy as np
-from test_architecture import modules
+from package_modules import modules
 
 from kd.common.token_batches import run_sorted, scatter_batches
 

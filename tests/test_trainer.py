@@ -18,10 +18,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+import training_runs
 from safetensors.numpy import load_file as load_np
 from safetensors.torch import load_file
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import TEACHER, make_store
+from training_runs import SMALL, killed_run, train_cli
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -32,24 +34,13 @@ from kd.student import trainer as T
 from kd.student.models import build_student, pca_embeddings
 
 ROOT = Path(__file__).resolve().parents[1]
-# Tiny and fast: 2 shards, ~13 steps per epoch; dropout and a memory-bank objective so RNG state matters.
-SMALL = dict(arch="bilstm", embed_dim=16, hidden_dim=16, batch_size=8, epochs=2, val_percent=10.0,
-             shuffle_buffer=24, objectives=["cosine", "contrastive:0.1:negatives=16:dim=8"], dropout=0.1,
-             checkpoint_every=5, log_every=1, progress=False, bucket=False)
-# (bucket=False: with 24-row buffers, length buckets make two tiny epochs' validation losses a coin flip;
-# bucketing has its own tests in test_bucketing.py)
+store_path = training_runs.store_path  # module fixture (this module's own): SMALL's 140-row store
 
 
 def _env() -> dict[str, str]:
     # the caller's PYTHONPATH kept: it may name the checkout whose `kd` is under test (a worktree)
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     return os.environ | {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def store_path(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("trainer")
-    return make_store(root / "store", rows=140, shards=2, tmp=root)
 
 
 @pytest.fixture(scope="module")
@@ -333,18 +324,14 @@ def test_pair_store_trains_both_sides(tmp_path):
     assert info["target"] == [f"{TEACHER}.sentence_a", f"{TEACHER}.sentence_b"] and info["steps"] == 4
 
 
-def _cli(*args: str):
-    return CliRunner().invoke(app, ["train-student", *args, "--max-steps", "1", "--no-progress"])
-
-
 def test_cli_errors_are_clear(store_path, tmp_path):
-    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "a"), "--target", f"{TEACHER}.logits")
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "a"), "--target", f"{TEACHER}.logits")
     assert res.exit_code == 2 and "tiny.logits" in res.output and "tiny.sentence" in res.output
-    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "b"), "--objective", "pair")
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "b"), "--objective", "pair")
     assert res.exit_code == 2 and "pair store" in res.output
-    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "c"), "--objective", "nonsense")
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "c"), "--objective", "nonsense")
     assert res.exit_code == 2 and "unknown objective" in res.output
-    res = _cli("--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"))
+    res = train_cli("--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"))
     assert res.exit_code == 2 and "no kd store" in res.output
 
 
@@ -352,34 +339,17 @@ def test_cli_errors_on_damaged_stores(tmp_path):
     path = make_store(tmp_path / "s", rows=40, shards=2, tmp=tmp_path)
     shard = path / "teachers" / TEACHER / "part-00001.parquet"
     shard.write_bytes(shard.read_bytes()[:100])
-    res = _cli("--shards", str(path), "--out", str(tmp_path / "a"))
+    res = train_cli("--shards", str(path), "--out", str(tmp_path / "a"))
     assert res.exit_code == 2 and "part-00001.parquet" in res.output
     for f in [path / "manifest.json", *(path / "manifests").iterdir()]:
         f.write_text(f.read_text().replace('"format_version": 1', '"format_version": 99'))
-    res = _cli("--shards", str(path), "--out", str(tmp_path / "b"))
+    res = train_cli("--shards", str(path), "--out", str(tmp_path / "b"))
     assert res.exit_code == 2 and "format version 99" in res.output
 
 
-def _killed_run(store_path: Path, out: Path, monkeypatch, after: int = 7) -> None:
-    """A run stopped after `after` steps, with a checkpoint (checkpoint_every=5) and no student yet."""
-    real = D.train_batches
-
-    def crashing(*a, **kw):
-        for i, b in enumerate(real(*a, **kw)):
-            if i >= after:
-                raise KeyboardInterrupt
-            yield b
-
-    monkeypatch.setattr(T.D, "train_batches", crashing)
-    with pytest.raises(KeyboardInterrupt):
-        T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
-    monkeypatch.setattr(T.D, "train_batches", real)
-    assert (out / "checkpoint.pt").exists() and not (out / "config.json").exists()
-
-
 def test_resume_refuses_other_options(store_path, tmp_path, monkeypatch):
-    _killed_run(store_path, tmp_path / "out", monkeypatch)
-    res = _cli("--shards", str(store_path), "--out", str(tmp_path / "out"), "--lr", "0.5")
+    killed_run(store_path, tmp_path / "out", monkeypatch)
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "out"), "--lr", "0.5")
     assert res.exit_code == 2 and "lr" in res.output and "--overwrite" in res.output
 
 
