@@ -263,15 +263,21 @@ def _remove_stale_temps(path: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
+def temp_path(path: str | os.PathLike) -> Path:
+    """The temporary file beside `path` that write_file writes and renames into place (this process's)."""
+    path = Path(path).resolve()
+    return path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
+
+
 def write_file(path: str | os.PathLike, write: Callable[[Path], object], command: str,
                flag: str = "--out") -> Path:
     """Write one output file the kd way: missing parent folders created, `write(tmp)` into a temporary file
     beside it (same suffix, so writers that read it see the right format), the sidecar, then a rename.
     An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path."""
     path = Path(path).resolve()
-    tmp = path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
+    tmp = temp_path(path)
     side = sidecar(path)
-    side_tmp = side.with_name(f".kd-tmp-{os.getpid()}.{side.name}")
+    side_tmp = temp_path(side)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(path)

@@ -13,8 +13,8 @@
   registered with DuckDB, then DuckDB's own `enable_external_access = false` and `lock_configuration`
   refuse every file access SQL can ask for (COPY ... TO, EXPORT DATABASE, ATTACH, read_csv, INSTALL) and
   any later SET that would lift them. Parsing the SQL for writes instead would miss a form; a setting of
-  the engine misses none. A result leaves only through `export` (kd query -o), which streams it into a
-  second connection that runs nothing but kd's own COPY.
+  the engine misses none. A result leaves only through `export` (kd query -o), whose connection may write one
+  file: kd's temporary file beside the output (DuckDB's `allowed_paths`, set before the lock).
 
 View names (`view_names`):
     texts                    -> texts
@@ -28,7 +28,6 @@ also reachable by its quoted path, e.g. `SELECT * FROM "teachers/minilm"`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -43,7 +42,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError, located
-from kd.common.outputs import claim_output, write_file
+from kd.common.outputs import claim_output, temp_path, write_file
 from kd.common.stop import Stopped
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
@@ -155,14 +154,15 @@ def _select_list(schema: pa.Schema, prefix: str | None, alias: str) -> Iterator[
         yield f"{expr} AS {_ident(f.name if prefix is None else f'{prefix}_{f.name}')}"
 
 
-def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", verify: bool = True
-            ) -> duckdb.DuckDBPyConnection:
+def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", verify: bool = True,
+            writable: str | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per table plus `outputs` (see module docstring).
 
     - Every file a view reads is checked against its manifest sha256 first (DuckDB reads the files
       itself, so this is the one chance); `verify=False` skips that on a store you just validated.
     - Tables with no committed shard get no view.
     - Local stores are read by path; remote ones (s3://...) through their pyarrow datasets.
+    - `writable`: the one file SQL may write (export's temporary file); None: none.
     """
     store = store_path if isinstance(store_path, Store) else Store.open(store_path)
     if verify:
@@ -189,12 +189,15 @@ def connect(store_path: str | os.PathLike | Store, database: str = ":memory:", v
     if "texts" in schemas:
         con.execute(f"CREATE VIEW outputs AS {_outputs_sql(names, schemas)}")
     _status(con, store)
-    _lock(con)
+    _lock(con, writable)
     return con
 
 
-def _lock(con: duckdb.DuckDBPyConnection) -> None:
-    """No file access from SQL from here on, and no SET that would give it back (see module docstring)."""
+def _lock(con: duckdb.DuckDBPyConnection, writable: str | None) -> None:
+    """No file access from SQL from here on (but `writable`, export's temporary file), and no SET that would give
+    it back (see module docstring)."""
+    if writable is not None:
+        con.execute(f"SET allowed_paths = [{_sql_str(writable)}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 
@@ -258,26 +261,35 @@ def _interruptible(cons: list[duckdb.DuckDBPyConnection], work: Callable[[], T])
     a query ends, so a KeyboardInterrupt raised there waits for the whole query; a main thread that only
     waits takes it at once and asks every connection of the work to stop (`interrupt`)."""
     done: dict[str, Any] = {}
+    # an Event, not Thread.join: on Python 3.11 a KeyboardInterrupt inside join(timeout) can mark the thread as
+    # ended while it still runs, and the query's connection was then closed busy and the process aborted at exit
+    finished = threading.Event()
 
     def run() -> None:
         try:
             done["value"] = work()
         except BaseException as e:  # handed to the main thread below, whatever it is
             done["error"] = e
+        finally:
+            finished.set()
 
-    thread = threading.Thread(target=run, name="kd-query", daemon=True)
-    thread.start()
+    threading.Thread(target=run, name="kd-query", daemon=True).start()
     try:
-        while thread.is_alive():
-            thread.join(0.1)
+        while not finished.wait(0.1):
+            pass
     except KeyboardInterrupt:
-        for con in cons:
-            con.interrupt()
-        thread.join()
+        while True:  # again until the work ends: an interrupt between two of its statements stops neither
+            for con in cons:
+                con.interrupt()
+            if finished.wait(0.1):
+                break
         raise Stopped(signal.SIGINT, "the query was interrupted; nothing was written") from None
     if "error" in done:
         raise done["error"]
     return done["value"]
+
+
+RESULT_VIEW = "__kd_result"  # the view export copies from
 
 
 def _stream(rel: duckdb.DuckDBPyRelation) -> pa.RecordBatchReader:
@@ -337,24 +349,26 @@ def export(
     sql: str,
     out: str | os.PathLike,
     fmt: Format,
-    con: duckdb.DuckDBPyConnection | None = None,
     *,
     overwrite: bool = False,
 ) -> int:
     """Write the last statement's result to `out` with DuckDB COPY; returns the number of rows. An existing
     `out` is replaced only with `overwrite`, and only when kd wrote it (`common.outputs`).
 
-    The store's connection cannot write files, so its result streams (Arrow batches) into a second,
-    empty connection whose only statement is kd's COPY to a temporary file beside `out`."""
+    The query's connection may write one file: the temporary file beside `out` (DuckDB's `allowed_paths`, set
+    before file access is locked), so the result goes from the query to the file inside DuckDB, streamed. It
+    once streamed through Arrow into a second connection: a Ctrl-C left that one's threads reading from the
+    interrupted query, and the process aborted at exit ("exception not rethrown") in place of exiting 130."""
     fmt = Format(fmt)
     if fmt is Format.table:
         raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")
     root = store_path.root if isinstance(store_path, Store) else store_path
     claim_output(out, "kd query", inputs=[root], overwrite=overwrite, file=True)  # never into the store
-    con = connect(store_path) if con is None else con
+    # straight into kd's own temporary file (write_file): DuckDB's would be another path, not allowed
     opts = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json", "parquet": "FORMAT parquet"}[fmt.value]
-    writer = duckdb.connect()
+    opts += ", USE_TMP_FILE false"
     rows: list[int] = []
+    con = connect(store_path, writable=os.fspath(temp_path(out)))
 
     def copy(tmp: os.PathLike) -> None:
         def work() -> int:
@@ -362,11 +376,11 @@ def export(
             if rel is None:
                 raise InputError("the last statement returns no rows to write", str(out),
                                  "end the SQL with a SELECT (or another statement that returns rows)")
-            writer.register("kd_result", _stream(rel))  # streamed: the result never has to fit in memory
-            res = writer.execute(f"COPY (SELECT * FROM kd_result) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
+            rel.create_view(RESULT_VIEW)
+            res = con.execute(f"COPY (SELECT * FROM {RESULT_VIEW}) TO {_sql_str(os.fspath(tmp))} ({opts})").fetchone()
             return int(res[0]) if res else 0
 
-        rows.append(_interruptible([con, writer], work))
+        rows.append(_interruptible([con], work))
 
     try:
         with located(str(out)):  # a full disk is not the SQL's fault: it is the file being written
@@ -375,7 +389,4 @@ def export(
     except duckdb.Error as e:
         raise KdError(f"query failed: {e}", None, "check the SQL; COPY needs a single SELECT as last statement") from e
     finally:
-        # after a Ctrl-C the writer can stay busy with the stream it was reading from the interrupted store
-        # connection: closing it then raises, which would replace the Stopped the user should see
-        with contextlib.suppress(duckdb.Error):
-            writer.close()
+        con.close()

@@ -117,17 +117,17 @@ def test_every_long_command_says_what_it_kept_and_how_to_resume(tmp_path, comman
 
 
 def test_ctrl_c_during_a_query_written_to_a_file_exits_with_kd_s_message(tmp_path):
-    """Ctrl-C while `kd query -o` streamed a long result: the interrupted stream left the writing connection busy,
-    its close raised DuckDB's ResourceInUse traceback in place of kd's message (issue 48's probe). Still left: in
-    about half the runs the process then aborts at interpreter exit (SIGABRT: DuckDB threads still calling into
-    Python while it shuts down), after kd's message; the exit code is then -6, not 130."""
+    """Ctrl-C while `kd query -o` wrote a long result ends with kd's message and 130. It once ended in DuckDB's
+    ResourceInUse traceback (issue 48's probe), then, in most runs, in an abort at exit (SIGABRT, "exception not
+    rethrown"): on Python 3.11 the KeyboardInterrupt inside Thread.join(timeout) marked the query's thread as
+    ended while it still ran, so its connection was closed busy and left running into the interpreter's exit."""
     from student_stores import make_store
 
     out, store_path = tmp_path / "q.csv", make_store(tmp_path / "store", rows=40, shards=1, tmp=tmp_path)
     args = ["query", str(store_path), "SELECT * FROM range(3000000000) a", "-f", "csv", "-o", str(out)]
     proc, _ = _start(tmp_path, args)
     said = _stop(proc, signal.SIGINT, lambda: any(tmp_path.glob(".kd-tmp-*.q.csv")))
-    assert proc.returncode in (130, -signal.SIGABRT), said[-3000:]
+    assert proc.returncode == 130, said[-3000:]
     assert "Traceback" not in said and "ResourceInUse" not in said, said[-3000:]
     assert "the query was interrupted; nothing was written" in said, said
     assert not out.exists() and not list(tmp_path.glob(".kd-tmp-*"))
