@@ -34,6 +34,8 @@ from kd.common.options import Option
 from kd.common.stop import Stopped, sigterm_interrupts
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
+from kd.storage.info_config import InfoConfig
+from kd.storage.validate_config import ValidateConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig  # (the same)
 
@@ -280,34 +282,28 @@ def precompute(job: PrecomputeJob) -> None:
 
 
 @app.command()
-def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
+@_declared_by(InfoConfig)
+def info(cfg: InfoConfig) -> None:
     """Print a store's manifest summary: inputs, tables, shards, teachers."""
-    from kd.storage.info import summary_table
+    from kd.storage.info import info as summary
 
-    term.print(summary_table(store))
+    term.print(summary(cfg))
 
 
 @app.command()
-def validate(
-    store: Annotated[str, typer.Argument(help="Store folder or URI")],
-    repair: Annotated[bool, typer.Option(help="Drop damaged shards from the record (re-run precompute to redo them)")] = False,  # noqa: E501
-) -> None:
+@_declared_by(ValidateConfig)
+def validate(cfg: ValidateConfig) -> None:
     """Re-check checksums, schemas and id alignment of every shard; exit 1 on any problem."""
-    from kd.storage.validate import check
+    from kd.storage.validate import validate_store
 
-    if repair:
-        from kd.storage.repair import describe
-        from kd.storage.repair import repair as run_repair
-
-        lines = describe(run_repair(store))
-        for line in lines:
-            term.print(f"[yellow]repair[/] {line}")
-    _, problems = check(store)
-    for p in problems:
+    res = validate_store(cfg)
+    for line in res.repaired:
+        term.print(f"[yellow]repair[/] {line}")
+    for p in res.problems:
         term.print(f"[red]problem[/] {p}")
-    if problems:
+    if res.problems:
         raise typer.Exit(1)
-    term.print(f"[green]ok[/] {store}: every shard matches the manifest")
+    term.print(f"[green]ok[/] {cfg.store}: every shard matches the manifest")
 
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)

@@ -1,5 +1,6 @@
-"""Each option of `kd precompute`, `kd train-student`, `kd eval`, `kd distill`, `kd demo`, `kd finetune` and
-`kd finetune-teacher` is declared once, on its config field (issue 40).
+"""Each option of every kd command (`kd precompute`, `kd train-student`, `kd eval`, `kd distill`, `kd demo`,
+`kd finetune`, `kd finetune-teacher`, `kd info`, `kd validate`, ...: the CONFIGS table) is declared once, on its
+config field (issues 40 and 52).
 
 The CLI's parameters are built from the fields (flag, help, range, choices, default), the configs check their
 ranges from the same fields, and no flag is written as a string in a second place.
@@ -25,6 +26,8 @@ from kd.common import options
 from kd.common.errors import KdError
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
+from kd.storage.info_config import InfoConfig
+from kd.storage.validate_config import ValidateConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig
 
@@ -33,13 +36,15 @@ COMMANDS = typer.main.get_command(app).commands
 CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py"),
            "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
            "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
-           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py")}
+           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py"),
+           "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
-         "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd"}
+         "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
+         "validate": "validate"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
-        "finetune-teacher": {"--base", "--warmup"}}  # flags the walk must see
+        "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
