@@ -27,6 +27,7 @@ from typer.core import TyperGroup
 from kd.apps.demo_config import DemoConfig  # (light, as the two below)
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
+from kd.apps.leakage_config import LeakageConfig
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
@@ -322,24 +323,21 @@ def train_student(cfg: TrainConfig) -> None:
 
 
 @app.command()
-def leakage(
-    store: Annotated[str, typer.Argument(help="Store written by kd precompute")],
-    exclude_out: Annotated[str | None, typer.Option(help="Write the overlapping rows' ids here (for train-student --exclude-ids)")] = None,  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace an --exclude-out file written by kd")] = False,
-) -> None:
+@_declared_by(LeakageConfig)
+def leakage(cfg: LeakageConfig) -> None:
     """Check a store against the evaluation sets: which rows are STS-B / SST-2 / clustering texts?"""
     from rich.table import Table
 
-    from kd.apps.leakage import check_store
+    from kd.apps.leakage import leakage as check
 
-    res = check_store(store, exclude_out=exclude_out, overwrite=overwrite)
+    res = check(cfg)
     table = Table("evaluation set", "texts", "found in the store", "store rows")
     for name, (n, found, rows) in res.sets.items():
         table.add_row(name, f"{n:,}", f"{found:,} ({100 * found / max(1, n):.1f} %)", f"{rows:,}")
     term.print(table)
     term.print(f"{len(res.ids):,} of {res.rows:,} store rows overlap an evaluation set")
-    if exclude_out:
-        term.print(f"their ids are in {exclude_out}: kd train-student ... --exclude-ids {exclude_out}")
+    if cfg.exclude_out:
+        term.print(f"their ids are in {cfg.exclude_out}: kd train-student ... --exclude-ids {cfg.exclude_out}")
 
 
 @app.command()

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from kd.apps.demo_config import DemoConfig
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
+from kd.apps.leakage_config import LeakageConfig
 from kd.cli import app
 from kd.common import bounds as B
 from kd.common import options
@@ -37,14 +38,16 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
            "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
            "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py"),
-           "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py")}
+           "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
+           "leakage": (LeakageConfig, "apps/leakage_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
-         "validate": "validate"}
+         "validate": "validate", "leakage": "leakage"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
-        "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"}}  # flags the walk must see
+        "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
+        "leakage": {"--exclude-out"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
