@@ -37,6 +37,7 @@ from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
+from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig  # (the same)
 
@@ -363,23 +364,15 @@ def embed(
 
 
 @app.command("export")
-def export_cmd(
-    student: Annotated[str, typer.Argument(help="Folder written by kd train-student")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Folder to write (new or empty)")],
-    format: Annotated[B.ExportFormat, typer.Option("--format", help="sentence-transformers | onnx")] = "sentence-transformers",  # noqa: E501
-    quantize: Annotated[B.Quantize, typer.Option(help="none | int8: int8 weights for the ONNX graph's matrix products (--format onnx; the token table stays fp32): smaller, faster on ONNX Runtime, quality within 0.3 STS-B in docs/results.md")] = "none",  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
-) -> None:
+@_declared_by(ExportConfig)
+def export_cmd(cfg: ExportConfig) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors; --quantize int8: close)."""
-    from kd.common.progress import step
-    from kd.student.exporters import export_note, export_student
+    from kd.student.exporters import export
 
-    with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
-        path = export_student(student, format, out, overwrite, quantize)
-    term.print(f"{format} export written to {path}")
-    note = export_note(student, format)
-    if note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
-        term.print(f"[yellow]note:[/] {escape(note)}")
+    res = export(cfg)
+    term.print(f"{cfg.format} export written to {res.path}")
+    if res.note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
+        term.print(f"[yellow]note:[/] {escape(res.note)}")
 
 
 # --- evaluation and demo -------------------------------------------------------------------------

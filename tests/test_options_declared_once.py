@@ -29,6 +29,7 @@ from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
+from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig
 
@@ -39,15 +40,17 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
            "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py"),
            "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
-           "leakage": (LeakageConfig, "apps/leakage_config.py")}
+           "leakage": (LeakageConfig, "apps/leakage_config.py"),
+           "export": (ExportConfig, "student/exporters/__init__.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
-         "validate": "validate", "leakage": "leakage"}
+         "validate": "validate", "leakage": "leakage",
+         "export": "export_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
         "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
-        "leakage": {"--exclude-out"}}  # flags the walk must see
+        "leakage": {"--exclude-out"}, "export": {"--format", "--out"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
