@@ -33,6 +33,7 @@ from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
 from kd.common.stop import Stopped, sigterm_interrupts
+from kd.dataset.cluster_config import ClusterConfig
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
 from kd.storage.info_config import InfoConfig
@@ -497,19 +498,12 @@ def search_cmd(
 
 
 @app.command("cluster")
-def cluster_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
-    column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
-    threshold: Annotated[float, typer.Option(help="Cosine distance (1 - cos) under which clusters merge", **_in(B.COSINE_DISTANCE))],  # noqa: E501
-    method: Annotated[B.ClusterMethod, typer.Option(help="auto | exact | knn (faiss kNN graph, for big stores)")] = "auto",  # noqa: E501
-    exact_max: Annotated[int, typer.Option(help="Largest row count clustered exactly", **_in(B.EXACT_ROWS))] = 20000,
-    k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph", **_in(B.K))] = 30,
-) -> None:
+@_declared_by(ClusterConfig)
+def cluster_cmd(cfg: ClusterConfig) -> None:
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
-    from kd.dataset.cluster import cluster_store
+    from kd.dataset.cluster import cluster
 
-    s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
+    s = cluster(cfg)
     _data_out.print(
         f"{s.rows:,} rows -> {s.clusters:,} clusters ({s.method}; largest {s.largest:,}, {s.singletons:,} singletons) "
         f"in {s.table}"
