@@ -34,6 +34,7 @@ from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
 from kd.common.stop import Stopped, sigterm_interrupts
 from kd.dataset.cluster_config import ClusterConfig
+from kd.dataset.index_config import IndexConfig
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
 from kd.storage.info_config import InfoConfig
@@ -456,19 +457,12 @@ def query_cmd(
 
 
 @app.command("index")
-def index_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    table: Annotated[str | None, typer.Option(help="Table: view name (minilm) or path (teachers/minilm); default: the first teacher")] = None,  # noqa: E501
-    column: Annotated[str | None, typer.Option(help="1-D vector column, e.g. sentence; default: sentence, else mean")] = None,  # noqa: E501
-    kind: Annotated[B.IndexKind, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
-) -> None:
+@_declared_by(IndexConfig)
+def index_cmd(cfg: IndexConfig) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
-    from kd.dataset.index import build_index, default_vector
+    from kd.dataset.index import index_store
 
-    if table is None or column is None:
-        table, column = default_vector(store, table, column)
-        console.print(f"indexing {table}.{column} (pass --table/--column to choose another)")
-    info = build_index(store, table, column, kind)
+    info = index_store(cfg, chosen=console.print)
     _data_out.print(f"indexed {info.rows:,} rows of {info.table}.{info.column} ({info.kind}, {info.device})")
     _data_out.print(f"saved {info.file}")
 

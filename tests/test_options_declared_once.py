@@ -26,6 +26,7 @@ from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError
 from kd.dataset.cluster_config import ClusterConfig
+from kd.dataset.index_config import IndexConfig
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
 from kd.storage.info_config import InfoConfig
@@ -43,17 +44,18 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
            "leakage": (LeakageConfig, "apps/leakage_config.py"),
            "export": (ExportConfig, "student/exporters/__init__.py"),
-           "cluster": (ClusterConfig, "dataset/cluster_config.py")}
+           "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
          "validate": "validate", "leakage": "leakage",
-         "export": "export_cmd", "cluster": "cluster_cmd"}
+         "export": "export_cmd", "cluster": "cluster_cmd",
+         "index": "index_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
         "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
         "leakage": {"--exclude-out"}, "export": {"--format", "--out"},
-        "cluster": {"--threshold", "-k"}}  # flags the walk must see
+        "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
