@@ -28,6 +28,7 @@ from kd.apps.demo_config import DemoConfig  # (light, as the two below)
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
+from kd.apps.search_config import SearchConfig
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
@@ -468,22 +469,14 @@ def index_cmd(cfg: IndexConfig) -> None:
 
 
 @app.command("search")
-def search_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    query: Annotated[str, typer.Argument(help="Query text")],
-    student: Annotated[str | None, typer.Option(help="Student directory to embed the query")] = None,
-    teacher: Annotated[str | None, typer.Option(help="Teacher of the store to embed the query")] = None,
-    k: Annotated[int, typer.Option("-k", help="How many results", **_in(B.K))] = 10,
-    table: Annotated[str | None, typer.Option(help="Indexed table (default: the teacher's, or by dim)")] = None,
-    column: Annotated[str | None, typer.Option(help="Indexed column (default: teacher's default target)")] = None,
-    kind: Annotated[B.IndexKind | None, typer.Option(help="Index kind when several exist")] = None,
-) -> None:
+@_declared_by(SearchConfig)
+def search_cmd(cfg: SearchConfig) -> None:
     """Top-k texts of the store nearest to a query (build the index first with kd index)."""
     from rich.table import Table
 
-    from kd.apps.search import search_text
+    from kd.apps.search import search_store
 
-    res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
+    res = search_store(cfg)
     t = Table("rank", "score", "id", "text", caption=f"index {res.index.name}")
     for rank, (i, s, text) in enumerate(zip(res.ids[0], res.scores[0], res.texts[0]), 1):
         if s > float("-inf"):  # -inf: an approximate index found fewer than k rows

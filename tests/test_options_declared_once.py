@@ -21,6 +21,7 @@ from kd.apps.demo_config import DemoConfig
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
+from kd.apps.search_config import SearchConfig
 from kd.cli import app
 from kd.common import bounds as B
 from kd.common import options
@@ -44,18 +45,20 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
            "leakage": (LeakageConfig, "apps/leakage_config.py"),
            "export": (ExportConfig, "student/exporters/__init__.py"),
-           "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py")}
+           "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py"),
+           "search": (SearchConfig, "apps/search_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
          "validate": "validate", "leakage": "leakage",
          "export": "export_cmd", "cluster": "cluster_cmd",
-         "index": "index_cmd"}
+         "index": "index_cmd", "search": "search_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
         "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
         "leakage": {"--exclude-out"}, "export": {"--format", "--out"},
-        "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"}}  # flags the walk must see
+        "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"},
+        "search": {"-k", "--teacher"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
