@@ -40,6 +40,7 @@ from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
+from kd.student.embed_config import EmbedConfig
 from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig  # (the same)
@@ -345,22 +346,12 @@ def leakage(cfg: LeakageConfig) -> None:
 
 
 @app.command()
-def embed(
-    input: Annotated[str, typer.Argument(help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")],
-    student: Annotated[str, typer.Option("--student", help="Folder written by kd train-student")],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Store: the same store (default); file input: a Parquet file")] = None,  # noqa: E501
-    name: Annotated[str | None, typer.Option(help="Table students/NAME (default: the student folder name)")] = None,
-    text_column: Annotated[str | None, typer.Option(help="Text column of a .jsonl/.csv/.parquet input")] = None,
-    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 256,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N", **_device(False))] = "cpu",
-    overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student, or an --out file kd wrote")] = False,  # noqa: E501
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-) -> None:
+@_declared_by(EmbedConfig)
+def embed(cfg: EmbedConfig) -> None:
     """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
-    from kd.student.embed import embed as run
+    from kd.student.embed import run
 
-    s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
-            overwrite=overwrite, device=device, progress=progress)
+    s = run(cfg)
     where = f"table {s.table} of {s.output}" if s.table else s.output
     term.print(f"embedded {s.rows:,} rows into {where} ({s.shards_written} shard(s) written, "
                f"{s.shards_skipped} already done; {s.seconds:.1f} s)")

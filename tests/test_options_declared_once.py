@@ -32,6 +32,7 @@ from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
+from kd.student.embed_config import EmbedConfig
 from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig
@@ -46,19 +47,19 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "leakage": (LeakageConfig, "apps/leakage_config.py"),
            "export": (ExportConfig, "student/exporters/__init__.py"),
            "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py"),
-           "search": (SearchConfig, "apps/search_config.py")}
+           "search": (SearchConfig, "apps/search_config.py"), "embed": (EmbedConfig, "student/embed_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
          "validate": "validate", "leakage": "leakage",
          "export": "export_cmd", "cluster": "cluster_cmd",
-         "index": "index_cmd", "search": "search_cmd"}
+         "index": "index_cmd", "search": "search_cmd", "embed": "embed"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
         "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
         "leakage": {"--exclude-out"}, "export": {"--format", "--out"},
         "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"},
-        "search": {"-k", "--teacher"}}  # flags the walk must see
+        "search": {"-k", "--teacher"}, "embed": {"--student", "--batch-size"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
