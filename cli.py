@@ -28,6 +28,7 @@ from kd.apps.demo_config import DemoConfig  # (light, as the two below)
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
+from kd.apps.query_config import QueryConfig
 from kd.apps.search_config import SearchConfig
 from kd.common import bounds as B
 from kd.common import options
@@ -432,19 +433,12 @@ _data_out = Console()  # results of the dataset commands go to stdout
 
 
 @app.command("query")
-def query_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    sql: Annotated[str | None, typer.Argument(help="SQL; without it an interactive prompt reads stdin")] = None,
-    format: Annotated[B.QueryFormat, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
-    out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an --out file written by kd")] = False,
-) -> None:
+@_declared_by(QueryConfig)
+def query_cmd(cfg: QueryConfig) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
-    from kd.apps.query_shell import query, repl
+    from kd.apps.query_shell import shell
 
-    if sql is not None:
-        query(store, sql, format, out_file, _data_out, overwrite)
-    elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
+    if shell(cfg, _data_out, sys.stdin):
         raise typer.Exit(1)
 
 

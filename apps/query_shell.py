@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
+from typing import TextIO
 
 import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
+from kd.apps.query_config import QueryConfig
 from kd.common.errors import KdError
 from kd.dataset.query import Format, connect, export, run_query
 from kd.storage.schema import vector_shape
@@ -61,6 +63,15 @@ def render(result: pa.Table, max_rows: int = 50) -> Table:
     more = f" ({shown} shown; use --out FILE for all)" if shown < result.num_rows else ""
     t.caption = f"{result.num_rows} rows{more}"
     return t
+
+
+def shell(cfg: QueryConfig, console: Console, stdin: TextIO) -> int:
+    """`kd query`: print or write the result of `cfg.sql` (0 failures), or, without SQL, run the statements read
+    from `stdin` (`repl`: a prompt when it is a terminal); returns how many statements failed."""
+    if cfg.sql is not None:
+        query(cfg.store, cfg.sql, cfg.format, cfg.out_file, console, cfg.overwrite)
+        return 0
+    return repl(cfg.store, stdin, console, interactive=stdin.isatty())
 
 
 def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console,

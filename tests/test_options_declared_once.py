@@ -21,6 +21,7 @@ from kd.apps.demo_config import DemoConfig
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
+from kd.apps.query_config import QueryConfig
 from kd.apps.search_config import SearchConfig
 from kd.cli import app
 from kd.common import bounds as B
@@ -47,19 +48,22 @@ CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (T
            "leakage": (LeakageConfig, "apps/leakage_config.py"),
            "export": (ExportConfig, "student/exporters/__init__.py"),
            "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py"),
-           "search": (SearchConfig, "apps/search_config.py"), "embed": (EmbedConfig, "student/embed_config.py")}
+           "search": (SearchConfig, "apps/search_config.py"), "embed": (EmbedConfig, "student/embed_config.py"),
+           "query": (QueryConfig, "apps/query_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
          "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
          "validate": "validate", "leakage": "leakage",
          "export": "export_cmd", "cluster": "cluster_cmd",
-         "index": "index_cmd", "search": "search_cmd", "embed": "embed"}
+         "index": "index_cmd", "search": "search_cmd", "embed": "embed",
+         "query": "query_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
         "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
         "leakage": {"--exclude-out"}, "export": {"--format", "--out"},
         "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"},
-        "search": {"-k", "--teacher"}, "embed": {"--student", "--batch-size"}}  # flags the walk must see
+        "search": {"-k", "--teacher"}, "embed": {"--student", "--batch-size"},
+        "query": {"--format", "--out"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
