@@ -23,6 +23,7 @@ import numpy as np
 from kd.apps import tasks
 from kd.apps.leakage_config import LeakageConfig
 from kd.common.errors import InputError
+from kd.common.options import with_options
 from kd.common.outputs import claim_output, write_text
 from kd.storage.store import Store
 
@@ -75,6 +76,9 @@ def claim_exclude_out(path: str | Path, overwrite: bool = False, store: str | No
 def check_store(store_path: str, sets: dict[str, list[str]] | None = None, **options: Any) -> Overlap:
     """`leakage` of the store at `store_path`; `options` are `LeakageConfig`'s fields (exclude_out, overwrite)."""
     return leakage(LeakageConfig(store_path, **options), sets)
+
+
+with_options(check_store, LeakageConfig, ("store",))  # help(check_store) lists the config's keywords
 
 
 def leakage(cfg: LeakageConfig, sets: dict[str, list[str]] | None = None) -> Overlap:

@@ -19,6 +19,7 @@ import numpy as np
 
 from kd.apps.search_config import SearchConfig
 from kd.common.errors import InputError, KdError
+from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.storage.store import Store
 
@@ -58,6 +59,9 @@ def search_text(store_path: str | os.PathLike, query: str, **options: Any) -> Se
     """`search_store` of `query` in the store at `store_path`; `options` are `SearchConfig`'s fields (student or
     teacher, k, table, column, kind)."""
     return search_store(SearchConfig(store_path, query, **options))
+
+
+with_options(search_text, SearchConfig, ("store",))  # help(search_text) lists the config's keywords
 
 
 def search_store(cfg: SearchConfig) -> SearchResult:

@@ -37,6 +37,7 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
 from kd.common import bounds as B
+from kd.common.options import with_options
 from kd.dataset.cluster_config import ClusterConfig
 from kd.dataset.index import IndexKind, make_index, normalize, read_vectors, vector_column
 from kd.dataset.query import resolve_table, view_names
@@ -169,6 +170,9 @@ def cluster_store(store_path: str | os.PathLike, table: str, column: str, thresh
                   **options: Any) -> ClusterSummary:
     """`cluster` the store at `store_path`; `options` are `ClusterConfig`'s fields (method, exact_max, k)."""
     return cluster(ClusterConfig(store_path, table, column, threshold, **options))
+
+
+with_options(cluster_store, ClusterConfig, ("store",))  # help(cluster_store) lists the config's keywords
 
 
 def cluster(cfg: ClusterConfig) -> ClusterSummary:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.finite import non_finite_rows
+from kd.common.options import with_options
 from kd.common.outputs import claim_output, write_file
 from kd.common.progress import Bar
 from kd.storage import fs
@@ -67,6 +68,9 @@ def embed(student: str | os.PathLike, input: str, out: str | None = None, **opti
     """`run` for `student`'s vectors of `input`; `options` are `EmbedConfig`'s fields (name, text_column,
     batch_size, device, overwrite, progress)."""
     return run(EmbedConfig(input, student, out, **options))
+
+
+with_options(embed, EmbedConfig, ("input", "student", "out"))  # help(embed) lists the config's keywords
 
 
 def run(cfg: EmbedConfig) -> EmbedSummary:

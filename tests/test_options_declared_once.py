@@ -184,6 +184,18 @@ def test_the_configs_refuse_by_the_declared_flag():
     with pytest.raises(KdError, match="--objective") as e:
         TrainConfig("S", "O", objectives=[])
     assert e.value.where == "--objective"
+    with pytest.raises(KdError, match="--batch-size 0 must be in"):
+        EmbedConfig("in.txt", "S", batch_size=0)
+    with pytest.raises(KdError, match="-k 0 must be in"):
+        SearchConfig("S", "rates rose", teacher="minilm", k=0)
+    with pytest.raises(KdError, match="--threshold 0.0 must be in"):
+        ClusterConfig("S", "minilm", "sentence", 0.0)
+    with pytest.raises(KdError, match="--exact-max 0 must be in"):
+        ClusterConfig("S", "minilm", "sentence", 0.5, exact_max=0)
+    with pytest.raises(KdError, match="--quantize int8 is for --format onnx"):
+        ExportConfig("S", "O", quantize="int8")
+    with pytest.raises(KdError, match="--repair must be True or False"):  # a Python caller's wrong type
+        ValidateConfig("S", repair="yes")
 
 
 def test_check_ranges_reads_any_declared_field():

@@ -20,7 +20,7 @@ from typing import Any
 
 from kd.common.bounds import ExportFormat, Quantize, choices
 from kd.common.errors import InputError, located
-from kd.common.options import check_ranges, option
+from kd.common.options import check_ranges, option, with_options
 
 FORMATS = choices(ExportFormat)
 QUANTIZE = choices(Quantize)
@@ -73,6 +73,9 @@ def export_student(student_dir: str | os.PathLike, fmt: str, out: str | os.PathL
     """The student at `student_dir` exported as `fmt` into `out`; `options` are `ExportConfig`'s fields
     (overwrite, quantize). Checked before anything is read or written."""
     return _write(ExportConfig(student_dir, out, format=fmt, **options))
+
+
+with_options(export_student, ExportConfig, ("student", "format", "out"))  # help() lists the config's keywords
 
 
 def _write(cfg: ExportConfig) -> Path:
