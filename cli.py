@@ -27,13 +27,22 @@ from typer.core import TyperGroup
 from kd.apps.demo_config import DemoConfig  # (light, as the two below)
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
+from kd.apps.leakage_config import LeakageConfig
+from kd.apps.query_config import QueryConfig
+from kd.apps.search_config import SearchConfig
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
 from kd.common.stop import Stopped, sigterm_interrupts
+from kd.dataset.cluster_config import ClusterConfig
+from kd.dataset.index_config import IndexConfig
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
+from kd.storage.info_config import InfoConfig
+from kd.storage.validate_config import ValidateConfig
+from kd.student.embed_config import EmbedConfig
+from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig  # (the same)
 
@@ -280,34 +289,28 @@ def precompute(job: PrecomputeJob) -> None:
 
 
 @app.command()
-def info(store: Annotated[str, typer.Argument(help="Store folder or URI")]) -> None:
+@_declared_by(InfoConfig)
+def info(cfg: InfoConfig) -> None:
     """Print a store's manifest summary: inputs, tables, shards, teachers."""
-    from kd.storage.info import summary_table
+    from kd.storage.info import info as summary
 
-    term.print(summary_table(store))
+    term.print(summary(cfg))
 
 
 @app.command()
-def validate(
-    store: Annotated[str, typer.Argument(help="Store folder or URI")],
-    repair: Annotated[bool, typer.Option(help="Drop damaged shards from the record (re-run precompute to redo them)")] = False,  # noqa: E501
-) -> None:
+@_declared_by(ValidateConfig)
+def validate(cfg: ValidateConfig) -> None:
     """Re-check checksums, schemas and id alignment of every shard; exit 1 on any problem."""
-    from kd.storage.validate import check
+    from kd.storage.validate import validate_store
 
-    if repair:
-        from kd.storage.repair import describe
-        from kd.storage.repair import repair as run_repair
-
-        lines = describe(run_repair(store))
-        for line in lines:
-            term.print(f"[yellow]repair[/] {line}")
-    _, problems = check(store)
-    for p in problems:
+    res = validate_store(cfg)
+    for line in res.repaired:
+        term.print(f"[yellow]repair[/] {line}")
+    for p in res.problems:
         term.print(f"[red]problem[/] {p}")
-    if problems:
+    if res.problems:
         raise typer.Exit(1)
-    term.print(f"[green]ok[/] {store}: every shard matches the manifest")
+    term.print(f"[green]ok[/] {cfg.store}: every shard matches the manifest")
 
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)
@@ -326,66 +329,45 @@ def train_student(cfg: TrainConfig) -> None:
 
 
 @app.command()
-def leakage(
-    store: Annotated[str, typer.Argument(help="Store written by kd precompute")],
-    exclude_out: Annotated[str | None, typer.Option(help="Write the overlapping rows' ids here (for train-student --exclude-ids)")] = None,  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace an --exclude-out file written by kd")] = False,
-) -> None:
+@_declared_by(LeakageConfig)
+def leakage(cfg: LeakageConfig) -> None:
     """Check a store against the evaluation sets: which rows are STS-B / SST-2 / clustering texts?"""
     from rich.table import Table
 
-    from kd.apps.leakage import check_store
+    from kd.apps.leakage import leakage as check
 
-    res = check_store(store, exclude_out=exclude_out, overwrite=overwrite)
+    res = check(cfg)
     table = Table("evaluation set", "texts", "found in the store", "store rows")
     for name, (n, found, rows) in res.sets.items():
         table.add_row(name, f"{n:,}", f"{found:,} ({100 * found / max(1, n):.1f} %)", f"{rows:,}")
     term.print(table)
     term.print(f"{len(res.ids):,} of {res.rows:,} store rows overlap an evaluation set")
-    if exclude_out:
-        term.print(f"their ids are in {exclude_out}: kd train-student ... --exclude-ids {exclude_out}")
+    if cfg.exclude_out:
+        term.print(f"their ids are in {cfg.exclude_out}: kd train-student ... --exclude-ids {cfg.exclude_out}")
 
 
 @app.command()
-def embed(
-    input: Annotated[str, typer.Argument(help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")],
-    student: Annotated[str, typer.Option("--student", help="Folder written by kd train-student")],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Store: the same store (default); file input: a Parquet file")] = None,  # noqa: E501
-    name: Annotated[str | None, typer.Option(help="Table students/NAME (default: the student folder name)")] = None,
-    text_column: Annotated[str | None, typer.Option(help="Text column of a .jsonl/.csv/.parquet input")] = None,
-    batch_size: Annotated[int, typer.Option(**_in(B.BATCH))] = 256,
-    device: Annotated[str, typer.Option(help="cpu | cuda | cuda:N", **_device(False))] = "cpu",
-    overwrite: Annotated[bool, typer.Option(help="Replace students/NAME written by another student, or an --out file kd wrote")] = False,  # noqa: E501
-    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-) -> None:
+@_declared_by(EmbedConfig)
+def embed(cfg: EmbedConfig) -> None:
     """Write a student's vectors: an aligned table students/NAME of a store, or a Parquet file."""
-    from kd.student.embed import embed as run
+    from kd.student.embed import run
 
-    s = run(student, input, out, name=name, text_column=text_column, batch_size=batch_size,
-            overwrite=overwrite, device=device, progress=progress)
+    s = run(cfg)
     where = f"table {s.table} of {s.output}" if s.table else s.output
     term.print(f"embedded {s.rows:,} rows into {where} ({s.shards_written} shard(s) written, "
                f"{s.shards_skipped} already done; {s.seconds:.1f} s)")
 
 
 @app.command("export")
-def export_cmd(
-    student: Annotated[str, typer.Argument(help="Folder written by kd train-student")],
-    out: Annotated[str, typer.Option("--out", "-o", help="Folder to write (new or empty)")],
-    format: Annotated[B.ExportFormat, typer.Option("--format", help="sentence-transformers | onnx")] = "sentence-transformers",  # noqa: E501
-    quantize: Annotated[B.Quantize, typer.Option(help="none | int8: int8 weights for the ONNX graph's matrix products (--format onnx; the token table stays fp32): smaller, faster on ONNX Runtime, quality within 0.3 STS-B in docs/results.md")] = "none",  # noqa: E501
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty --out")] = False,
-) -> None:
+@_declared_by(ExportConfig)
+def export_cmd(cfg: ExportConfig) -> None:
     """Write a student as a sentence-transformers directory or an ONNX model (same vectors; --quantize int8: close)."""
-    from kd.common.progress import step
-    from kd.student.exporters import export_note, export_student
+    from kd.student.exporters import export
 
-    with step(f"exporting {student} as {format}" + ("" if quantize == "none" else f" {quantize}")):
-        path = export_student(student, format, out, overwrite, quantize)
-    term.print(f"{format} export written to {path}")
-    note = export_note(student, format)
-    if note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
-        term.print(f"[yellow]note:[/] {escape(note)}")
+    res = export(cfg)
+    term.print(f"{cfg.format} export written to {res.path}")
+    if res.note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
+        term.print(f"[yellow]note:[/] {escape(res.note)}")
 
 
 # --- evaluation and demo -------------------------------------------------------------------------
@@ -451,57 +433,35 @@ _data_out = Console()  # results of the dataset commands go to stdout
 
 
 @app.command("query")
-def query_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    sql: Annotated[str | None, typer.Argument(help="SQL; without it an interactive prompt reads stdin")] = None,
-    format: Annotated[B.QueryFormat, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
-    out_file: Annotated[str | None, typer.Option("--out", "-o", help="Write the result to this file")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an --out file written by kd")] = False,
-) -> None:
+@_declared_by(QueryConfig)
+def query_cmd(cfg: QueryConfig) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
-    from kd.apps.query_shell import query, repl
+    from kd.apps.query_shell import shell
 
-    if sql is not None:
-        query(store, sql, format, out_file, _data_out, overwrite)
-    elif repl(store, sys.stdin, _data_out, interactive=sys.stdin.isatty()):
+    if shell(cfg, _data_out, sys.stdin):
         raise typer.Exit(1)
 
 
 @app.command("index")
-def index_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    table: Annotated[str | None, typer.Option(help="Table: view name (minilm) or path (teachers/minilm); default: the first teacher")] = None,  # noqa: E501
-    column: Annotated[str | None, typer.Option(help="1-D vector column, e.g. sentence; default: sentence, else mean")] = None,  # noqa: E501
-    kind: Annotated[B.IndexKind, typer.Option(help="flat (exact) | ivf | hnsw")] = "flat",
-) -> None:
+@_declared_by(IndexConfig)
+def index_cmd(cfg: IndexConfig) -> None:
     """Build a faiss cosine index of a vector column, saved in the store."""
-    from kd.dataset.index import build_index, default_vector
+    from kd.dataset.index import index_store
 
-    if table is None or column is None:
-        table, column = default_vector(store, table, column)
-        console.print(f"indexing {table}.{column} (pass --table/--column to choose another)")
-    info = build_index(store, table, column, kind)
+    info = index_store(cfg, chosen=console.print)
     _data_out.print(f"indexed {info.rows:,} rows of {info.table}.{info.column} ({info.kind}, {info.device})")
     _data_out.print(f"saved {info.file}")
 
 
 @app.command("search")
-def search_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    query: Annotated[str, typer.Argument(help="Query text")],
-    student: Annotated[str | None, typer.Option(help="Student directory to embed the query")] = None,
-    teacher: Annotated[str | None, typer.Option(help="Teacher of the store to embed the query")] = None,
-    k: Annotated[int, typer.Option("-k", help="How many results", **_in(B.K))] = 10,
-    table: Annotated[str | None, typer.Option(help="Indexed table (default: the teacher's, or by dim)")] = None,
-    column: Annotated[str | None, typer.Option(help="Indexed column (default: teacher's default target)")] = None,
-    kind: Annotated[B.IndexKind | None, typer.Option(help="Index kind when several exist")] = None,
-) -> None:
+@_declared_by(SearchConfig)
+def search_cmd(cfg: SearchConfig) -> None:
     """Top-k texts of the store nearest to a query (build the index first with kd index)."""
     from rich.table import Table
 
-    from kd.apps.search import search_text
+    from kd.apps.search import search_store
 
-    res = search_text(store, query, student=student, teacher=teacher, table=table, column=column, kind=kind, k=k)
+    res = search_store(cfg)
     t = Table("rank", "score", "id", "text", caption=f"index {res.index.name}")
     for rank, (i, s, text) in enumerate(zip(res.ids[0], res.scores[0], res.texts[0]), 1):
         if s > float("-inf"):  # -inf: an approximate index found fewer than k rows
@@ -510,19 +470,12 @@ def search_cmd(
 
 
 @app.command("cluster")
-def cluster_cmd(
-    store: Annotated[str, typer.Argument(help="Store folder")],
-    table: Annotated[str, typer.Option(help="Table: view name (minilm) or path (teachers/minilm)")],
-    column: Annotated[str, typer.Option(help="1-D vector column, e.g. sentence")],
-    threshold: Annotated[float, typer.Option(help="Cosine distance (1 - cos) under which clusters merge", **_in(B.COSINE_DISTANCE))],  # noqa: E501
-    method: Annotated[B.ClusterMethod, typer.Option(help="auto | exact | knn (faiss kNN graph, for big stores)")] = "auto",  # noqa: E501
-    exact_max: Annotated[int, typer.Option(help="Largest row count clustered exactly", **_in(B.EXACT_ROWS))] = 20000,
-    k: Annotated[int, typer.Option("-k", help="Neighbours per row in the kNN graph", **_in(B.K))] = 30,
-) -> None:
+@_declared_by(ClusterConfig)
+def cluster_cmd(cfg: ClusterConfig) -> None:
     """Agglomerative clustering (cosine, average linkage) into table derived/clusters-<table>-<column>."""
-    from kd.dataset.cluster import cluster_store
+    from kd.dataset.cluster import cluster
 
-    s = cluster_store(store, table, column, threshold, method=method, exact_max=exact_max, k=k)
+    s = cluster(cfg)
     _data_out.print(
         f"{s.rows:,} rows -> {s.clusters:,} clusters ({s.method}; largest {s.largest:,}, {s.singletons:,} singletons) "
         f"in {s.table}"

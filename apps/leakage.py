@@ -16,11 +16,14 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from kd.apps import tasks
+from kd.apps.leakage_config import LeakageConfig
 from kd.common.errors import InputError
+from kd.common.options import with_options
 from kd.common.outputs import claim_output, write_text
 from kd.storage.store import Store
 
@@ -70,10 +73,18 @@ def claim_exclude_out(path: str | Path, overwrite: bool = False, store: str | No
     claim_output(path, "kd leakage", inputs=[store], overwrite=overwrite, file=True, flag="--exclude-out")
 
 
-def check_store(store_path: str, sets: dict[str, list[str]] | None = None, *, exclude_out: str | None = None,
-                overwrite: bool = False) -> Overlap:
-    """Overlap of a store's texts with evaluation sets (see the module docstring); with `exclude_out` the
-    overlapping ids are written there (the path checked before the work)."""
+def check_store(store_path: str, sets: dict[str, list[str]] | None = None, **options: Any) -> Overlap:
+    """`leakage` of the store at `store_path`; `options` are `LeakageConfig`'s fields (exclude_out, overwrite)."""
+    return leakage(LeakageConfig(store_path, **options), sets)
+
+
+with_options(check_store, LeakageConfig, ("store",))  # help(check_store) lists the config's keywords
+
+
+def leakage(cfg: LeakageConfig, sets: dict[str, list[str]] | None = None) -> Overlap:
+    """Overlap of a store's texts with evaluation sets (`eval_sets` by default; see the module docstring); with
+    `cfg.exclude_out` the overlapping ids are written there (the path checked before the work)."""
+    store_path, exclude_out, overwrite = cfg.store, cfg.exclude_out, cfg.overwrite
     if exclude_out is not None:
         claim_exclude_out(exclude_out, overwrite, store_path)
     store = Store.open(store_path, content=True)

@@ -14,12 +14,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
+from typing import TextIO
 
 import pyarrow as pa
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from kd.apps.query_config import QueryConfig
 from kd.common.errors import KdError
 from kd.dataset.query import Format, connect, export, head
 from kd.storage.schema import vector_shape
@@ -64,6 +66,15 @@ def render(result: pa.Table, more: bool) -> Group:
     count = (f"the first {result.num_rows} rows; there are more: use --out FILE for all" if more
              else f"{result.num_rows} rows")
     return Group(t, Text(count, style="dim"))
+
+
+def shell(cfg: QueryConfig, console: Console, stdin: TextIO) -> int:
+    """`kd query`: print or write the result of `cfg.sql` (0 failures), or, without SQL, run the statements read
+    from `stdin` (`repl`: a prompt when it is a terminal); returns how many statements failed."""
+    if cfg.sql is not None:
+        query(cfg.store, cfg.sql, cfg.format, cfg.out_file, console, cfg.overwrite)
+        return 0
+    return repl(cfg.store, stdin, console, interactive=stdin.isatty())
 
 
 def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Console,

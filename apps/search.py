@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
-from kd.common import bounds as B
+from kd.apps.search_config import SearchConfig
 from kd.common.errors import InputError, KdError
+from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.storage.store import Store
 
@@ -53,27 +55,22 @@ def _student_vector(student_dir: str, text: str) -> np.ndarray:
     return np.asarray(student.load(student_dir).encode([text]))[0]
 
 
-def search_text(
-    store_path: str | os.PathLike,
-    query: str,
-    *,
-    student: str | None = None,
-    teacher: str | None = None,
-    table: str | None = None,
-    column: str | None = None,
-    kind: str | None = None,
-    k: int = 10,
-) -> SearchResult:
-    """Embed `query` with exactly one of student/teacher and return the top-k rows of the store."""
-    B.check("kd search options", ("-k", k, B.K))
-    if not isinstance(query, str) or not query.strip():  # an empty text has no meaning to be near to
-        raise InputError("the query text is empty", "kd search QUERY", 'pass the text to search for, e.g. "rates rose"')
-    if (student is None) == (teacher is None):
-        raise InputError("give exactly one query encoder", "kd search", "pass --student DIR or --teacher NAME")
-    store = Store.open(store_path, content=True)
-    if teacher is not None:
-        vec, teacher_table, column = _teacher_vector(store, teacher, query, column)
+def search_text(store_path: str | os.PathLike, query: str, **options: Any) -> SearchResult:
+    """`search_store` of `query` in the store at `store_path`; `options` are `SearchConfig`'s fields (student or
+    teacher, k, table, column, kind)."""
+    return search_store(SearchConfig(store_path, query, **options))
+
+
+with_options(search_text, SearchConfig, ("store",))  # help(search_text) lists the config's keywords
+
+
+def search_store(cfg: SearchConfig) -> SearchResult:
+    """Embed `cfg.query` with exactly one of student/teacher and return the top-k rows of the store."""
+    store = Store.open(cfg.store, content=True)
+    table, column = cfg.table, cfg.column
+    if cfg.teacher is not None:
+        vec, teacher_table, column = _teacher_vector(store, cfg.teacher, cfg.query, column)
         table = table or teacher_table
     else:
-        vec = _student_vector(student, query)
-    return search(store, vec[None, :], k, table=table, column=column, kind=kind)
+        vec = _student_vector(cfg.student, cfg.query)
+    return search(store, vec[None, :], cfg.k, table=table, column=column, kind=cfg.kind)

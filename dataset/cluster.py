@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,8 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 
 from kd.common import bounds as B
+from kd.common.options import with_options
+from kd.dataset.cluster_config import ClusterConfig
 from kd.dataset.index import IndexKind, make_index, normalize, read_vectors, vector_column
 from kd.dataset.query import resolve_table, view_names
 from kd.storage.store import Store, drop_table, open_writer
@@ -117,7 +120,8 @@ def _resolve_method(method: Method, n: int, exact_max: int) -> Method:
 
 
 def agglomerative(
-    x: np.ndarray, threshold: float, *, method: Method = Method.auto, exact_max: int = 20000, k: int = 30,
+    x: np.ndarray, threshold: float, *, method: Method = Method.auto,
+    exact_max: int = ClusterConfig.exact_max, k: int = ClusterConfig.k,  # the defaults of kd cluster's options
     knn_kind: IndexKind | None = None,
 ) -> np.ndarray:
     """Cluster ids (0..c-1, by first occurrence) of the rows of `x`; see the module docstring."""
@@ -162,18 +166,26 @@ def cluster_table_name(store: Store, table: str, column: str) -> str:
     return f"derived/clusters-{view_names(store.manifest)[table]}-{column}"
 
 
-def cluster_store(
-    store_path: str | os.PathLike, table: str, column: str, threshold: float, *, method: Method = Method.auto,
-    exact_max: int = 20000, k: int = 30,
-) -> ClusterSummary:
+def cluster_store(store_path: str | os.PathLike, table: str, column: str, threshold: float,
+                  **options: Any) -> ClusterSummary:
+    """`cluster` the store at `store_path`; `options` are `ClusterConfig`'s fields (method, exact_max, k)."""
+    return cluster(ClusterConfig(store_path, table, column, threshold, **options))
+
+
+with_options(cluster_store, ClusterConfig, ("store",))  # help(cluster_store) lists the config's keywords
+
+
+def cluster(cfg: ClusterConfig) -> ClusterSummary:
     """Cluster a vector column and write `derived/clusters-<view>-<column>` (the `kd cluster` command).
 
     - Reads the column in shard order, clusters, writes one shard per source shard (same ids, order).
     - Re-running replaces the table: its manifest entry is dropped first, because the manifest
       refuses a table whose settings or shard contents change under the same name.
     """
+    store_path, column, threshold, method, exact_max, k = (cfg.store, cfg.column, cfg.threshold, cfg.method,
+                                                           cfg.exact_max, cfg.k)
     store = Store.open(store_path, content=True)
-    table = resolve_table(store, table)
+    table = resolve_table(store, cfg.table)
     vector_column(store, table, column)
     ids, x, sizes = read_vectors(store, table, column)
     labels = agglomerative(x, threshold, method=method, exact_max=exact_max, k=k)

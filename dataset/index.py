@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -26,6 +27,7 @@ import pyarrow.compute as pc
 
 from kd.common.errors import InputError, StoreError
 from kd.common.finite import OUT_OF_RANGE, unusable_rows
+from kd.dataset.index_config import IndexConfig
 from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
 from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
@@ -148,7 +150,18 @@ def index_name(store: Store, table: str, column: str, kind: IndexKind) -> str:
     return f"{view_names(store.manifest)[table]}-{column}-{IndexKind(kind).value}"
 
 
-def build_index(store_path: str | os.PathLike, table: str, column: str, kind: IndexKind = IndexKind.flat) -> IndexInfo:
+def index_store(cfg: IndexConfig, chosen: Callable[[str], None] = lambda line: None) -> IndexInfo:
+    """`kd index`: `build_index` of the configured column; a table or column not given is `default_vector`'s,
+    said to `chosen` before the work."""
+    table, column = cfg.table, cfg.column
+    if table is None or column is None:
+        table, column = default_vector(cfg.store, table, column)
+        chosen(f"indexing {table}.{column} (pass --table/--column to choose another)")
+    return build_index(cfg.store, table, column, cfg.kind)
+
+
+def build_index(store_path: str | os.PathLike, table: str, column: str,
+                kind: IndexKind | str = IndexConfig.kind) -> IndexInfo:  # (kd index's default kind)
     """Index a vector column of a store and record it in the manifest (the `kd index` command).
 
     - Reads the column in shard order, L2-normalises it, builds the faiss index (GPU if any).

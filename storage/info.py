@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from kd.storage.info_config import InfoConfig
 from kd.storage.manifest import Manifest, TableRecord, plan_problems
 from kd.storage.store import Store
 
@@ -32,6 +33,11 @@ def _rows_line(m: Manifest) -> str:
     if problems:
         return "[red]unknown: the manifest's counts disagree[/] (" + "; ".join(problems) + "; run kd validate)"
     return f"{m.inputs.get('num_rows', 0):,} in {m.num_shards} shard(s) of {m.inputs.get('rows_per_shard', 0):,}"
+
+
+def info(cfg: InfoConfig) -> Group:
+    """`kd info`: the summary of `cfg.store` (`summary_table`)."""
+    return summary_table(cfg.store)
 
 
 def summary_table(store_path: str) -> Group:

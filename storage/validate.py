@@ -27,6 +27,7 @@ from kd.storage.soundness import (
     values_problems,
 )
 from kd.storage.store import Store
+from kd.storage.validate_config import ValidateConfig
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,26 @@ def _ids_problem(store: Store, name: str, k: int, shard, ids: pa.Array, text_ids
     if shard.ids not in (None, digest):
         return "ids do not match the digest the manifest records for them"
     return None
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What `kd validate` found: the store's problems (none: sound), and what --repair did first."""
+
+    store: Store
+    problems: list[Problem]
+    repaired: list[str]  # storage.repair.describe's lines; empty without --repair
+
+
+def validate_store(cfg: ValidateConfig) -> Validation:
+    """`kd validate`: repair first when asked (storage.repair), then re-check every shard (`check`)."""
+    repaired = []
+    if cfg.repair:
+        from kd.storage.repair import describe, repair
+
+        repaired = describe(repair(cfg.store))
+    store, problems = check(cfg.store)
+    return Validation(store, problems, repaired)
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:

@@ -18,15 +18,15 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.common import bounds as B
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.finite import non_finite_rows
-from kd.common.hardware import check_device
+from kd.common.options import with_options
 from kd.common.outputs import claim_output, write_file
 from kd.common.progress import Bar
 from kd.storage import fs
@@ -34,6 +34,7 @@ from kd.storage.manifest import Manifest
 from kd.storage.names import check_name
 from kd.storage.schema import VectorDType, type_name, vector_type, vectors_to_arrow
 from kd.storage.store import Store, open_writer
+from kd.student.embed_config import EmbedConfig
 from kd.student.saved import LoadedStudent, load
 
 
@@ -63,30 +64,37 @@ def student_meta(st: LoadedStudent) -> dict:
     }
 
 
-def embed(student: str | os.PathLike, input: str, out: str | None = None, *, name: str | None = None,
-          text_column: str | None = None, batch_size: int = 256, overwrite: bool = False,
-          device: str = "cpu", progress: bool = True) -> EmbedSummary:
+def embed(student: str | os.PathLike, input: str, out: str | None = None, **options: Any) -> EmbedSummary:
+    """`run` for `student`'s vectors of `input`; `options` are `EmbedConfig`'s fields (name, text_column,
+    batch_size, device, overwrite, progress)."""
+    return run(EmbedConfig(input, student, out, **options))
+
+
+with_options(embed, EmbedConfig, ("input", "student", "out"))  # help(embed) lists the config's keywords
+
+
+def run(cfg: EmbedConfig) -> EmbedSummary:
     """Embed a store (into `students/<name>` of that store) or a text file (into Parquet at `out`)."""
     t0 = time.perf_counter()
-    B.check("kd embed options", ("--batch-size", batch_size, B.BATCH))
-    check_device(device)
+    input, out = cfg.input, cfg.out
     if _is_store(input):
         if out is not None and fs.resolve(out) != fs.resolve(input):
             raise InputError("a store's student vectors are written into that store", out,
                              f"leave --out off, or pass --out {input}")
-        if text_column is not None:  # a store's texts are its `texts` table: the option would be ignored
+        if cfg.text_column is not None:  # a store's texts are its `texts` table: the option would be ignored
             raise InputError("--text-column is for file inputs; a store's texts are its own", input,
                              "drop --text-column")
-        table_name = check_name(Path(student).resolve().name if name is None else name, "student table name (--name)")
-        st = load(student, device=device)
-        return _embed_store(st, input, table_name, batch_size, overwrite, progress, t0)
+        table_name = check_name(Path(cfg.student).resolve().name if cfg.name is None else cfg.name,
+                                "student table name (--name)")
+        st = load(cfg.student, device=cfg.device)
+        return _embed_store(st, input, table_name, cfg.batch_size, cfg.overwrite, cfg.progress, t0)
     if out is None:
         raise InputError("--out is needed for a file input (a Parquet file to write)", input,
                          "pass --out vectors.parquet")
-    claim_output(out, "kd embed", inputs=[input, student], overwrite=overwrite, file=True)
-    texts = read_texts(input, text_column)
-    st = load(student, device=device)
-    vecs = finite_vectors(st.encode(texts, batch_size=batch_size), np.arange(len(texts)), input)
+    claim_output(out, "kd embed", inputs=[input, cfg.student], overwrite=cfg.overwrite, file=True)
+    texts = read_texts(input, cfg.text_column)
+    st = load(cfg.student, device=cfg.device)
+    vecs = finite_vectors(st.encode(texts, batch_size=cfg.batch_size), np.arange(len(texts)), input)
     table = pa.table({"row": pa.array(np.arange(len(texts), dtype=np.int64)), "text": pa.array(texts),
                       "embedding": vectors_to_arrow(vecs, VectorDType.float32)})
     write_file(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"), "kd embed")  # whole or not at all

@@ -1,5 +1,6 @@
-"""Each option of `kd precompute`, `kd train-student`, `kd eval`, `kd distill`, `kd demo`, `kd finetune` and
-`kd finetune-teacher` is declared once, on its config field (issue 40).
+"""Each option of every kd command (`kd precompute`, `kd train-student`, `kd eval`, `kd distill`, `kd demo`,
+`kd finetune`, `kd finetune-teacher`, `kd info`, `kd validate`, ...: the CONFIGS table) is declared once, on its
+config field (issues 40 and 52).
 
 The CLI's parameters are built from the fields (flag, help, range, choices, default), the configs check their
 ranges from the same fields, and no flag is written as a string in a second place.
@@ -19,12 +20,21 @@ from typer.testing import CliRunner
 from kd.apps.demo_config import DemoConfig
 from kd.apps.distill_config import DistillConfig
 from kd.apps.eval_config import EvalConfig
+from kd.apps.leakage_config import LeakageConfig
+from kd.apps.query_config import QueryConfig
+from kd.apps.search_config import SearchConfig
 from kd.cli import app
 from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import KdError
+from kd.dataset.cluster_config import ClusterConfig
+from kd.dataset.index_config import IndexConfig
 from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
+from kd.storage.info_config import InfoConfig
+from kd.storage.validate_config import ValidateConfig
+from kd.student.embed_config import EmbedConfig
+from kd.student.exporters import ExportConfig
 from kd.student.finetune_config import FinetuneConfig
 from kd.student.train_config import TrainConfig
 
@@ -33,13 +43,27 @@ COMMANDS = typer.main.get_command(app).commands
 CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py"),
            "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
            "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
-           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py")}
+           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py"),
+           "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
+           "leakage": (LeakageConfig, "apps/leakage_config.py"),
+           "export": (ExportConfig, "student/exporters/__init__.py"),
+           "cluster": (ClusterConfig, "dataset/cluster_config.py"), "index": (IndexConfig, "dataset/index_config.py"),
+           "search": (SearchConfig, "apps/search_config.py"), "embed": (EmbedConfig, "student/embed_config.py"),
+           "query": (QueryConfig, "apps/query_config.py")}
 ENTRY = {"precompute": "precompute", "train-student": "train_student", "distill": "distill", "demo": "demo",
-         "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd"}
+         "eval": "eval_", "finetune": "finetune_cmd", "finetune-teacher": "finetune_teacher_cmd", "info": "info",
+         "validate": "validate", "leakage": "leakage",
+         "export": "export_cmd", "cluster": "cluster_cmd",
+         "index": "index_cmd", "search": "search_cmd", "embed": "embed",
+         "query": "query_cmd"}
 SEEN = {"precompute": {"--shard-rows", "--batch-tokens"}, "train-student": {"--batch-size", "--layers"},
         "distill": {"--leakage", "--shard-rows"}, "demo": {"--epochs", "--quick"},
         "eval": {"--task", "--json"}, "finetune": {"--kd-store", "--hidden"},
-        "finetune-teacher": {"--base", "--warmup"}}  # flags the walk must see
+        "finetune-teacher": {"--base", "--warmup"}, "info": set(), "validate": {"--repair"},
+        "leakage": {"--exclude-out"}, "export": {"--format", "--out"},
+        "cluster": {"--threshold", "-k"}, "index": {"--table", "--kind"},
+        "search": {"-k", "--teacher"}, "embed": {"--student", "--batch-size"},
+        "query": {"--format", "--out"}}  # flags the walk must see
 
 
 def _flags(command: str) -> set[str]:
@@ -160,6 +184,18 @@ def test_the_configs_refuse_by_the_declared_flag():
     with pytest.raises(KdError, match="--objective") as e:
         TrainConfig("S", "O", objectives=[])
     assert e.value.where == "--objective"
+    with pytest.raises(KdError, match="--batch-size 0 must be in"):
+        EmbedConfig("in.txt", "S", batch_size=0)
+    with pytest.raises(KdError, match="-k 0 must be in"):
+        SearchConfig("S", "rates rose", teacher="minilm", k=0)
+    with pytest.raises(KdError, match="--threshold 0.0 must be in"):
+        ClusterConfig("S", "minilm", "sentence", 0.0)
+    with pytest.raises(KdError, match="--exact-max 0 must be in"):
+        ClusterConfig("S", "minilm", "sentence", 0.5, exact_max=0)
+    with pytest.raises(KdError, match="--quantize int8 is for --format onnx"):
+        ExportConfig("S", "O", quantize="int8")
+    with pytest.raises(KdError, match="--repair must be True or False"):  # a Python caller's wrong type
+        ValidateConfig("S", repair="yes")
 
 
 def test_check_ranges_reads_any_declared_field():
