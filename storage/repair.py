@@ -9,7 +9,8 @@ recomputes exactly them.
 - so is a shard whose ids are not those of texts shard k (storage/alignment.py: a file from another store whose
   checksums were changed in the manifest), and a texts shard unlike the ids digest its record holds;
 - a per-teacher file the manifest records a sha256 for (`extras.files`: tokenizer, input embeddings,
-  `vocab`, `init`) that is missing, unreadable or unlike its checksum is handled the same way, by the
+  `vocab`, `init`) that is missing, unreadable, unlike its checksum, holding NaN/Inf or (vocab, input
+  embeddings) unlike the teacher's shape is handled the same way, by the
   unit it was written as: a tokenizer folder or an `init-*` folder as a whole (its files belong
   together), any other file alone;
 - a faiss index (`extras["index:..."]`) whose index or ids file is damaged loses its record and files;
@@ -36,7 +37,7 @@ from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, ShardRecord, merge, plan_problems
 from kd.storage.names import real_inside
 from kd.storage.schema import tensors_problem
-from kd.storage.soundness import shard_problems, values_problems
+from kd.storage.soundness import file_shape_problem, shard_problems, values_problems
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -227,14 +228,20 @@ def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], 
     known: dict[str, str] = m.extras.get("files", {})
     bad: dict[str, str] = {}
     for rel, sha in sorted(known.items()):
-        why = _damage(loc, rel, None, sha) or (tensors_problem(fs.read_bytes(loc, rel))
-                                                if rel.endswith(".safetensors") else None)
+        why = _damage(loc, rel, None, sha) or (_tensors_problem(loc, m, rel) if rel.endswith(".safetensors") else None)
         if why and file_unit(rel) not in bad:
             bad[file_unit(rel)] = f"{rel.rsplit('/', 1)[-1]}: {why}" if file_unit(rel) != rel else why
     for unit, why in sorted(bad.items()):
         drop.files |= {rel for rel in known if file_unit(rel) == unit}
         aside.add(unit)
         report.files.append((unit, why))
+
+
+def _tensors_problem(loc: fs.Location, m: Manifest, rel: str) -> str | None:
+    """NaN/Inf in a recorded safetensors file, or a vocab output / input embeddings unlike the teacher (the shape
+    every reader refuses: storage.soundness)."""
+    data = fs.read_bytes(loc, rel)
+    return tensors_problem(data) or file_shape_problem(m, lambda r: fs.read_bytes(loc, r), rel, data)
 
 
 def _damaged_indexes(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -264,28 +264,34 @@ def sampled(m: Manifest) -> bool:
 def recorded_file_problem(store: Store, rel: str, data: bytes) -> str | None:
     """What is wrong with the shape of a recorded file whose bytes `data` were read and checked: a vocab output or
     input embeddings unlike the teacher (None: sound, or another file)."""
+    return file_shape_problem(store.manifest, store.read_recorded, rel, data)
+
+
+def file_shape_problem(m: Manifest, read: Callable[[str], bytes], rel: str, data: bytes) -> str | None:
+    """recorded_file_problem from the manifest and a reader of recorded files (`kd validate --repair` reads a store
+    it cannot open yet)."""
     parts = rel.split("/")
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
     from safetensors.numpy import load
 
-    rec = store.manifest.tables.get(teacher_table(parts[1]))
+    rec = m.tables.get(teacher_table(parts[1]))
     tensors = load(data)
     if parts[2] == EMBEDDINGS:
-        return embeddings_problem(tensors, _tokenizer_size(store, rec.meta.get("tokenizer") if rec else None))
+        return embeddings_problem(tensors, _tokenizer_size(m, read, rec.meta.get("tokenizer") if rec else None))
     return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
 
 
-def _tokenizer_size(store: Store, folder: str | None) -> int | None:
-    """How many token ids the tokenizer in `folder` has (its tokenizer.json, checked against the manifest; None
-    where there is none or it does not parse: the tokenizer's own check reports that)."""
+def _tokenizer_size(m: Manifest, read: Callable[[str], bytes], folder: str | None) -> int | None:
+    """How many token ids the tokenizer in `folder` has (its tokenizer.json, as `read` gives it; None where there
+    is none or it does not parse: the tokenizer's own check reports that)."""
     rel = f"{folder}/tokenizer.json"
-    if not folder or rel not in store.manifest.extras.get("files", {}):
+    if not folder or rel not in m.extras.get("files", {}):
         return None
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_str(store.read_recorded(rel).decode()).get_vocab_size(with_added_tokens=True)
+        return Tokenizer.from_str(read(rel).decode()).get_vocab_size(with_added_tokens=True)
     except Exception:  # noqa: BLE001  (tokenizers raises its own exception type for a malformed file)
         return None
 
