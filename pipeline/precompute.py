@@ -35,6 +35,7 @@ from kd.common.errors import InputError, StoreError
 from kd.common.layers import parse_layers
 from kd.common.outputs import STORE, claim_output
 from kd.common.progress import showing
+from kd.common.same_tokenizer import tokenizer_difference
 from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
 from kd.pipeline.grow import adopt_store_inputs, check_same_inputs
@@ -89,12 +90,16 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
     # the inputs are read before any teacher loads (a bad line is refused in seconds), unless a resume reloads them
     records = None if _texts_committed(job, same, index, count) else _read(files, spec, job)
     teachers = _load_teachers(job, None if job.overwrite else existing)
+    if existing is not None and not job.overwrite:  # a resume or --add-to writes beside the rows it holds
+        check_same_tokenizers(Store(loc, existing), teachers, job.out)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before segmenting
     check_keep_layers(job, teachers)
     if job.only_per_teacher and existing is not None:
         outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
     reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers}) \
         if job.reuse else {}
+    for source in reuse.values():
+        check_same_tokenizers(source.store, [t for t in teachers if t.name == source.teacher], f"--reuse {job.reuse}")
     rows, plan, counts = _rows(job, files, records, loc, same, index, count)
     header = Manifest({**fingerprint, "pairs": spec.pair is not None, "num_rows": plan.num_rows,
                        "rows_per_shard": job.shard_rows, "num_shards": plan.num_shards, "counts": counts.record()},
@@ -159,6 +164,22 @@ def _load_teachers(job: PrecomputeJob, existing: Manifest | None) -> list[Teache
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
     return loaded
+
+
+def check_same_tokenizers(store: Store, teachers: list[Teacher], where: str) -> None:
+    """Each teacher the store holds rows of was stored with this teacher's tokenizer: its weights and settings
+    alone (the table's meta) do not show a tokenizer that stopped lowercasing, and rows of two tokenizers would
+    sit in one table (issue 48's probe: a resume and --reuse mixed them, exit 0)."""
+    for t in teachers:
+        if f"teachers/{t.name}" not in store.manifest.tables or \
+                f"tokenizers/{t.name}/tokenizer_config.json" not in store.manifest.extras.get("files", {}):
+            continue  # nothing stored for it yet, or its tokenizer set aside by --repair (written again now)
+        why = tokenizer_difference(t.hf_tokenizer(), store.load_tokenizer(t.name))
+        if why:
+            raise InputError(f"the store holds teacher {t.name!r}'s rows from another tokenizer ({why}): they are "
+                             "not what this run computes", where,
+                             "run the teacher that wrote the store (kd info shows its source), or name this one "
+                             "differently, or write a new store")
 
 
 def stored_backend(existing: Manifest | None, spec: str) -> str | None:

@@ -27,6 +27,7 @@ from kd.storage.alignment import ids_digest
 from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import settings
 from kd.storage.schema import table_vectors, vector_shape
+from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store
 
 CACHED_SHARDS = 8  # OLD shards kept decoded: a grown corpus in its old order reads each one about once
@@ -78,6 +79,7 @@ def open_sources(uri: str, metas: dict[str, dict]) -> dict[str, ReuseSource]:
     """{teacher name: its rows in store `uri`} for each teacher of `metas` (name -> this run's table meta)
     that the store holds with the same settings; an InputError for one it holds with other settings."""
     store = Store.open(uri)
+    require_sound_content(store)  # rows copied from it are this store's: refused where kd validate refuses it
     sources = {}
     for name, meta in metas.items():
         rec = store.manifest.tables.get(f"teachers/{name}")

@@ -29,6 +29,7 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.hardware import device_kind, gpu_free_memory
 from kd.common.inputs import require_regular_file
 from kd.common.layers import keep_layers, parse_layers
+from kd.common.same_tokenizer import tokenizer_difference
 from kd.storage.manifest import teacher_table
 from kd.storage.soundness import vocab_problem
 from kd.storage.store import Store, file_repair
@@ -260,9 +261,9 @@ def init_config(cfg: TrainConfig, info: dict[str, Any],
 
 
 def _check_same_tokenizer(cfg: TrainConfig, mine: Any, store: Any) -> None:
-    probe = "The quick brown fox, 1999: naïve café-au-lait!"
-    if mine.get_vocab() != store.get_vocab() or mine(probe)["input_ids"] != store(probe)["input_ids"]:
-        raise KdError("the --init student's tokenizer differs from the store teacher's", cfg.init,
+    why = tokenizer_difference(mine, store)
+    if why:
+        raise KdError(f"the --init student's tokenizer differs from the store teacher's: {why}", cfg.init,
                       "precompute the store with a teacher that shares the student's tokenizer, or train from "
                       "scratch (no --init)")
 

@@ -123,3 +123,47 @@ def test_the_progress_counts_only_the_rows_to_encode(old_store, tmp_path, tiny_t
     assert s.rows_reused >= 100 and s.rows_computed >= 5
     last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("precompute: ")][-1]
     assert last.startswith(f"precompute: {s.rows_computed}/{s.rows_computed} rows (100.0%)"), last
+
+
+def test_rows_of_another_tokenizer_are_never_reused_or_resumed(tmp_path, tiny_teacher, sentences):
+    """The teacher's tokenizer edited in place to stop lowercasing: the same weights, path and settings, other
+    vectors (up to 0.56 away in issue 48's probe, where --reuse copied and a resume kept the old rows, exit 0).
+    Both refused before anything is written."""
+    import shutil
+
+    from store_forgery import snapshot
+    from transformers import BertTokenizerFast
+
+    teacher = tmp_path / "tiny"
+    shutil.copytree(tiny_teacher, teacher)
+    corpus = _write(tmp_path / "in.txt", sentences[:80])
+    old = tmp_path / "old"
+    precompute([corpus], str(old), [f"tiny={teacher}"], outputs=["mean"], shard_rows=50, progress=False)
+    BertTokenizerFast.from_pretrained(str(teacher), do_lower_case=False).save_pretrained(str(teacher))
+    with pytest.raises(InputError, match="another tokenizer") as e:
+        precompute([corpus], str(tmp_path / "new"), [f"tiny={teacher}"], outputs=["mean"], shard_rows=50,
+                   reuse=str(old), progress=False)
+    assert "--reuse" in str(e.value) and not (tmp_path / "new").exists()
+    before = snapshot(old)
+    with pytest.raises(InputError, match=r"another tokenizer \('.*' becomes"):  # the probe text that differs
+        precompute([corpus], str(old), [f"tiny={teacher}"], outputs=["mean", "cls"], shard_rows=50, progress=False)
+    assert snapshot(old) == before
+
+
+def test_a_reuse_source_kd_validate_refuses_is_refused(old_store, tmp_path, tiny_teacher, sentences):
+    """Its checksums re-forged, a negative n_tokens passes every checksum: --reuse copied its 300 rows into a
+    store that validate then refused (issue 48's probe)."""
+    import shutil
+
+    import pyarrow as pa
+    from store_forgery import rewrite_shard, set_column
+
+    bad = tmp_path / "bad"
+    shutil.copytree(old_store, bad)
+    rewrite_shard(bad, "teachers/tiny", 0, lambda t: set_column(
+        t, "n_tokens", pa.array([-5, *t["n_tokens"].to_pylist()[1:]], t.schema.field("n_tokens").type)))
+    src = _write(tmp_path / "in.txt", sentences[:80])
+    with pytest.raises(Exception, match="'n_tokens' is negative") as e:
+        precompute([src], str(tmp_path / "new"), [f"tiny={tiny_teacher}"], outputs=["mean"], shard_rows=50,
+                   reuse=str(bad), progress=False)
+    assert e.value.exit_code == 2 and not (tmp_path / "new").exists()
