@@ -21,7 +21,7 @@ from typing import Any
 from kd.apps.distill import DistillConfig, DistillResult
 from kd.apps.distill import distill as _distill
 from kd.apps.distill_plan import Plan, estimate
-from kd.common.options import with_options
+from kd.common.options import known_options, path_argument, paths_argument, with_options
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import precompute as _precompute
 from kd.storage.store import Store
@@ -37,16 +37,19 @@ def precompute(inputs: str | os.PathLike | Sequence[str | os.PathLike] = (), out
     """`kd precompute`: run `teachers` (packaged names, checkpoint folders or NAME=DIR) over `inputs` once and
     write (or resume, or grow) the store at `out`; returns the store, opened and verified. Growing a store with
     only new teachers or outputs: `precompute(add_to=store, teachers=[...], outputs=[...])` (no inputs, no out)."""
-    files = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    summary = _precompute([os.fspath(f) for f in files], None if out is None else os.fspath(out), teachers, **options)
-    return Store.open(summary.store)
+    known_options(PrecomputeJob, options, "kd.precompute")
+    files = paths_argument(inputs, "inputs", "kd.precompute")
+    folder = None if out is None else path_argument(out, "out", "kd.precompute")
+    names = paths_argument(teachers, "teachers", "kd.precompute", "a teacher name or folder, or a list of them")
+    return Store.open(_precompute(files, folder, names, **options).store)
 
 
 def train_student(store: Store | str | os.PathLike, out: str | os.PathLike, **options: Any) -> LoadedStudent:
     """`kd train-student`: fit a student on `store`'s teacher outputs (the teacher is never loaded) into `out`,
     resuming a run there; returns the trained student, ready to `encode`."""
-    root = store.root if isinstance(store, Store) else os.fspath(store)
-    return load(train(TrainConfig(root, os.fspath(out), **options)))
+    known_options(TrainConfig, options, "kd.train_student")
+    root = store.root if isinstance(store, Store) else path_argument(store, "store", "kd.train_student")
+    return load(train(TrainConfig(root, path_argument(out, "out", "kd.train_student"), **options)))
 
 
 def distill(inputs: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike,
@@ -54,8 +57,9 @@ def distill(inputs: str | os.PathLike | Sequence[str | os.PathLike], out: str | 
     """`kd distill`: a corpus to a served student by a recipe (`student="tiny6"` or `recipe="my.toml"`), resuming
     a run in `out`; the result names the chosen stage, the exported model folder and the suite report. With
     `dry_run=True`: the plan with each step's measured estimate (`.table()`), and nothing written."""
-    files = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    cfg = DistillConfig(files, out, **options)
+    known_options(DistillConfig, options, "kd.distill")
+    cfg = DistillConfig(paths_argument(inputs, "inputs", "kd.distill"), path_argument(out, "out", "kd.distill"),
+                        **options)
     return estimate(cfg) if cfg.dry_run else _distill(cfg)
 
 

@@ -69,10 +69,16 @@ def flag_of(name: str, opt: Option) -> str:
 def check_ranges(config: Any, where: str) -> None:
     """Raise InputError for the first field (in declaration order) whose value is not of its declared type or is
     outside its declared range."""
-    for f, o in declared(type(config)):
-        _check_type(flag_of(f.name, o), getattr(config, f.name), str(f.type), where)
+    check_types(config, where)
     B.check(where, *((flag_of(f.name, o), getattr(config, f.name), o.range)
                      for f, o in declared(type(config)) if o.range is not None))
+
+
+def check_types(config: Any, where: str) -> None:
+    """check_ranges' first half, for a __post_init__ to run before anything reads the values (a list where a name
+    was declared, hashed as a dict key, was Python's TypeError)."""
+    for f, o in declared(type(config)):
+        _check_type(flag_of(f.name, o), getattr(config, f.name), str(f.type), where)
 
 
 # The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the
@@ -90,6 +96,9 @@ _KINDS: dict[str, tuple[str, Any]] = {
 def _check_type(name: str, value: Any, annotation: str, where: str) -> None:
     """Refuse `value` unless it is one of `annotation`'s plain kinds; annotations with other kinds (enums,
     Literals, paths, sequences' items) are left to the range, choice and parsing checks."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)).bit_length() > 128:
+        raise InputError(f"{name} is a number of about {int(abs(int(value)).bit_length() * 0.30103)} digits",
+                         where, f"pass {name} as a number in its range")  # printed whole, it was Python's error
     kinds = [k.strip() for k in annotation.split("|")]
     seq = [k for k in kinds if k.startswith(("list[", "tuple["))]
     if any(k not in _KINDS for k in kinds if k not in seq):
@@ -99,6 +108,36 @@ def _check_type(name: str, value: Any, annotation: str, where: str) -> None:
     wanted = " or ".join([_KINDS[k][0] for k in kinds if k not in seq] + (["a list"] if seq else []))
     raise InputError(f"{name} must be {wanted}, not {value!r} ({type(value).__name__})", where,
                      f"pass {name} as {wanted}")
+
+
+def known_options(config: type, options: dict[str, Any], call: str) -> None:
+    """A keyword `config` does not declare is kd's error naming the call and the nearest option, not Python's
+    TypeError from the dataclass (issue 48's probe: `kd.distill(..., bogus=1)`)."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(config)]
+    for name in options:
+        if name not in names:
+            near = difflib.get_close_matches(name, names, 1)
+            raise InputError(f"{call}() has no option {name!r}" + (f"; did you mean {near[0]!r}?" if near else ""),
+                             call, f"see help({call}) for its keywords")
+
+
+def path_argument(value: Any, name: str, call: str, kind: str = "a path (a str or os.PathLike)") -> str:
+    """A Python caller's path argument as a str; anything but a str or os.PathLike is kd's error."""
+    if isinstance(value, str | os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+    raise InputError(f"{call}(): {name} must be {kind}, not {value!r} ({type(value).__name__})", call,
+                     f"pass {name} as {kind}")
+
+
+def paths_argument(value: Any, name: str, call: str, kind: str = "a path (a str or os.PathLike)") -> list[str]:
+    """One path or a list/tuple of them (a str is one path, never its characters), each as a str."""
+    if isinstance(value, list | tuple):
+        return [path_argument(v, f"each of {name}", call, kind) for v in value]
+    return [path_argument(value, name, call, kind)]
 
 
 def one_value_as_sequence(config: Any) -> None:

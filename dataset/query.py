@@ -239,6 +239,13 @@ def _outputs_sql(names: dict[str, str], schemas: dict[str, pa.Schema]) -> str:
     return f"SELECT {', '.join(cols)} FROM texts AS t {' '.join(joins)}"
 
 
+def _fix(e: duckdb.Error) -> str:
+    """The fix line for a failed query: memory is not the views' fault (issue 48's probe)."""
+    if isinstance(e, duckdb.OutOfMemoryException):
+        return "the query needs more memory than there is: add a LIMIT or an aggregate, or write it with --out FILE"
+    return "list the views with: SHOW TABLES"
+
+
 def split_statements(sql: str) -> list[str]:
     """SQL text -> its statements (DuckDB's own parser, so ';' inside strings is fine)."""
     try:
@@ -323,7 +330,7 @@ def head(
     try:
         return _interruptible([con], work)
     except duckdb.Error as e:
-        raise KdError(f"query failed: {e}", None, "list the views with: SHOW TABLES") from e
+        raise KdError(f"query failed: {e}", None, _fix(e)) from e
 
 
 def run_query(
@@ -341,7 +348,7 @@ def run_query(
     try:
         return _interruptible([con], work)
     except duckdb.Error as e:
-        raise KdError(f"query failed: {e}", None, "list the views with: SHOW TABLES") from e
+        raise KdError(f"query failed: {e}", None, _fix(e)) from e
 
 
 def export(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError, KdError
 from kd.common.hardware import check_device
-from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
+from kd.common.options import bounded, check_ranges, check_types, one_value_as_sequence, option
 from kd.common.options import flag as option_flag
 from kd.pipeline import inputs as inp
 from kd.pipeline import ray_probe
@@ -109,6 +109,7 @@ class PrecomputeJob:
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
+        check_types(self, "kd precompute options")  # before the lists are read: `outputs=5` from Python
         # lists from Python callers become tuples: a job cannot change after its checks
         for name in ("inputs", "teachers", "outputs"):
             value = getattr(self, name)

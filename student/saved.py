@@ -35,6 +35,7 @@ from kd.common.errors import InputError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import first_non_finite, require_finite_weights
 from kd.common.hardware import resolve_device
+from kd.common.options import path_argument
 from kd.common.padding import pad_rows
 from kd.common.progress import Bar
 from kd.common.token_batches import default_batch_tokens, run_sorted
@@ -306,7 +307,10 @@ def _check_fields(info: dict[str, Any], cfg_file: Path) -> None:
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedStudent:
     """Rebuild a student from its folder (weights checked strictly against the config)."""
-    p = Path(path)
+    p = Path(path_argument(path, "path", "kd.student.load"))
+    if not isinstance(device, str | torch.device):
+        raise InputError(f"kd.student.load(): device must be a str or torch.device, not {device!r}",
+                         "kd.student.load", 'pass device="cpu", "cuda" or "cuda:N"')
     info = read_config(p)
     model = fitted_student(p, info)
     dev = resolve_device(device)

@@ -11,7 +11,7 @@ from typing import Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.hardware import check_device, device_kind
-from kd.common.options import bounded, check_ranges, flag, one_value_as_sequence, option
+from kd.common.options import bounded, check_ranges, check_types, flag, one_value_as_sequence, option
 
 
 class Schedule(str, Enum):
@@ -173,6 +173,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
+        check_types(self, "train-student options")  # before the arch is looked up: `arch=["a"]` from Python
         # The arch's defaults are filled in here, the one place: the CLI, the demo and the Python API pass None
         # for what the user left out, so every door trains the same student from the same options.
         tuned = arch_defaults(self.arch, {k: getattr(self, k) for k in TUNED}, init=self.init is not None)

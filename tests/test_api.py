@@ -80,6 +80,33 @@ def test_api_errors_are_kd_errors(api_store, tmp_path):
         kd.precompute(tmp_path / "missing.txt", tmp_path / "s", teachers=["minilm"], progress=False)
 
 
+@pytest.mark.parametrize(("call", "said"), [
+    (lambda s, o: kd.precompute(5, o), "inputs must be a path"),
+    (lambda s, o: kd.precompute(["a.txt"], 3.5), "out must be a path"),
+    (lambda s, o: kd.precompute("a.txt", o, teachers=5), "teachers must be a teacher name or folder"),
+    (lambda s, o: kd.precompute("a.txt", o, outputs=5), "--outputs must be None or a list, not 5"),
+    (lambda s, o: kd.precompute("a.txt", o, bogus=1), "kd.precompute() has no option 'bogus'"),
+    (lambda s, o: kd.train_student(s, None), "out must be a path"),
+    (lambda s, o: kd.train_student(None, o), "store must be a path"),
+    (lambda s, o: kd.train_student(s, o, arch=["bilstm"]), "--arch must be a string"),
+    (lambda s, o: kd.train_student(s, o, epochs=10 ** 5000), "--epochs is a number of about 5000 digits"),
+    (lambda s, o: kd.train_student(s, o, epoch=1), "no option 'epoch'; did you mean 'epochs'?"),
+    (lambda s, o: kd.student.load(3.5), "path must be a path"),
+    (lambda s, o: kd.student.load(o, device=5), "device must be a str or torch.device"),
+    (lambda s, o: kd.distill(None, o), "inputs must be a path"),
+    (lambda s, o: kd.distill(b"corpus.txt", o), "inputs must be a path"),
+    (lambda s, o: kd.distill("a.txt", {}), "out must be a path"),
+    (lambda s, o: kd.distill("a.txt", o, bogus=1), "kd.distill() has no option 'bogus'"),
+])
+def test_a_python_caller_s_wrong_argument_is_kd_s_error(api_store, tmp_path, call, said):
+    """Issue 48's fresh probe: 76 calls of wrong types or unknown keywords ended in Python's TypeError (or
+    ValueError for a 5,000-digit int) from deep inside; each is kd's error naming the argument, before any work."""
+    with pytest.raises(KdError) as e:
+        call(str(api_store), str(tmp_path / "out"))
+    assert said in str(e.value) and e.value.exit_code == 2 and e.value.fix
+    assert not (tmp_path / "out").exists()
+
+
 def test_one_default_per_arch_in_every_door():
     """The CLI, the Python API, the demo and the bilstm recipe build the same BiLSTM (issue 40: the demo's was
     128/256/64 tokens while bare train-student built 300/512/128)."""

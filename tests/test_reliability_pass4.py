@@ -94,6 +94,11 @@ def test_a_result_of_any_size_shows_its_head_in_bounded_memory(store):
     said = " ".join(proc.stdout.split())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the first 50 rows; there are more: use --out FILE for all" in said and "│ 49 " in said
+    proc = subprocess.run([sys.executable, "-m", "kd", "query", str(store), "SELECT list(range) FROM range(100000000)"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=limited,
+                          env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"})
+    said = " ".join((proc.stdout + proc.stderr).split())  # one list of 10^8 numbers: DuckDB's out-of-memory
+    assert proc.returncode == 2 and "add a LIMIT or an aggregate, or write it with --out FILE" in said, said
     res = CliRunner().invoke(app, ["query", str(store), "SELECT i FROM range(50) r(i)"])  # exactly the head: all
     assert res.exit_code == 0 and "50 rows" in res.output and "more" not in res.output, res.output
 
