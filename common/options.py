@@ -78,7 +78,10 @@ def check_types(config: Any, where: str) -> None:
     """check_ranges' first half, for a __post_init__ to run before anything reads the values (a list where a name
     was declared, hashed as a dict key, was Python's TypeError)."""
     for f, o in declared(type(config)):
-        _check_type(flag_of(f.name, o), getattr(config, f.name), str(f.type), where)
+        value = getattr(config, f.name)
+        if value is None and f.default is None:  # not given: the config fills it in (`out` from `add_to`)
+            continue
+        _check_type(flag_of(f.name, o), value, str(f.type), where)
 
 
 # The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -18,6 +20,18 @@ from kd.storage import fs
 from kd.storage.alignment import table_digest
 
 TEACHER = "teachers/tiny"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory, tiny_teacher: Path, sentences: list[str]) -> Path:
+    """The module's sound store (real_store), built once: a test module takes it as `real = store_forgery.real`."""
+    return real_store(tmp_path_factory.mktemp("forgery"), tiny_teacher, sentences)
+
+
+@pytest.fixture
+def store(real: Path, tmp_path: Path) -> Path:
+    """A copy of `real` for one test to forge."""
+    return Path(shutil.copytree(real, tmp_path / "store"))
 
 
 def real_store(root: Path, teacher: Path, sentences: list[str]) -> Path:
@@ -64,6 +78,16 @@ def write_forged(store: Path, table: str, k: int, data: bytes, new: pa.Table, ro
             rec["ids"][str(k)] = table_digest(new)
 
     edit_manifests(store, fix)
+
+
+def swap_text(store: Path, row: int, text: str) -> None:
+    """Texts shard 0's row `row` holds `text`, its id (and every digest) kept: an id no longer its text's hash."""
+    def swap(t: pa.Table) -> pa.Table:
+        texts = t["text"].to_pylist()
+        texts[row] = text
+        return set_column(t, "text", texts)
+
+    rewrite_shard(store, "texts", 0, swap)
 
 
 def rewrite_file(store: Path, rel: str, data: bytes) -> None:

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import training_runs
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from student_stores import make_store
 from training_runs import SMALL
@@ -22,6 +23,8 @@ from kd.common.errors import InputError, KdError, StoreError, as_kd_error, locat
 from kd.common.stop import Stopped
 
 DEEP = "[" * 100000  # json's parser recurses once per level: a RecursionError, not a JSONDecodeError
+
+exported = training_runs.exported  # its store_path is this module's own
 
 
 def _run(*args: str, **env: str):
@@ -278,18 +281,6 @@ def test_junk_student_config_is_an_input_error(trained, tmp_path, junk, expect):
     _clean_exit(_run("embed", str(src), "--student", str(f), "--out", str(tmp_path / "v.parquet")), 2, expect)
 
 
-@pytest.fixture(scope="module")
-def exported(store_path, tmp_path_factory) -> Path:
-    """A bigru student as a sentence-transformers folder: no built-in module is a GRU, so kd's KdTokenEncoder comes
-    first (a bilstm exports to built-ins alone, tests/test_st_builtin_export.py)."""
-    pytest.importorskip("sentence_transformers")
-    from kd.student import trainer as T
-    from kd.student.exporters.st_directory import export_sentence_transformers
-
-    root = tmp_path_factory.mktemp("errpath-st")
-    config = SMALL | {"arch": "bigru", "epochs": 1, "max_steps": 2}
-    return export_sentence_transformers(T.train(T.TrainConfig(str(store_path), str(root / "bigru"), **config)),
-                                        root / "export")
 
 
 def _kd_module_config(folder: Path) -> Path:

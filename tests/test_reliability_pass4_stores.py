@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import store_forgery
 from named_pipes import make_fifo, unblocking
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
@@ -22,10 +23,10 @@ from store_forgery import (
     TEACHER,
     edit_manifests,
     index,
-    real_store,
     refused,
     rewrite_file,
     rewrite_shard,
+    swap_text,
     train,
     validate,
 )
@@ -36,15 +37,7 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.storage.schema import VectorDType, vectors_to_arrow
 
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory, tiny_teacher, sentences) -> Path:
-    return real_store(tmp_path_factory.mktemp("pass4-stores"), tiny_teacher, sentences)
-
-
-@pytest.fixture
-def store(real, tmp_path) -> Path:
-    return Path(shutil.copytree(real, tmp_path / "store"))
+real, store = store_forgery.real, store_forgery.store  # the sound store and a copy per test
 
 
 def test_a_real_store_passes_every_new_check(real):
@@ -72,12 +65,7 @@ def test_a_duplicate_id_is_reported_and_refused_by_kd_index(store):
 
 def test_an_id_that_is_not_its_texts_hash_is_reported(store, sentences):
     """Row 3's text replaced by another real sentence, its id (and every digest) kept."""
-    def swap(t: pa.Table) -> pa.Table:
-        texts = t["text"].to_pylist()
-        texts[3] = sentences[200]
-        return _set(t, "text", texts)
-
-    rewrite_shard(store, "texts", 0, swap)
+    swap_text(store, 3, sentences[200])
     res = validate(store)
     assert res.exit_code == 1 and "is not the content hash of its text" in res.output, res.output
     assert sentences[200][:40] in " ".join(res.output.split()), res.output

@@ -11,24 +11,24 @@ tiny BERT teacher, kd precompute's own ids), forged by `store_forgery`."""
 from __future__ import annotations
 
 import io
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import store_forgery
 from safetensors.numpy import load, save
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 from store_forgery import (
     TEACHER,
     index,
-    real_store,
     refused,
     rewrite_file,
     rewrite_shard,
     set_column,
     snapshot,
+    swap_text,
     train,
     validate,
     write_forged,
@@ -42,14 +42,7 @@ from kd.storage.schema import VectorDType, vectors_to_arrow
 EMB = "teachers/tiny/input_embeddings.safetensors"
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory, tiny_teacher, sentences) -> Path:
-    return real_store(tmp_path_factory.mktemp("pass5-readers"), tiny_teacher, sentences)
-
-
-@pytest.fixture
-def store(real, tmp_path) -> Path:
-    return Path(shutil.copytree(real, tmp_path / "store"))
+real, store = store_forgery.real, store_forgery.store  # the sound store and a copy per test
 
 
 def query(store: Path, sql: str = "SELECT count(*), sum(mean[1]) FROM tiny"):
@@ -115,12 +108,7 @@ def test_query_refuses_an_id_twice_and_names_the_shard(store):
 
 
 def test_query_index_and_leakage_refuse_an_id_unlike_its_texts_hash(store, sentences):
-    def swap(t: pa.Table) -> pa.Table:
-        texts = t["text"].to_pylist()
-        texts[3] = sentences[200]
-        return set_column(t, "text", texts)
-
-    rewrite_shard(store, "texts", 0, swap)
+    swap_text(store, 3, sentences[200])
     for res in (query(store), index(store), leakage(store)):
         refused(res, "is not the content hash of its text", "texts/part-00000.parquet")
 

@@ -16,7 +16,7 @@ from training_runs import SMALL, killed_run, train_cli
 from kd.student import trainer as T
 
 # module fixtures (this module's own): a 140-row synthetic store, and a bilstm trained 3 steps on it
-store_path, trained = training_runs.store_path, training_runs.trained
+store_path, trained, exported = training_runs.store_path, training_runs.trained, training_runs.exported
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / "kd-pwned-marker"
 
@@ -287,18 +287,6 @@ def test_a_student_config_without_its_weights_checksum_is_refused(trained, tmp_p
 PLANTED = "import pathlib\npathlib.Path({marker!r}).touch()\n\nclass Evil:\n    pass\n"
 
 
-@pytest.fixture(scope="module")
-def exported(store_path, tmp_path_factory) -> Path:
-    """A bigru student as a sentence-transformers folder: no built-in module is a GRU, so kd's KdTokenEncoder comes
-    first (a bilstm exports to built-ins alone, tests/test_st_builtin_export.py)."""
-    pytest.importorskip("sentence_transformers")
-    from kd.student import trainer as T
-    from kd.student.exporters.st_directory import export_sentence_transformers
-
-    root = tmp_path_factory.mktemp("st")
-    config = SMALL | {"arch": "bigru", "epochs": 1, "max_steps": 2}
-    return export_sentence_transformers(T.train(T.TrainConfig(str(store_path), str(root / "bigru"), **config)),
-                                        root / "export")
 
 
 def _tamper(folder: Path, how: str) -> None:

@@ -59,3 +59,16 @@ def trained(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bilstm trained 3 steps of SMALL on `store_path`."""
     out = tmp_path_factory.mktemp("trained") / "student"
     return T.train(T.TrainConfig(str(store_path), str(out), **(SMALL | {"epochs": 1, "max_steps": 3})))
+
+
+@pytest.fixture(scope="module")
+def exported(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bigru student as a sentence-transformers folder: no built-in module is a GRU, so kd's KdTokenEncoder comes
+    first (a bilstm exports to built-ins alone, tests/test_st_builtin_export.py)."""
+    pytest.importorskip("sentence_transformers")
+    from kd.student.exporters.st_directory import export_sentence_transformers
+
+    root = tmp_path_factory.mktemp("st")
+    config = SMALL | {"arch": "bigru", "epochs": 1, "max_steps": 2}
+    return export_sentence_transformers(T.train(T.TrainConfig(str(store_path), str(root / "bigru"), **config)),
+                                        root / "export")
