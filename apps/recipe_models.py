@@ -19,7 +19,7 @@ from kd.pipeline.resolve import resolve_teacher
 
 def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
     """`specs`: each role's teacher spec as precompute takes it (NAME=SPEC or a packaged name)."""
-    folders = {role: resolve_teacher(spec).path for role, spec in specs.items()}
+    folders = {role: _folder(recipe, role, spec) for role, spec in specs.items()}
     kept = {role: _kept_layers(recipe, folder) for role, folder in folders.items()
             if "init" in recipe.outputs["start" if role == "start" else "teacher"]}
     counts: dict[str, int] = {}
@@ -40,6 +40,17 @@ def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
         elif stage.source in counts:
             source = counts[stage.source]
             counts[stage.name] = len(parse_layers(str(asked), source, at)) if asked is not None else source
+
+
+def _folder(recipe: R.Recipe, role: str, spec: str) -> str:
+    """The role's model folder; a refusal names the role and the recipe, not only `--teacher` (the start model of
+    a recipe is no --teacher of the user's)."""
+    try:
+        return resolve_teacher(spec).path
+    except KdError as e:
+        flag = "--start" if role == "start" else "--teacher"
+        raise InputError(f"the {role} model: {e.what}", f"{recipe.path} ({role}), or {flag}; {e.where}",
+                         e.fix) from None
 
 
 def _kept_layers(recipe: R.Recipe, folder: str) -> list[int] | None:

@@ -119,7 +119,7 @@ def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, t
         "keep_layers": ("[outputs] keep_layers", "layers are numbered 0..1 (the model has 2 layers)"),
         "init_layers": ("[[stage]] two: init_layers", "init layers 0,7, which the run does not store"),
         "later_init_layers": ("[[stage]] one: init_layers", "layers are numbered 0..1"),
-        "start_folder": ("no-such-model", "no-such-model"),
+        "start_folder": ("(start), or --start", "the start model: unknown teacher"),
     }[case]
     if case == "keep_layers":
         outputs = '[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,9"\n'
