@@ -239,9 +239,9 @@ def _outputs_sql(names: dict[str, str], schemas: dict[str, pa.Schema]) -> str:
     return f"SELECT {', '.join(cols)} FROM texts AS t {' '.join(joins)}"
 
 
-def _fix(e: duckdb.Error) -> str:
+def _fix(e: Exception) -> str:
     """The fix line for a failed query: memory is not the views' fault (issue 48's probe)."""
-    if isinstance(e, duckdb.OutOfMemoryException):
+    if isinstance(e, duckdb.OutOfMemoryException) or "Out of Memory" in str(e):
         return "the query needs more memory than there is: add a LIMIT or an aggregate, or write it with --out FILE"
     return "list the views with: SHOW TABLES"
 
@@ -329,7 +329,7 @@ def head(
 
     try:
         return _interruptible([con], work)
-    except duckdb.Error as e:
+    except (duckdb.Error, OSError) as e:  # read through Arrow, DuckDB's errors arrive as pyarrow's OSError
         raise KdError(f"query failed: {e}", None, _fix(e)) from e
 
 

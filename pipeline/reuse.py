@@ -79,7 +79,10 @@ def open_sources(uri: str, metas: dict[str, dict]) -> dict[str, ReuseSource]:
     """{teacher name: its rows in store `uri`} for each teacher of `metas` (name -> this run's table meta)
     that the store holds with the same settings; an InputError for one it holds with other settings."""
     store = Store.open(uri)
-    require_sound_content(store)  # rows copied from it are this store's: refused where kd validate refuses it
+    try:  # rows copied from it become this store's: refused where kd validate refuses it
+        require_sound_content(store)
+    except StoreError as e:
+        raise StoreError(f"--reuse: {e.what}", e.where, f"{e.fix}; or drop --reuse") from None
     sources = {}
     for name, meta in metas.items():
         rec = store.manifest.tables.get(f"teachers/{name}")
