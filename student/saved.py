@@ -159,6 +159,9 @@ class LoadedStudent:
         if isinstance(sentences, str):
             return self.encode([sentences], batch_size, show_progress_bar, convert_to_numpy, convert_to_tensor,
                                normalize_embeddings)[0]
+        if not isinstance(sentences, list | tuple) and not hasattr(sentences, "__iter__"):
+            raise InputError(f"encode() takes a str or a list of str, not {type(sentences).__name__}",
+                             "LoadedStudent.encode", 'pass model.encode(["a sentence", "another one"])')
         out = self._encode_all(list(sentences), batch_size, bool(show_progress_bar))
         if normalize_embeddings:
             out /= np.linalg.norm(out, axis=1, keepdims=True).clip(1e-12)
@@ -170,7 +173,7 @@ class LoadedStudent:
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if bad:
             raise InputError(f"encode() takes strings; item {bad[0]} is {type(texts[bad[0]]).__name__}",
-                             None, "pass a list of str (drop or replace missing texts first)")
+                             "LoadedStudent.encode", "pass a list of str (drop or replace missing texts first)")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         chunk = max(len(texts), 1) if not progress else 16 * batch_size  # a bar moves once per chunk
         with Bar("encode", len(texts), "texts", progress) as bar:

@@ -67,6 +67,16 @@ def test_what_encode_does_not_do_is_a_clear_error(trained, kwargs, said):
     assert e.value.fix
 
 
+@pytest.mark.parametrize(("texts", "said"), [(5, "takes a str or a list of str, not int"),
+                                             (None, "not NoneType"), ([1, 2], "item 0 is int"),
+                                             (["a", None], "item 1 is NoneType"), ([b"x"], "item 0 is bytes")])
+def test_encode_of_what_is_not_text_is_kd_s_error(trained, texts, said):
+    """Issue 48's probe: encode(5) and encode(None) were Python's TypeError, a list of non-strings had no where."""
+    with pytest.raises(InputError, match=said) as e:
+        student.load(trained).encode(texts)
+    assert e.value.where == "LoadedStudent.encode" and e.value.fix
+
+
 @pytest.mark.parametrize("fmt", ["sentence-transformers", "onnx"])
 def test_every_export_folder_has_a_model_card(trained, tmp_path, fmt):
     res = CliRunner().invoke(app, ["export", str(trained), "--format", fmt, "--out", str(tmp_path / fmt)])
