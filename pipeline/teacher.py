@@ -340,13 +340,16 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
+    from safetensors import SafetensorError
+
     ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
     dev = resolve_device(device)
     cfg = _config(ref)
     try:
         with step(f"loading teacher {ref.name}"):
             model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
-    except (OSError, ValueError, RuntimeError) as e:  # RuntimeError: weights of other shapes than config.json says
+    # RuntimeError: weights of other shapes than config.json says; SafetensorError: a weights file that is not one
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({' '.join(str(e).split())[:300]})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
     dtype = resolve_precision(Precision(precision), dev)

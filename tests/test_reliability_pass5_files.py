@@ -326,3 +326,20 @@ def test_a_config_larger_than_a_config_is_refused_unread(tmp_path):
     big.write_text('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
     with pytest.raises(KdError, match="larger than 1 MiB"):
         read_config(big, "fix")
+
+
+def test_a_teacher_whose_weights_file_is_junk_is_kd_s_error(tiny_teacher, tmp_path, sentences):
+    """Issue 48's fresh probe: random bytes as model.safetensors ended in safetensors' own traceback (exit 1)."""
+    from kd.pipeline.teacher import load_teacher
+
+    junk = tmp_path / "junk-teacher"
+    shutil.copytree(tiny_teacher, junk)
+    (junk / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(KdError, match="cannot load the teacher checkpoint") as e:
+        load_teacher(f"junk={junk}")
+    assert e.value.where == str(junk) and e.value.exit_code == 2
+    corpus = tmp_path / "news.txt"
+    corpus.write_text("\n".join(sentences[:20]) + "\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["precompute", str(corpus), "-t", f"junk={junk}", "--backend", "torch",
+                                   "-o", str(tmp_path / "store"), "--no-progress"])
+    assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "store").exists(), res.output
