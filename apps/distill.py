@@ -92,6 +92,10 @@ class _Run:
         spec, name = self.specs[role], self.names[role]
         return spec if spec == name else f"{name}={spec}"
 
+    def check_models(self) -> None:
+        """The recipe against the models it names, before any loads (apps.recipe_models)."""
+        check_models(self.recipe, {role: self.teacher_spec(role) for role, spec in self.specs.items() if spec})
+
     def stage_dir(self, name: str) -> Path:
         return self.out / "stages" / name
 
@@ -224,7 +228,7 @@ def _claim(run: _Run) -> dict[str, Any]:
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     if run.cfg.store:
         check_store(run)
-    check_models(run.recipe, {role: run.teacher_spec(role) for role in run.specs if run.specs[role]})
+    run.check_models()
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")

@@ -36,7 +36,6 @@ from kd.apps.distill import (
     corpus_options,
     teacher_weights,
 )
-from kd.apps.recipe_models import check_models
 from kd.common import progress
 from kd.common.outputs import claim_output
 
@@ -106,7 +105,7 @@ def estimate(cfg: DistillConfig) -> Plan:
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
     if cfg.store:
         check_store(run)
-    check_models(recipe, {role: run.teacher_spec(role) for role in run.specs if run.specs[role]})
+    run.check_models()
     say = functools.partial(progress.step, enabled=cfg.progress)  # every calibration step says what it does
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         with say("dry run: reading the corpus and drawing its sample"):

@@ -159,7 +159,7 @@ class LoadedStudent:
         if isinstance(sentences, str):
             return self.encode([sentences], batch_size, show_progress_bar, convert_to_numpy, convert_to_tensor,
                                normalize_embeddings)[0]
-        if not isinstance(sentences, list | tuple) and not hasattr(sentences, "__iter__"):
+        if not hasattr(sentences, "__iter__"):
             raise InputError(f"encode() takes a str or a list of str, not {type(sentences).__name__}",
                              "LoadedStudent.encode", 'pass model.encode(["a sentence", "another one"])')
         out = self._encode_all(list(sentences), batch_size, bool(show_progress_bar))
