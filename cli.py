@@ -308,6 +308,8 @@ def validate(cfg: ValidateConfig) -> None:
         term.print(f"[yellow]repair[/] {line}")
     for p in res.problems:
         term.print(f"[red]problem[/] {p}")
+    for p in res.notes:
+        term.print(f"[yellow]note[/] {p}")
     if res.problems:
         raise typer.Exit(1)
     term.print(f"[green]ok[/] {cfg.store}: every shard matches the manifest")

@@ -35,7 +35,7 @@ from kd.apps.models import (
 from kd.apps.plots import PLOT_FILES
 from kd.apps.speed import SizeResult, SpeedResult, measure_speed, picked_threads, speed_texts
 from kd.apps.store_teacher import StoreTeacher
-from kd.common.errors import InputError, KdError
+from kd.common.errors import InputError
 from kd.common.outputs import claim_output, write_text
 from kd.common.progress import Bar, showing
 
@@ -270,6 +270,7 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
             name += "'"
         names.add(name)
         others.append(student_model(d, name))
+        _ = others[-1].loaded  # a damaged student stops the run here (exit 2), before any model is timed or scored
     if cfg.baseline_dir:
         others.append(model2vec_folder(cfg.baseline_dir))
     elif cfg.baseline and teacher is None:
@@ -481,11 +482,7 @@ def _speed(cfg, teacher: _Teacher, others, rows, info, bars) -> None:
                      f"{min(cfg.speed_big, len(texts))} in batches of 256; ms/doc is the median batch-1 latency; "
                      f"{torch.get_num_threads()} torch thread(s)")
     for m in teacher.each(others):
-        try:
-            sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None, bars)
-        except KdError as e:
-            rows[m.name].details["speed"] = f"not measured: {e.what}"
-            continue
+        sp, size, cached = _timed(cfg, m, texts, teacher.cache if m is teacher.model else None, bars)
         if cached:
             info["speed"] += f"; {m.name}'s speed and size as timed by an earlier call here (--no-cache times again)"
         r = rows[m.name].metrics

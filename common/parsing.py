@@ -6,7 +6,9 @@ broken in more ways than bad syntax, and each surfaced as a different traceback 
 - nesting deep enough to exhaust the parser's recursion ('[' * 100000: `RecursionError`);
 - an integer of more than 4,300 digits: Python refuses to convert it (a plain `ValueError`, CVE-2020-10735's
   guard), and smaller giants are no better. No number kd reads needs more than `MAX_INT_DIGITS`, so longer
-  ones are refused while parsing, before anything compares or allocates with them.
+  ones are refused while parsing, before anything compares or allocates with them;
+- a key named twice in one object: `json.loads` keeps the last silently, so a tokenizer_config.json saying
+  `model_max_length` 64 and then 1e30 was read by transformers as the second and by a human as the first.
 Both decoders' own errors (`json.JSONDecodeError`, `tomllib.TOMLDecodeError`) are `ValueError`s too.
 """
 
@@ -41,13 +43,28 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"key {next(k for k in keys if keys.count(k) > 1)!r} appears twice in one object")
+    return dict(pairs)
+
+
 def parse_json(text: str | bytes, where: str, fix: str, error: type[KdError] = InputError, what: str = "file"
                ) -> Any:
     """`text` parsed as JSON, or `error` naming `what` is not valid JSON (and why), `where` and `fix`."""
     try:
-        return json.loads(text, parse_int=_bounded_int)
+        return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as e:
         raise error(f"the {what} is not valid JSON ({_reason(e)})", where, fix) from None
+
+
+def has_auto_map(obj: Any) -> bool:
+    """Whether a parsed config holds an `auto_map` entry anywhere: transformers' pointer to Python code shipped
+    beside the config, which kd never runs (received folders with one are refused)."""
+    if isinstance(obj, dict):
+        return "auto_map" in obj or any(has_auto_map(v) for v in obj.values())
+    return isinstance(obj, list) and any(has_auto_map(v) for v in obj)
 
 
 def read_json(path: str | Path, fix: str, error: type[KdError] = InputError, limit: int = MAX_FILE_BYTES) -> Any:

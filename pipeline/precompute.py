@@ -49,6 +49,7 @@ from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, wr
 from kd.pipeline.teacher import Output, Teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
+from kd.storage.schema import concat_shards
 from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store, open_writer, readable_manifest, refuse_foreign_folder, remove_if_nothing_committed
 
@@ -276,7 +277,7 @@ def _build_rows(records: inp.Records, files: list[str], job: PrecomputeJob) -> t
 def _reload_rows(existing: Manifest, loc: fs.Location, owned: list[int]) -> pa.Table:
     """This writer's texts shards from the store (all committed: `_texts_committed`)."""
     store = Store(loc, existing)  # verified reads: a tampered texts shard must not be encoded by a new teacher
-    return pa.concat_tables([store.read_shard("texts", k) for k in owned])
+    return concat_shards([store.read_shard("texts", k) for k in owned])
 
 
 def _write_per_teacher(ctx: Prepared, summary: PrecomputeSummary) -> PrecomputeSummary:

@@ -26,7 +26,7 @@ from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.storage.alignment import ids_digest
 from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import settings
-from kd.storage.schema import table_vectors, vector_shape
+from kd.storage.schema import concat_shards, table_vectors, vector_shape
 from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store
 
@@ -62,7 +62,7 @@ class ReuseSource:
             sel = np.nonzero(shards == k)[0]
             parts.append(self._shard(int(k)).select(columns).take(pa.array(self.row[pos[sel]])))
             order.append(sel)
-        table = pa.concat_tables(parts)
+        table = concat_shards(parts)
         return table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
 
     def _shard(self, k: int) -> pa.Table:

@@ -102,7 +102,7 @@ def _refused(store: Store, info: IndexInfo, rel: str, why: str) -> StoreError:
 def _check_record(store: Store, info: IndexInfo) -> None:
     """The record against its table: the shards it was built from (source hash), their row count, and the
     column's dim; these bound every size checked after."""
-    if info.table not in store.manifest.tables or source_hash(store, info.table) != info.source:
+    if is_stale(store, info):
         raise StoreError(f"index {info.name} is stale: table {info.table!r} was rewritten after it was built",
                          store.root, rebuild_fix(store, info))
     rec = store.table(info.table)
@@ -112,6 +112,12 @@ def _check_record(store: Store, info: IndexInfo) -> None:
         raise _refused(store, info, "manifest.json", f"its record says {info.rows} rows of dim {info.dim}; table "
                        f"{info.table!r} holds {rows} rows, column {info.column!r} is "
                        f"{rec.columns.get(info.column, 'missing')}")
+
+
+def is_stale(store: Store, info: IndexInfo) -> bool:
+    """Whether the index was built from other rows than its table holds now (the table rewritten or grown since,
+    e.g. by `kd precompute --add-to` or `kd embed` again): `kd search` refuses it until `kd index` rebuilds it."""
+    return info.table not in store.manifest.tables or source_hash(store, info.table) != info.source
 
 
 def verified_index_files(store: Store, info: IndexInfo) -> tuple[bytes, bytes]:

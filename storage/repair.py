@@ -37,7 +37,7 @@ from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, ShardRecord, merge, plan_problems
 from kd.storage.names import real_inside
 from kd.storage.schema import tensors_problem
-from kd.storage.soundness import file_shape_problem, shard_problems, values_problems
+from kd.storage.soundness import file_content_problem, shard_problems, values_problems
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
@@ -223,12 +223,12 @@ def _ids_of(loc: fs.Location, rel: str) -> str | None:
 
 
 def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:
-    """Per-teacher files unlike their recorded sha256, or safetensors holding NaN/Inf: every recorded file of their
-    unit is dropped."""
+    """Per-teacher files unlike their recorded sha256 or with content every reader refuses: every recorded file of
+    their unit is dropped."""
     known: dict[str, str] = m.extras.get("files", {})
     bad: dict[str, str] = {}
     for rel, sha in sorted(known.items()):
-        why = _damage(loc, rel, None, sha) or (_tensors_problem(loc, m, rel) if rel.endswith(".safetensors") else None)
+        why = _damage(loc, rel, None, sha) or _content_problem(loc, m, rel)
         if why and file_unit(rel) not in bad:
             bad[file_unit(rel)] = f"{rel.rsplit('/', 1)[-1]}: {why}" if file_unit(rel) != rel else why
     for unit, why in sorted(bad.items()):
@@ -237,11 +237,13 @@ def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], 
         report.files.append((unit, why))
 
 
-def _tensors_problem(loc: fs.Location, m: Manifest, rel: str) -> str | None:
-    """NaN/Inf in a recorded safetensors file, or a vocab output / input embeddings unlike the teacher (the shape
-    every reader refuses: storage.soundness)."""
+def _content_problem(loc: fs.Location, m: Manifest, rel: str) -> str | None:
+    """What every reader refuses in a recorded file (storage.soundness): NaN/Inf in a safetensors file, a vocab
+    output / input embeddings unlike the teacher, a tokenizer JSON file kd's parser refuses or with an auto_map."""
     data = fs.read_bytes(loc, rel)
-    return tensors_problem(data) or file_shape_problem(m, lambda r: fs.read_bytes(loc, r), rel, data)
+    if rel.endswith(".safetensors") and (why := tensors_problem(data)):
+        return why
+    return file_content_problem(m, lambda r: fs.read_bytes(loc, r), rel, data)
 
 
 def _damaged_indexes(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:

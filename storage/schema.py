@@ -55,6 +55,13 @@ def texts_schema(pairs: bool, label_type: pa.DataType | None) -> pa.Schema:
     return pa.schema(fields)
 
 
+def concat_shards(tables: list[pa.Table]) -> pa.Table:
+    """Rows of several shards as one table. Schemas are unified, so a shard written with a column nullable that kd
+    writes NOT NULL (the same values) joins the others instead of failing in pyarrow's words ('Schema at index 1
+    was different'); a null where kd never writes one is each reader's values check (`soundness`)."""
+    return pa.concat_tables(tables, promote_options="default")
+
+
 def vector_type(shape: tuple[int, ...], dtype: VectorDType) -> pa.DataType:
     """fixed_size_list nested once per dimension of `shape` (row dimension excluded)."""
     t: pa.DataType = dtype.arrow

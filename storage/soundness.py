@@ -36,6 +36,8 @@ from kd.common.errors import StoreError
 from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
 from kd.common.inputs import MAX_TEXT_BYTES
+from kd.common.parsing import has_auto_map, parse_json
+from kd.storage.fs import check_relative
 from kd.storage.manifest import Manifest, plan_problems, teacher_table
 from kd.storage.schema import canonical_type, is_int8, non_finite_columns, table_vectors, type_name, unlike_declared
 
@@ -53,8 +55,9 @@ SAMPLED_OCCURRENCES = 64
 
 def manifest_problems(m: Manifest) -> list[str]:
     """What is wrong with a manifest on its own: its row plan (`plan_problems`), a missing texts table, a teacher
-    table whose `meta.dim` is not the width of its hidden-state columns. Each is a sentence naming the field."""
-    out = list(plan_problems(m))
+    table whose `meta.dim` is not the width of its hidden-state columns or whose tokenizer or input embeddings are
+    not a path inside the store. Each is a sentence naming the field."""
+    out = list(plan_problems(m)) + _meta_path_problems(m)
     if "texts" not in m.tables:
         out.append("the manifest has no texts table (every table's rows are paired with it by id)")
     for teacher in sorted(m.teachers()):
@@ -67,6 +70,21 @@ def manifest_problems(m: Manifest) -> list[str]:
             width = _WIDTH.match(canonical_type(typ))
             if col.removesuffix("_a").removesuffix("_b") in HIDDEN_COLUMNS and width and int(width[1]) != dim:
                 out.append(f"{name}: meta.dim is {dim!r} but column {col!r} is declared {canonical_type(typ)}")
+    return out
+
+
+def _meta_path_problems(m: Manifest) -> list[str]:
+    """Teacher tables' `meta.tokenizer` and `meta.input_embeddings`: kd writes paths inside the store; '/etc' or
+    '../../teacher' would have training read another folder's files under the store's checksums."""
+    out = []
+    for teacher in sorted(m.teachers()):
+        meta = m.tables[teacher_table(teacher)].meta
+        for field in ("tokenizer", "input_embeddings"):
+            if meta.get(field) is not None:
+                try:
+                    check_relative(meta[field], "", f"{teacher_table(teacher)}: meta.{field}")
+                except StoreError as e:
+                    out.append(e.what)
     return out
 
 
@@ -89,15 +107,22 @@ def values_problems(name: str, table: pa.Table) -> list[str]:
     (null, blank, over 1 MiB)."""
     out = [f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}" for c, n, ids in non_finite_columns(table)]
     out += _bad_scales(table)
-    if "n_tokens" in table.column_names and pa.types.is_integer(table["n_tokens"].type):
-        counts = table["n_tokens"].to_numpy(zero_copy_only=False)
-        neg = np.nonzero(counts < 0)[0]
-        out += [f"column 'n_tokens' is negative in {len(neg)} row(s), first {int(counts[neg[0]])} at row "
-                f"{int(neg[0])}{_row_id(table, int(neg[0]))}"] if len(neg) else []
+    out += _negative(table, "n_tokens")
     if name == "texts":
         out += [p for c in ("text", "text_a", "text_b") if c in table.column_names
                 for p in _text_problem(table, c)]
+        out += _negative(table, "position")
     return out
+
+
+def _negative(table: pa.Table, column: str) -> list[str]:
+    """A count or position column (`n_tokens`, texts' `position` in its document) negative in some row."""
+    if column not in table.column_names or not pa.types.is_integer(table[column].type):
+        return []
+    values = table[column].to_numpy(zero_copy_only=False)
+    neg = np.nonzero(values < 0)[0]
+    return [f"column {column!r} is negative in {len(neg)} row(s), first {int(values[neg[0]])} at row "
+            f"{int(neg[0])}{_row_id(table, int(neg[0]))}"] if len(neg) else []
 
 
 def _bad_scales(table: pa.Table) -> list[str]:
@@ -222,7 +247,7 @@ def require_sound_content(store: Store) -> None:
     state. A sound verdict is remembered in the kd cache under a hash of the manifest (which holds every shard's
     and file's sha256, and every reader verifies them on read), never in the store: readers do not write into a
     store."""
-    mark = _verdict_path(store.manifest)
+    mark = _verdict_path(store)
     if mark is not None and mark.is_file():
         return
     texts = {k: table for name, k, table in _shards(store) if name == "texts"}
@@ -262,14 +287,17 @@ def sampled(m: Manifest) -> bool:
 
 
 def recorded_file_problem(store: Store, rel: str, data: bytes) -> str | None:
-    """What is wrong with the shape of a recorded file whose bytes `data` were read and checked: a vocab output or
-    input embeddings unlike the teacher (None: sound, or another file)."""
-    return file_shape_problem(store.manifest, store.read_recorded, rel, data)
+    """What is wrong with the content of a recorded file whose bytes `data` were read and checked (None: sound)."""
+    return file_content_problem(store.manifest, store.read_recorded, rel, data)
 
 
-def file_shape_problem(m: Manifest, read: Callable[[str], bytes], rel: str, data: bytes) -> str | None:
-    """recorded_file_problem from the manifest and a reader of recorded files (`kd validate --repair` reads a store
-    it cannot open yet)."""
+def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, data: bytes) -> str | None:
+    """What is wrong with recorded file `rel` (bytes `data`) under manifest `m`: a vocab output or input
+    embeddings unlike the teacher; a tokenizer JSON file that kd's parser refuses (a duplicate key, a 5,000-digit
+    integer) or with an `auto_map` entry (code transformers would be pointed at). `read` reads another recorded
+    file (`kd validate --repair` reads a store it cannot open yet). None: sound, or a file of no known shape."""
+    if rel.endswith(".json") and rel.rsplit("/", 1)[0] in _tokenizer_folders(m):
+        return tokenizer_json_problem(data)
     parts = rel.split("/")
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
@@ -280,6 +308,20 @@ def file_shape_problem(m: Manifest, read: Callable[[str], bytes], rel: str, data
     if parts[2] == EMBEDDINGS:
         return embeddings_problem(tensors, _tokenizer_size(m, read, rec.meta.get("tokenizer") if rec else None))
     return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
+
+
+def tokenizer_json_problem(data: bytes) -> str | None:
+    """What is wrong with a stored tokenizer's JSON file: what kd's parser refuses, or an `auto_map` entry (kd
+    precompute stores tokenizers without one: transformers would look for Python code beside it)."""
+    try:
+        parsed = parse_json(data, "", "", StoreError)
+    except StoreError as e:
+        return e.what
+    return "it has an auto_map entry (a pointer to Python code kd never runs)" if has_auto_map(parsed) else None
+
+
+def _tokenizer_folders(m: Manifest) -> set[str]:
+    return {rec.meta["tokenizer"] for rec in m.tables.values() if isinstance(rec.meta.get("tokenizer"), str)}
 
 
 def _tokenizer_size(m: Manifest, read: Callable[[str], bytes], folder: str | None) -> int | None:
@@ -307,13 +349,33 @@ def content_fix(root: str, repairable: bool) -> str:
                  "precompute (a new --out, or --overwrite)"
 
 
-def _verdict_path(m: Manifest) -> Path | None:
-    """Where the verdict on the store state `m` is kept (None: no usable kd cache folder). Index records are
-    left out of the key: `kd index` adds one without changing any value."""
-    state = json.loads(m.to_json())  # (fragments merge in any order: the key sorts its keys)
+def _verdict_path(store: Store) -> Path | None:
+    """Where the verdict on the store's state is kept (None: no usable kd cache folder): a hash of the manifest
+    (index records left out: `kd index` adds one without changing any value) and of every recorded file's
+    state as the filesystem tells it without opening it (`_files_state`)."""
+    state = json.loads(store.manifest.to_json())  # (fragments merge in any order: the key sorts its keys)
     state["extras"] = {k: v for k, v in state["extras"].items() if not k.startswith("index:")}
-    key = hashlib.sha256(json.dumps([CHECKS, state], sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([CHECKS, state, _files_state(store)], sort_keys=True).encode()).hexdigest()
     return cache_dir() / VERDICTS / key
+
+
+def _files_state(store: Store) -> list[Any]:
+    """Each committed shard's and recorded file's kind, identity, size and mtime (one lstat each): the manifest
+    alone did not change when a shard was swapped for a FIFO or a symlink to /dev/zero, and a reader that does not
+    read that shard took the earlier verdict (issue 48's probe). Readers that read a file verify its bytes anyway."""
+    m, loc = store.manifest, store.loc
+    rels = sorted(r.file for t in m.tables.values() for r in t.shards.values()) + sorted(m.extras.get("files", {}))
+    if not loc.is_local:
+        return [[i.type.value, i.size, i.mtime_ns] for i in loc.fs.get_file_info([loc.path(r) for r in rels])]
+    out: list[Any] = []
+    for rel in rels:
+        try:
+            st = os.lstat(loc.path(rel))
+        except OSError:
+            out.append(None)
+            continue
+        out.append([st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+    return out
 
 
 def _remember(mark: Path) -> None:

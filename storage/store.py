@@ -35,7 +35,7 @@ from kd.storage.manifest import (
     plan_problems,
     same_settings,
 )
-from kd.storage.schema import tensors_problem
+from kd.storage.schema import concat_shards, tensors_problem
 from kd.storage.soundness import manifest_problems, require_sound_content, shard_problems
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
@@ -300,7 +300,7 @@ class Store:
 
     def read_table(self, name: str, columns: list[str] | None = None, verify: bool = True) -> pa.Table:
         rec = self.require_complete(name)
-        return pa.concat_tables([self.read_shard(name, k, columns, verify) for k in sorted(rec.shards)])
+        return concat_shards([self.read_shard(name, k, columns, verify) for k in sorted(rec.shards)])
 
     def dataset(self, name: str, verify: bool = True) -> ds.Dataset:
         """A pyarrow dataset over the committed shards (all verified first unless `verify=False`)."""

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import ids_digest
-from kd.storage.index_files import list_indexes, load_index
+from kd.storage.index_files import is_stale, list_indexes, load_index, rebuild_fix
 from kd.storage.manifest import teacher_table
 from kd.storage.soundness import (
     id_problems,
@@ -41,6 +41,7 @@ class Problem:
 
 
 def validate(store: Store) -> list[Problem]:
+    """Every problem of the store (empty: sound). A stale index is not one (`stale_indexes`)."""
     m = store.manifest
     missing = []
     for name in _tables(store):
@@ -109,9 +110,11 @@ def _check_teacher_files(store: Store) -> list[Problem]:
 
 
 def _check_indexes(store: Store) -> list[Problem]:
-    """Every faiss index the manifest lists: files present, checksums, row counts, not stale."""
+    """Every faiss index the manifest lists and its table still holds: files present, checksums, row counts."""
     out = []
     for info in list_indexes(store):
+        if is_stale(store, info):
+            continue
         try:
             load_index(store, info)
         except StoreError as e:
@@ -170,13 +173,23 @@ def _ids_problem(store: Store, name: str, k: int, shard, ids: pa.Array, text_ids
     return None
 
 
+def stale_indexes(store: Store) -> list[Problem]:
+    """Indexes built before their table was rewritten or grown: the store's data is sound and only `kd search`
+    needs the index, which it refuses with this fix; validate notes them without failing (every reader of the
+    data accepts such a store, so validate does too)."""
+    return [Problem(store.loc.path(info.file), f"index {info.name} is stale (table {info.table!r} changed after it "
+                    f"was built): {rebuild_fix(store, info)}") for info in list_indexes(store) if is_stale(store, info)]
+
+
 @dataclass(frozen=True)
 class Validation:
-    """What `kd validate` found: the store's problems (none: sound), and what --repair did first."""
+    """What `kd validate` found: the store's problems (none: sound), what --repair did first, and notes on what
+    is sound but out of date (stale indexes)."""
 
     store: Store
     problems: list[Problem]
     repaired: list[str]  # storage.repair.describe's lines; empty without --repair
+    notes: list[Problem]
 
 
 def validate_store(cfg: ValidateConfig) -> Validation:
@@ -187,7 +200,7 @@ def validate_store(cfg: ValidateConfig) -> Validation:
 
         repaired = describe(repair(cfg.store))
     store, problems = check(cfg.store)
-    return Validation(store, problems, repaired)
+    return Validation(store, problems, repaired, stale_indexes(store))
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:

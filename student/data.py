@@ -168,6 +168,7 @@ class Plan:
     world: int
     counts: np.ndarray  # [num_shards, stripes] int64
     num_val: int
+    excluded: int = 0  # rows left out by `cfg.exclude`
 
     @property
     def readers_per_rank(self) -> int:
@@ -226,7 +227,7 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
     n_shards = store.manifest.num_shards
     stripes = max(1, math.ceil(readers / n_shards))
     counts = np.zeros((n_shards, stripes), dtype=np.int64)
-    num_val = 0
+    num_val = excluded = 0
     for k in range(n_shards):
         for teacher, names in cols.teachers.items():
             need = ["id", *names]
@@ -235,8 +236,14 @@ def build_plan(store: Store, cfg: DataConfig, world: int = 1) -> Plan:
         ids = _open(store, "texts", k).read(columns=["id"]).column("id").to_numpy()
         train, val = split_rows(ids, cfg)
         num_val += int(val.sum())
+        excluded += len(ids) - int(train.sum()) - int(val.sum())
         counts[k] = np.bincount(np.nonzero(train)[0] % stripes, minlength=stripes)
-    return Plan(cfg, cols, world, counts, num_val)
+    if cfg.exclude and not excluded:
+        # an id file that names no row left nothing out: written for another store, or not kd's ids at all
+        raise InputError(f"none of the {len(cfg.exclude):,} ids in --exclude-ids is a row of this store, so nothing "
+                         "would be left out", "--exclude-ids", f"write the file for this store: kd leakage "
+                         f"{store.root} --exclude-out FILE")
+    return Plan(cfg, cols, world, counts, num_val, excluded)
 
 
 def _open(store: Store, table: str, k: int, verify: bool = True) -> pq.ParquetFile:

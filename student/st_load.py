@@ -27,7 +27,7 @@ from typing import Any
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
-from kd.common.parsing import read_config, read_json
+from kd.common.parsing import has_auto_map, read_config, read_json
 from kd.student.saved import check_received
 
 KD_MODULE = "kd.student.st_module.KdTokenEncoder"
@@ -99,13 +99,9 @@ def _refuse_code_files(root: Path) -> None:
         if p.suffix in CODE_SUFFIXES or p.suffix in PICKLE_SUFFIXES:
             kind = "Python code" if p.suffix in CODE_SUFFIXES else "a pickle (loading it can run code)"
             raise InputError(f"the export folder holds {kind}: {p.relative_to(root)}", str(p), REFUSED)
-        if p.suffix == ".json" and p.is_file() and _has_auto_map(_read_json(p)):
+        if p.suffix == ".json" and p.is_file() and has_auto_map(_read_json(p)):
             raise InputError("a config in the export folder has an auto_map entry (it points transformers at "
                              f"code to import): {p.relative_to(root)}", str(p), REFUSED)
-
-
-def _has_auto_map(obj: Any) -> bool:
-    return isinstance(obj, dict) and ("auto_map" in obj or any(_has_auto_map(v) for v in obj.values()))
 
 
 def _check_entry(root: Path, entry: dict[str, Any], listing: Path) -> None:

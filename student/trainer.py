@@ -573,7 +573,8 @@ def _finish(run: _Run, st: TrainState) -> None:
             _load_best(model, run.out / BEST)
         info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
                 "total_steps": run.total, "world_size": run.d.world, "train_rows": run.plan.train_rows(),
-                "val_rows": run.plan.num_val, "steps": st.step, "best_step": early.best_step or st.step,
+                "val_rows": run.plan.num_val, "excluded_rows": run.plan.excluded, "steps": st.step,
+                "best_step": early.best_step or st.step,
                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
         save_student(run.out, model.student, list(model.objectives), s.data.tokenizer_path(s.store),
                      run.cfg.to_json() | {"resolved": info}, s.store.manifest.fingerprint, info)

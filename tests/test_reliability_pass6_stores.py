@@ -1,0 +1,150 @@
+"""Issue 48, the sixth reliability pass: what the third probe still found readers accepting where `kd validate`
+refuses, or validate accepting.
+
+- paths in a teacher's meta (`tokenizer`, `input_embeddings`) that leave the store ('/etc', '../../teacher',
+  '/dev/zero'): every reader refuses them on open, as validate does;
+- a shard swapped for a symlink to /dev/zero with the manifest unchanged: the sound verdict kept in the kd cache
+  no longer covers it (the verdict's key holds each file's state);
+- a stored tokenizer JSON with an `auto_map`, a key named twice, a 5,000-digit integer: validate reports it and
+  --repair sets it aside (it once answered 'nothing to repair' while training refused the store);
+- a negative texts `position`; a texts column that allows nulls but holds none is the same data (--add-to
+  failed on it in pyarrow's words);
+- a stale faiss index is a note of validate, not a problem: the data is sound and only `kd search` needs it;
+- `kd eval` refuses a damaged student before timing anything (it footnoted 'not measured' and exited 0);
+- `--exclude-ids` naming no row of the store is an error, not a training on every row.
+Each store is a real one (news sentences through a tiny BERT teacher), forged by `store_forgery`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import store_forgery
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from store_forgery import TEACHER, edit_manifests, refused, rewrite_file, rewrite_shard, set_column, train, validate
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.common.errors import StoreError
+from kd.dataset.index import search
+
+real, store = store_forgery.real, store_forgery.store  # the sound store and a copy per test
+TOKENIZER_CONFIG = "tokenizers/tiny/tokenizer_config.json"
+
+
+def query(store: Path):
+    return CliRunner().invoke(app, ["query", str(store), "SELECT count(*), sum(mean[1]) FROM tiny"])
+
+
+def leakage(store: Path):
+    return CliRunner().invoke(app, ["leakage", str(store)])
+
+
+def _set_meta(store: Path, field: str, value: str) -> None:
+    edit_manifests(store, lambda d: d["tables"][TEACHER]["meta"].__setitem__(field, value)
+                   if TEACHER in d["tables"] else None)
+
+
+@pytest.mark.parametrize(("field", "value"), [("tokenizer", "../../teacher"), ("tokenizer", "/etc"),
+                                              ("input_embeddings", "/dev/zero")])
+def test_a_meta_path_out_of_the_store_is_refused_by_validate_and_every_reader(store, tmp_path, field, value):
+    _set_meta(store, field, value)
+    res = validate(store)
+    assert res.exit_code == 1 and f"meta.{field} is {value!r}, not a path inside the folder" in res.output, \
+        res.output
+    for res in (query(store), leakage(store), train(store, tmp_path / "student")):
+        refused(res, f"meta.{field}")
+
+
+def test_a_shard_swapped_for_dev_zero_after_a_sound_verdict_is_checked_again(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    assert leakage(store).exit_code == 0  # the store's state is checked once and its verdict kept
+    shard = store / TEACHER / "part-00000.parquet"
+    shard.unlink()
+    os.symlink("/dev/zero", shard)  # the manifest is unchanged: its hash alone keyed the verdict before
+    refused(leakage(store), "part-00000.parquet")
+    refused(query(store), "part-00000.parquet")
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda text: text[:-1] + ', "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", null]}}', "auto_map"),
+    (lambda text: text[:-1] + ', "model_max_length": 1000000000000000000000000000000}', "appears twice"),
+    (lambda text: text[:-1] + ', "padding": ' + "7" * 5000 + "}", "an integer of 5000 digits"),
+])
+def test_a_stored_tokenizer_file_kd_would_not_write_is_reported_and_repaired(store, tmp_path, edit, said):
+    config = json.loads((store / TOKENIZER_CONFIG).read_text())
+    config["model_max_length"] = 64
+    rewrite_file(store, TOKENIZER_CONFIG, edit(json.dumps(config)).encode())
+    res = validate(store)
+    assert res.exit_code == 1 and "tokenizer_config.json" in res.output and said in res.output, res.output
+    refused(train(store, tmp_path / "student"), "tokenizer_config.json")
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "repair set aside tokenizers/tiny" in " ".join(res.output.split()), res.output
+    assert not (store / TOKENIZER_CONFIG).exists()
+
+
+def test_a_negative_position_is_reported_and_refused(store):
+    rewrite_shard(store, "texts", 0, lambda t: set_column(t, "position", [-1] + t["position"].to_pylist()[1:]))
+    res = validate(store)
+    assert res.exit_code == 1 and "column 'position' is negative in 1 row(s), first -1 at row 0" in res.output, \
+        res.output
+    refused(query(store), "column 'position' is negative")
+
+
+def test_add_to_a_store_whose_texts_column_allows_nulls_but_holds_none(store, tiny_teacher):
+    """kd writes the texts columns NOT NULL; a shard written as nullable with the same values is the same data, which
+    validate and every reader accept: --add-to failed on it in pyarrow's words ('Schema at index 1 was different')."""
+    def nullable(t: pa.Table) -> pa.Table:
+        return t.cast(pa.schema([f.with_nullable(f.name == "position") or f for f in t.schema]))
+
+    rewrite_shard(store, "texts", 1, nullable)
+    assert validate(store).exit_code == 0
+    res = CliRunner().invoke(app, ["precompute", "--add-to", str(store), "-t", f"t2={tiny_teacher}",
+                                   "--outputs", "cls", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert validate(store).exit_code == 0
+    assert query(store).exit_code == 0
+
+
+def test_a_stale_index_is_a_note_of_validate_and_kd_search_refuses_it(store):
+    res = CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"])
+    assert res.exit_code == 0, res.output
+    # both tables' shard 0 in reverse row order, every checksum re-forged: a sound store whose rows moved
+    for table in ("texts", TEACHER):
+        rewrite_shard(store, table, 0, lambda t: t.take(pa.array(range(t.num_rows - 1, -1, -1))))
+    res = validate(store)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0 and "note" in out and "is stale" in out and "kd index" in out, res.output
+    assert query(store).exit_code == 0
+    with pytest.raises(StoreError, match="is stale"):
+        search(str(store), np.ones((1, 32), np.float32), k=3)
+
+
+def test_kd_eval_refuses_a_damaged_student_before_timing_anything(real, tmp_path, tiny_teacher):
+    res = train(real, tmp_path / "student")
+    assert res.exit_code == 0, res.output
+    weights = tmp_path / "student" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)  # its recorded sha256 no longer holds
+    res = CliRunner().invoke(app, ["eval", "--teacher", str(tiny_teacher), "--student", str(tmp_path / "student"),
+                                   "--task", "speed", "--no-baseline", "--no-cache", "--no-progress"])
+    refused(res, "model.safetensors")
+    assert "ms/doc" not in res.output
+
+
+def test_exclude_ids_naming_no_row_is_an_error_and_a_match_is_counted(real, tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"1\r2\r3\r")  # CR line ends: three ids, none of them a row of the store
+    refused(train(real, tmp_path / "none", "--exclude-ids", str(ids)), "none of the 3 ids in --exclude-ids")
+    assert not (tmp_path / "none").exists()
+    import pyarrow.parquet as pq
+
+    first = pq.read_table(real / "texts" / "part-00000.parquet")["id"].to_pylist()[:4]
+    ids.write_text("\n".join(map(str, [*first, 5])) + "\n")
+    res = train(real, tmp_path / "some", "--exclude-ids", str(ids))
+    assert res.exit_code == 0, res.output
+    resolved = json.loads((tmp_path / "some" / "config.json").read_text())
+    assert resolved["excluded_rows"] == 4 and resolved["train_rows"] + resolved["val_rows"] == 90 - 4
