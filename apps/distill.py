@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,30 @@ CARD = Path(__file__).with_name("templates") / "model_card.md"
 FORMAT = "kd-distill"
 
 
+class StepKind(str, Enum):
+    """What a step of the run does; its value is the step's name (a stage's name follows `train stage`), and so a
+    key of distill.json's `done`. The dry run (apps.distill_plan) estimates each kind: it walks the same list."""
+
+    teacher = "precompute the teacher"
+    start = "precompute the start model"
+    weights = "choose the teacher weights on STS-B dev"
+    leakage = "leave out evaluation text"
+    train = "train stage"
+    choose = "choose on STS-B dev"
+    export = "export"
+    suite = "evaluate the suite"
+    sts = "evaluate on STS-B"
+
+
 @dataclass
 class Step:
-    name: str
+    kind: StepKind
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value} {self.stage}" if self.stage else self.kind.value
 
 
 @dataclass
@@ -192,7 +212,7 @@ def distill(cfg: DistillConfig) -> DistillResult:
     recipe = cfg.plan()
     run = _Run(cfg, recipe)
     state = _claim(run)
-    steps = _steps(run)
+    steps = steps_of(run)
     seconds: dict[str, float] = {}
     for i, step in enumerate(steps, 1):
         if step.name in state["done"]:
@@ -284,22 +304,24 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _steps(run: _Run) -> list[Step]:
-    steps = [Step("precompute the teacher", lambda: _precompute(run, "teacher"))]
+def steps_of(run: _Run) -> list[Step]:
+    """The run's steps, in order: the one list the run executes and the dry run estimates (each step's condition
+    is written here only)."""
+    K = StepKind
+    steps = [Step(K.teacher, lambda: _precompute(run, "teacher"))]
     if run.specs["start"] and run.recipe.outputs["start"]:
-        steps.append(Step("precompute the start model", lambda: _precompute(run, "start")))
+        steps.append(Step(K.start, lambda: _precompute(run, "start")))
     if run.weights is None and len(run.teacher_roles) > 1:
-        steps.append(Step("choose the teacher weights on STS-B dev", lambda: _choose_weights(run)))
+        steps.append(Step(K.weights, lambda: _choose_weights(run)))
     if run.cfg.exclude_leakage:
-        steps.append(Step("leave out evaluation text", lambda: _leakage(run)))
+        steps.append(Step(K.leakage, lambda: _leakage(run)))
     for stage in run.recipe.students:
-        steps.append(Step(f"train stage {stage.name}", lambda s=stage: _train(run, s), stage.name))
-    steps.append(Step("choose on STS-B dev", lambda: _choose(run)))
+        steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name))
+    steps.append(Step(K.choose, lambda: _choose(run)))
     if run.cfg.export:
-        steps.append(Step("export", lambda: _export(run)))
+        steps.append(Step(K.export, lambda: _export(run)))
     if run.cfg.evaluate:
-        steps.append(Step("evaluate the suite", lambda: _evaluate(run)) if run.cfg.suite else
-                     Step("evaluate on STS-B", lambda: _sts_report(run)))
+        steps.append(Step(K.suite, lambda: _evaluate(run)) if run.cfg.suite else Step(K.sts, lambda: _sts_report(run)))
     return steps
 
 

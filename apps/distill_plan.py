@@ -15,7 +15,6 @@ Each step's estimate is then its fixed cost plus its rows over its measured rate
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import json
@@ -23,17 +22,21 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kd.apps import recipe as R
 from kd.apps.distill import (
     DistillConfig,
+    Step,
+    StepKind,
     _precompute,
     _Run,
     check_store,
     corpus_header,
     corpus_options,
+    steps_of,
     teacher_weights,
 )
 from kd.common import progress
@@ -98,7 +101,9 @@ def _minutes(s: float) -> str:
 
 
 def estimate(cfg: DistillConfig) -> Plan:
-    """The plan of `cfg` with every step's estimated time (see the module docstring); writes nothing to --out."""
+    """The plan of `cfg` with every step's estimated time (see the module docstring); writes nothing to --out. Its
+    steps are the run's own (`steps_of`), each estimated by its kind, in the run's order: an estimate uses what the
+    earlier ones measured, as a step uses what the earlier ones wrote."""
     t0 = time.perf_counter()
     recipe = cfg.plan()
     run = _Run(cfg, recipe)
@@ -106,40 +111,84 @@ def estimate(cfg: DistillConfig) -> Plan:
     if cfg.store:
         check_store(run)
     run.check_models()
-    say = functools.partial(progress.step, enabled=cfg.progress)  # every calibration step says what it does
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
-        with say("dry run: reading the corpus and drawing its sample"):
-            rows, read_s, sample = _corpus(run, Path(tmp))
-        # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing
-        cal = _Run(replace(cfg, inputs=[str(sample)], out=str(Path(tmp) / "run"), store=None, text_column=None,
-                           segment="none", sample=None, exclude_leakage=False, progress=False), recipe)
-        cal.out.mkdir()
-        plan = Plan(recipe, rows, warning=recipe.size_warning(rows))  # the table's caption
-        with say(f"dry run: timing the teacher{' and the start model' if recipe.start else ''} on the sample"):
-            plan.steps += _precompute_steps(run, cal, rows, read_s)
-        if run.weights is None and len(run.teacher_roles) > 1:
-            with say("dry run: choosing the teacher weights on STS-B dev"):
-                plan.steps.append(_weights(run, cal))
-        if cfg.exclude_leakage:
-            plan.steps.append(PlannedStep("leave out evaluation text", 0.0, "id lookups, seconds"))
-        with say(f"dry run: timing {CALIBRATION_STEPS} training steps of each stage"):
-            stage_s, encode_rate = _stages(cal, rows, plan)
-        plan.steps += _copied(run, stage_s)
-        dev = 2 * 1500  # STS-B dev: 1,500 pairs
-        plan.steps.append(PlannedStep("choose on STS-B dev", len(recipe.students) * dev / encode_rate,
-                                      f"{len(recipe.students)} students x {dev:,} sentences"))
-        if cfg.export:
-            with say("dry run: timing the export"):
-                plan.steps.append(_export(cal))
-        if cfg.evaluate:
-            test = 2 * 2 * 1379  # STS-B test: 1,379 pairs, through the chosen student and the baseline
-            with say("dry run: timing the suite's reference models") if cfg.suite else contextlib.nullcontext():
-                suite = _evaluate(cal, encode_rate) if cfg.suite else None
-            plan.steps.append(suite if suite is not None else
-                              PlannedStep("evaluate on STS-B", test / encode_rate,
-                                          f"2 students x {test // 2:,} sentences (--suite: the whole suite)"))
+        c = _Calibration(run, Path(tmp))
+        plan = Plan(recipe, c.rows, warning=recipe.size_warning(c.rows))  # the table's caption
+        plan.steps = [_ESTIMATES[step.kind](c, step) for step in steps_of(run)]
     plan.calibration_seconds = time.perf_counter() - t0
     return plan
+
+
+class _Calibration:
+    """What the estimates measure on the corpus sample, each measured once when an estimate first needs it."""
+
+    def __init__(self, run: _Run, tmp: Path) -> None:
+        self.run, self.say = run, functools.partial(progress.step, enabled=run.cfg.progress)
+        with self.say("dry run: reading the corpus and drawing its sample"):
+            self.rows, self.read_s, sample = _corpus(run, tmp)
+        # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing
+        self.cal = _Run(replace(run.cfg, inputs=[str(sample)], out=str(tmp / "run"), store=None, text_column=None,
+                                segment="none", sample=None, exclude_leakage=False, progress=False), run.recipe)
+        self.cal.out.mkdir()
+
+    @functools.cached_property
+    def precompute(self) -> dict[str, PlannedStep]:
+        with self.say(f"dry run: timing the teacher{' and the start model' if self.run.recipe.start else ''} on "
+                      "the sample"):
+            return {s.name: s for s in _precompute_steps(self.run, self.cal, self.rows, self.read_s)}
+
+    @functools.cached_property
+    def stages(self) -> tuple[dict[str, PlannedStep], float]:
+        """Each stage's planned step by its name, and the last student's encode rate (sentences/s)."""
+        _ = self.precompute  # the stages train on the sample store
+        with self.say(f"dry run: timing {CALIBRATION_STEPS} training steps of each stage"):
+            planned, rate = _stages(self.cal, self.rows)
+        return {s.name: s for s in _copied(self.run, planned)}, rate
+
+    @property
+    def encode_rate(self) -> float:
+        return self.stages[1]
+
+
+def _choose_step(c: _Calibration, step: Step) -> PlannedStep:
+    dev = 2 * 1500  # STS-B dev: 1,500 pairs
+    n = len(c.run.recipe.students)
+    return PlannedStep(step.name, n * dev / c.encode_rate, f"{n} students x {dev:,} sentences")
+
+
+def _export_step(c: _Calibration, step: Step) -> PlannedStep:
+    with c.say("dry run: timing the export"):
+        return _export(c.cal, step.name)
+
+
+def _suite_step(c: _Calibration, step: Step) -> PlannedStep:
+    with c.say("dry run: timing the suite's reference models"):
+        return _evaluate(c.cal, c.encode_rate, step.name)
+
+
+def _sts_step(c: _Calibration, step: Step) -> PlannedStep:
+    test = 2 * 2 * 1379  # STS-B test: 1,379 pairs, through the chosen student and the baseline
+    return PlannedStep(step.name, test / c.encode_rate,
+                       f"2 students x {test // 2:,} sentences (--suite: the whole suite)")
+
+
+def _weights_step(c: _Calibration, step: Step) -> PlannedStep:
+    _ = c.precompute  # the teachers' dev vectors come with their precompute
+    with c.say("dry run: choosing the teacher weights on STS-B dev"):
+        return _weights(c.run, c.cal, step.name)
+
+
+_ESTIMATES: dict[StepKind, Callable[[_Calibration, Step], PlannedStep]] = {
+    StepKind.teacher: lambda c, step: c.precompute[step.name],
+    StepKind.start: lambda c, step: c.precompute[step.name],
+    StepKind.weights: _weights_step,
+    StepKind.leakage: lambda c, step: PlannedStep(step.name, 0.0, "id lookups, seconds"),
+    StepKind.train: lambda c, step: c.stages[0][step.name],
+    StepKind.choose: _choose_step,
+    StepKind.export: _export_step,
+    StepKind.suite: _suite_step,
+    StepKind.sts: _sts_step,
+}
 
 
 def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
@@ -189,19 +238,19 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
             detail += f"; vocab: {vocab:,} tokens (once per machine)"
     if stored["teacher"]:
         secs, detail = read_s + teacher.load_s, "already in the store: nothing to compute"
-    steps = [PlannedStep("precompute the teacher", secs, detail)]
+    steps = [PlannedStep(StepKind.teacher.value, secs, detail)]
     if cal.specs["start"] and cal.recipe.outputs["start"]:
         # a model new to the store encodes its default row outputs beside its init/vocab outputs
         start = _timed(cal, "start", cal.recipe.outputs["start"])
-        steps.append(PlannedStep("precompute the start model", start.load_s, "already in the store") if
+        steps.append(PlannedStep(StepKind.start.value, start.load_s, "already in the store") if
                      stored["start"] else
-                     PlannedStep("precompute the start model", start.seconds(rows),
+                     PlannedStep(StepKind.start.value, start.seconds(rows),
                                  f"{', '.join(cal.recipe.outputs['start'])}; {rows:,} rows at {start.rate:,.0f} "
                                  "rows/s"))
     return steps
 
 
-def _weights(run: _Run, cal: _Run) -> PlannedStep:
+def _weights(run: _Run, cal: _Run, name: str) -> PlannedStep:
     """The weights chosen as the run will choose them (the same cached dev vectors: the run then takes seconds), each
     teacher's dev score and the ensemble's printed; the calibration's stages train on that target."""
     t = time.perf_counter()
@@ -210,7 +259,7 @@ def _weights(run: _Run, cal: _Run) -> PlannedStep:
     if run.cfg.progress:
         for line in choice.lines():
             print("    " + line, file=sys.stderr, flush=True)
-    return PlannedStep("choose the teacher weights on STS-B dev", time.perf_counter() - t, "; ".join(choice.lines()))
+    return PlannedStep(name, time.perf_counter() - t, "; ".join(choice.lines()))
 
 
 def _stored(run: _Run, role: str, corpus: str | None) -> bool:
@@ -265,7 +314,7 @@ def _mean_tokens(store_path: Path, teacher: str) -> float:
     return max(1.0, float(t.column("n_tokens").to_numpy().mean()))
 
 
-def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]:
+def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
     """Each stage trained CALIBRATION_STEPS steps on the sample store: (planned steps, the last student's
     encode rate in sentences/s)."""
     from kd.student.train_config import TrainConfig
@@ -289,9 +338,9 @@ def _stages(cal: _Run, rows: int, plan: Plan) -> tuple[list[PlannedStep], float]
         fixed = max(0.0, wall - CALIBRATION_STEPS * cfg.batch_size / rate)
         val = min(rows * full.val_percent / 100, full.max_val_rows) * (full.epochs if not full.max_steps else 1)
         if not out:  # the baseline is the first stage untrained: its set-up and one step, never calibrated apart
-            out.append(PlannedStep(f"train stage {R.BASELINE}", fixed + full.batch_size / rate,
+            out.append(PlannedStep(f"{StepKind.train.value} {R.BASELINE}", fixed + full.batch_size / rate,
                                    "the first stage's student, untrained: its start"))
-        out.append(PlannedStep(f"train stage {stage.name}", fixed + train_s + val / (3 * rate),
+        out.append(PlannedStep(f"{StepKind.train.value} {stage.name}", fixed + train_s + val / (3 * rate),
                                f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
     return out, _encode_rate(cal)
 
@@ -327,17 +376,17 @@ def _encode_rate(cal: _Run) -> float:
     return len(dev) / (time.perf_counter() - t)
 
 
-def _export(cal: _Run) -> PlannedStep:
+def _export(cal: _Run, name: str) -> PlannedStep:
     from kd.student.exporters import export_student
 
     src = cal.stage_dir(cal.recipe.stages[-1].name)
     t = time.perf_counter()
     export_student(src, "sentence-transformers", cal.out / "model")
     export_student(src, "onnx", cal.out / "onnx")
-    return PlannedStep("export", time.perf_counter() - t, "sentence-transformers folder, ONNX")
+    return PlannedStep(name, time.perf_counter() - t, "sentence-transformers folder, ONNX")
 
 
-def _evaluate(cal: _Run, encode_rate: float) -> PlannedStep:
+def _evaluate(cal: _Run, encode_rate: float, name: str) -> PlannedStep:
     """The suite's texts through every model of its table: the student at its measured rate, and the teacher and
     the start model as `kd eval` runs them (fp32 reference models, not the store's backend): loaded and timed
     here on the sample, for the texts the eval cache does not hold yet (a second run pays neither: 31 of the 62
@@ -356,7 +405,7 @@ def _evaluate(cal: _Run, encode_rate: float) -> PlannedStep:
             load_s, rate = _reference_rate(cal, role)
             secs += load_s + todo / rate
         notes.append(role if todo == n else f"{role} ({n - todo:,} cached)")
-    return PlannedStep("evaluate the suite", secs, f"{n:,} texts through the student and {', '.join(notes)}")
+    return PlannedStep(name, secs, f"{n:,} texts through the student and {', '.join(notes)}")
 
 
 def _reference_rate(cal: _Run, role: str) -> tuple[float, float]:

@@ -233,6 +233,16 @@ def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe
         assert step in text, text
 
 
+def test_the_dry_run_plans_exactly_the_steps_the_run_records(uninterrupted, corpus, recipe_file, tmp_path):
+    """The plan and the run walk one list of steps (apps.distill.steps_of): the dry run of the finished run's
+    options plans the steps its distill.json records as done, by the same names, in the same order."""
+    from kd.apps.distill_plan import estimate
+
+    plan = estimate(_cfg(corpus, tmp_path / "planned", recipe_file))
+    assert [s.name for s in plan.steps] == json.loads((uninterrupted / "distill.json").read_text())["done"]
+    assert all(s.seconds > 0 for s in plan.steps if s.name != "leave out evaluation text"), plan
+
+
 def test_the_python_dry_run_prints_as_its_plan(tmp_path, corpus, recipe_file):
     """The replayed probe: `print(kd.distill(..., dry_run=True).table())` showed `<rich.table.Table object>`; the
     plan itself now prints as the CLI's table, and nothing is written."""
@@ -298,11 +308,11 @@ def _suite_estimate_reads_the_cache(tmp_path: Path, corpus: Path, recipe: Path, 
         return 2.0, 50.0
 
     monkeypatch.setattr(distill_plan, "_reference_rate", reference_rate)
-    warm = distill_plan._evaluate(cal, 100.0)
+    warm = distill_plan._evaluate(cal, 100.0, "evaluate the suite")
     assert timed == [] and warm.seconds == pytest.approx(n / 100.0), warm
     assert warm.detail.endswith(f"teacher ({n:,} cached), start ({n:,} cached)"), warm.detail
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "empty-cache"))
-    cold = distill_plan._evaluate(cal, 100.0)
+    cold = distill_plan._evaluate(cal, 100.0, "evaluate the suite")
     assert timed == ["teacher", "start"] and cold.seconds == pytest.approx(n / 100.0 + 2 * (2.0 + n / 50.0))
 
 
