@@ -14,6 +14,10 @@ and at inference (tests/test_tokenizer_path.py); which side a batch pads on is c
   export cache by the run that measured the backend (pipeline/fidelity_cache.py) or in an ONNX export;
 - `encode(texts, pairs, max_length)`: what `tok(texts[, pairs], truncation=..., max_length=...)` gives (special
   tokens added, longest-first truncation on the tokenizer's side, no padding): ids (and type ids) per text;
+  `first_ids=True`: instead the first max_length ids of the whole encoding, special tokens added before the cut
+  (a longer text loses its final [SEP]), which is how sentence-transformers' WordEmbeddings cuts: students built
+  on a token table (`StudentConfig.first_ids`) train and encode so, and their WordEmbeddings export gives their
+  vectors on texts of any length;
 - `pad(rows)`: the rows padded to the longest on the tokenizer's side, int64 arrays plus the attention mask, like
   `tok.pad(rows, return_tensors="np")`.
 tests/test_fast_tokenizer.py checks ids, type ids and padded batches against transformers on real text and pairs.
@@ -58,7 +62,7 @@ class FastTokenizer:
     def __init__(self, backend: Any, settings: TokenizerSettings) -> None:
         self.backend, self.settings = backend, settings
         self.backend.no_padding()  # padding is `pad`'s, per batch
-        self._truncation: int | None = -1  # what the backend is set to (-1: unknown)
+        self._truncation: tuple[int | None, str] | None = None  # (max length, side) the backend is set to
 
     @classmethod
     def from_transformers(cls, tok: Any, where: str) -> FastTokenizer:
@@ -83,25 +87,31 @@ class FastTokenizer:
     def wants_types(self) -> bool:
         return TOKEN_TYPES in self.settings.input_names
 
-    def _truncate_at(self, max_length: int | None) -> None:
-        if max_length == self._truncation:
+    def _truncate_at(self, max_length: int | None, side: str) -> None:
+        if (max_length, side) == self._truncation:
             return
         if max_length is None:
             self.backend.no_truncation()
         else:
-            self.backend.enable_truncation(max_length, strategy="longest_first",
-                                           direction=self.settings.truncation_side)
-        self._truncation = max_length
+            self.backend.enable_truncation(max_length, strategy="longest_first", direction=side)
+        self._truncation = (max_length, side)
 
-    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int | None = None
-               ) -> dict[str, list[list[int]]]:
-        """{input_ids[, token_type_ids]} per text (or pair), special tokens added; `max_length` None: untruncated."""
-        self._truncate_at(max_length)
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_length: int | None = None,
+               first_ids: bool = False) -> dict[str, list[list[int]]]:
+        """{input_ids[, token_type_ids]} per text (or pair), special tokens added; `max_length` None: untruncated.
+        `first_ids`: each text's first `max_length` ids, special tokens added before the cut (module docstring)."""
+        if first_ids and max_length is not None:
+            # one id past the cut from the right keeps the same first ids as the whole encoding would ([CLS], the
+            # first max_length - 1 tokens, then [SEP], cut below) without tokenizing a 1 MiB text whole
+            self._truncate_at(max_length + 1, "right")
+        else:
+            self._truncate_at(max_length, self.settings.truncation_side)
         batch = list(zip(texts, pairs)) if pairs is not None else list(texts)
         encs = self.backend.encode_batch(batch, add_special_tokens=True)
-        out = {"input_ids": [e.ids for e in encs]}
+        cut = max_length if first_ids and max_length is not None else None
+        out = {"input_ids": [e.ids[:cut] for e in encs]}
         if self.wants_types:
-            out[TOKEN_TYPES] = [e.type_ids for e in encs]
+            out[TOKEN_TYPES] = [e.type_ids[:cut] for e in encs]
         return out
 
     def pad(self, rows: dict[str, list[list[int]]], idx: Sequence[int] | None = None) -> dict[str, np.ndarray]:

@@ -150,6 +150,7 @@ class DataConfig:
     exclude: tuple[int, ...] = ()  # ids never trained or validated on (`kd leakage --exclude-out`)
     combined: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)  # Columns.combined
     bucket: bool = False  # batches of similar length within the shuffle buffer (less padding); trainer: on
+    first_ids: bool = False  # the student's cut of a longer text (StudentConfig.first_ids)
 
     def tokenizer_path(self, store: Store) -> str:
         return self.tokenizer_dir or store.tokenizer_dir(self.tokenizer)
@@ -462,9 +463,10 @@ def _bucketed(pool: dict[str, np.ndarray], rows: np.ndarray, bs: int, cols: Colu
 class Tokenize:
     """Rows -> model batch: tokenized text(s), id, targets and labels as tensors (see module contract)."""
 
-    def __init__(self, tokenizer_dir: str, max_length: int, tokenizer: Any = None) -> None:
-        """`tokenizer`: the one training set-up loaded from `tokenizer_dir` (then not loaded again)."""
-        self.dir, self.max_length = tokenizer_dir, max_length
+    def __init__(self, tokenizer_dir: str, max_length: int, tokenizer: Any = None, first_ids: bool = False) -> None:
+        """`tokenizer`: the one training set-up loaded from `tokenizer_dir` (then not loaded again); `first_ids`:
+        the student's cut (`StudentConfig.first_ids`)."""
+        self.dir, self.max_length, self.first_ids = tokenizer_dir, max_length, first_ids
         self._tok = tokenizer
         self._fast: FastTokenizer | None = None
 
@@ -485,12 +487,12 @@ class Tokenize:
 
     def count(self, texts: list[str]) -> np.ndarray:
         """Each text's token count as the student sees it (truncated at max_length): what length buckets sort by."""
-        rows = self.fast.encode(texts, max_length=self.max_length)["input_ids"]
+        rows = self.fast.encode(texts, max_length=self.max_length, first_ids=self.first_ids)["input_ids"]
         return np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
 
     def encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """The student's batch: the ids its `encode` gives these texts (common/fast_tokenizer.py), right-padded."""
-        rows = self.fast.encode(texts, max_length=self.max_length)["input_ids"]
+        rows = self.fast.encode(texts, max_length=self.max_length, first_ids=self.first_ids)["input_ids"]
         ids, mask = pad_rows(rows, self.fast.settings.pad_id)
         return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 
@@ -517,7 +519,7 @@ class TrainStream(IterableDataset):
     def __init__(self, store: Store, plan: Plan, epoch: int, rank: int, skip: list[int],
                  tokenizer: Any = None) -> None:
         self.store, self.plan, self.epoch, self.rank, self.skip = store, plan, epoch, rank, skip
-        self.tokenize = Tokenize(plan.cfg.tokenizer_path(store), plan.cfg.max_length, tokenizer)
+        self.tokenize = Tokenize(plan.cfg.tokenizer_path(store), plan.cfg.max_length, tokenizer, plan.cfg.first_ids)
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -567,7 +569,7 @@ def validation_batches(store: Store, plan: Plan, rank: int = 0, world: int = 1,
                        tokenizer: Any = None) -> list[dict]:
     """The held-out rows (first `max_val_rows` in shard order), tokenized once; rank r keeps batches r::world."""
     cfg = plan.cfg
-    tok = Tokenize(cfg.tokenizer_path(store), cfg.max_length, tokenizer)
+    tok = Tokenize(cfg.tokenizer_path(store), cfg.max_length, tokenizer, cfg.first_ids)
     rows: dict[str, np.ndarray] | None = None
     for k in range(store.manifest.num_shards):
         if _rows(rows) >= cfg.max_val_rows or plan.num_val == 0:

@@ -82,6 +82,15 @@ class StudentConfig:
     attention_dim: int = 128  # attentive pooling's scorer width
     bert: dict[str, Any] | None = None  # transformer-init: the stored BERT config of the kept layers
 
+    @property
+    def first_ids(self) -> bool:
+        """Whether a text longer than max_length keeps its first max_length ids, [SEP] cut off
+        (`FastTokenizer.encode(first_ids=True)`), as sentence-transformers' WordEmbeddings cuts (whatever side
+        the tokenizer truncates on): the archs exported onto WordEmbeddings (student/exporters/st_builtin.py),
+        so that the export equals the student on texts of any length. The others keep their tokenizer's
+        truncation (a Transformer keeps [SEP]; bigru's export runs kd's own module)."""
+        return self.arch in (Arch.bilstm, Arch.cnn, Arch.ffn)
+
     def __post_init__(self) -> None:
         try:
             self.arch = Arch(self.arch)

@@ -196,7 +196,7 @@ class LoadedStudent:
         """The ids training gave these texts (common/fast_tokenizer.py): special tokens, truncated to max_length."""
         if self._fast is None:  # a copy: our truncation settings, not the shared tokenizer's
             self._fast = FastTokenizer.from_transformers(self.tokenizer, str(self.path))
-        return self._fast.encode(texts, max_length=self.config.max_length)["input_ids"]
+        return self._fast.encode(texts, max_length=self.config.max_length, first_ids=self.config.first_ids)["input_ids"]
 
     def _static_arrays(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A static student on the CPU as numpy arrays: (token table, head matrix [width, out] or None).

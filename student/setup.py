@@ -87,7 +87,7 @@ def setup(cfg: TrainConfig) -> Setup:
         student_cfg, kept = init_config(cfg, init_info, tok if own_tok is None else None)
     check_training_memory(cfg, student_cfg)
     objectives = build_objectives(cfg.objectives, student_cfg, store.manifest, cfg.target)
-    data = _data_config(cfg, objectives, teacher, own_tok, ctx.ensemble)
+    data = _data_config(cfg, objectives, teacher, own_tok, ctx.ensemble, student_cfg.first_ids)
     return Setup(store, student_cfg, objectives, keys, teacher, data, tok, emb, init_dir, init_info, kept)
 
 
@@ -156,13 +156,13 @@ def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, e
 
 
 def _data_config(cfg: TrainConfig, objectives: list[nn.Module], teacher: str, tokenizer_dir: str | None,
-                 combined: dict[str, tuple[tuple[str, float], ...]]) -> D.DataConfig:
+                 combined: dict[str, tuple[tuple[str, float], ...]], first_ids: bool) -> D.DataConfig:
     return D.DataConfig(
         cfg.store, required_columns(objectives), teacher, tokenizer_dir, batch_size=cfg.batch_size,
         max_length=cfg.max_length,
         shuffle_buffer=cfg.shuffle_buffer, val_percent=cfg.val_percent, max_val_rows=cfg.max_val_rows,
         seed=cfg.seed, num_workers=cfg.num_workers, exclude=read_ids(cfg.exclude_ids) if cfg.exclude_ids else (),
-        bucket=cfg.bucket, combined=combined,
+        bucket=cfg.bucket, combined=combined, first_ids=first_ids,
     )
 
 

@@ -56,7 +56,8 @@ class KdTokenEncoder(InputModule):
             inputs = self._prepend_prompt(inputs, prompt)
         if self._fast is None:
             self._fast = FastTokenizer.from_transformers(self.tokenizer, "the exported student's tokenizer")
-        rows = self._fast.encode(list(inputs), max_length=self.cfg.max_length)["input_ids"]
+        cfg = self.cfg
+        rows = self._fast.encode(list(inputs), max_length=cfg.max_length, first_ids=cfg.first_ids)["input_ids"]
         ids, mask = pad_rows(rows, self.cfg.pad_id)
         return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
 

@@ -41,6 +41,21 @@ def test_encode_equals_transformers_texts_and_pairs(hf, max_length):
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
+def test_first_ids_are_what_sentence_transformers_word_embeddings_keeps(hf, side):
+    """`first_ids`: the whole encoding's first max_length ids (what WordEmbeddings keeps: `tok(text)` untruncated,
+    then cut), [SEP] cut off a longer text, whichever side the tokenizer truncates on; shorter texts whole. The
+    backend's truncation setting is put back for the next plain call."""
+    hf.truncation_side = side
+    fast = FastTokenizer.from_transformers(hf, "-")
+    whole = hf(TEXTS)["input_ids"]
+    got = fast.encode(TEXTS, max_length=30, first_ids=True)
+    assert got["input_ids"] == [row[:30] for row in whole]
+    assert got["token_type_ids"] == [row[:30] for row in hf(TEXTS)["token_type_ids"]]
+    assert any(len(row) > 30 and row[29] != hf.sep_token_id for row in whole)  # the cut drops [SEP] somewhere
+    assert fast.encode(TEXTS, max_length=30)["input_ids"] == hf(TEXTS, truncation=True, max_length=30)["input_ids"]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
 def test_pad_equals_transformers(hf, side):
     hf.padding_side = side
     fast = FastTokenizer.from_transformers(hf, "-")

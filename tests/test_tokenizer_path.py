@@ -102,7 +102,8 @@ def _fed_by_onnx_export(st: LoadedStudent, texts: list[str], out: Path) -> tuple
 
 
 @pytest.mark.parametrize("sides", list(SIDES))
-# bigru: kd's own export module tokenizes (a bilstm's WordEmbeddings keeps a long text's first ids, st_fit.caveat);
+# bigru: kd's own export module tokenizes (a bilstm keeps a long text's first ids, as its WordEmbeddings export does:
+# StudentConfig.first_ids);
 # transformer-init: the built-in Transformer module
 @pytest.mark.parametrize("arch", ["bigru", "transformer-init"])
 def test_training_encode_and_exports_feed_the_student_the_same_ids(tokenizers, sides, arch, tmp_path):

@@ -2,7 +2,7 @@
 
 - `sentence-transformers` (st_directory.py): built-in modules wherever they reproduce the student (st_fit.py,
   st_builtin.py), kd's `KdTokenEncoder` otherwise (load those with `kd.student.load_exported`, never
-  `trust_remote_code`); `export_note` says which, and what differs, for `kd export` to print;
+  `trust_remote_code`); `export_note` says which, for `kd export` to print;
 - `onnx` (onnx_graph.py): the whole student as one graph (`--quantize int8`: int8 weights, common/onnx_int8.py);
   `OnnxEncoder` runs it with onnxruntime alone;
 - folder.py: the output folder's gate and the atomic swap both formats use.

@@ -69,6 +69,7 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
             fp32.unlink()
         st.tokenizer.save_pretrained(work)
         spec = {"format": "kd-onnx", "arch": st.config.arch.value, "dim": st.dim, "max_length": st.config.max_length,
+                "first_ids": st.config.first_ids,
                 "pad_id": st.config.pad_id, "add_special_tokens": True,
                 "truncation_side": st.tokenizer.truncation_side, "pooling": "in the graph",
                 "normalize": False, "inputs": ["input_ids", "attention_mask"], "output": "sentence_embedding",
@@ -130,7 +131,8 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
         """float32 [n, dim] in input order; unit vectors unless `normalize=False` (as the student's `encode`)."""
         spec = self.spec
-        ids = self.tokenizer.encode(list(texts), max_length=spec["max_length"])["input_ids"]
+        ids = self.tokenizer.encode(list(texts), max_length=spec["max_length"],
+                                    first_ids=bool(spec.get("first_ids", False)))["input_ids"]
         lengths = np.array([len(x) for x in ids], dtype=np.int64)
 
         def run(idx: np.ndarray) -> np.ndarray:

@@ -35,7 +35,8 @@ def word_encoder(st: LoadedStudent) -> list[nn.Module]:
     table = st.model.embed.weight.detach().clone()
     if cfg.arch is Arch.cnn:
         table[0] = 0.0  # WordEmbeddings pads with id 0 (st_fit: the pad id is 0); kd's convolution sees zeros there
-    # max_seq_length: WordEmbeddings keeps the first max_length ids of a longer text (st_fit.caveat)
+    # max_seq_length: WordEmbeddings keeps the first max_length ids of a longer text, as the student does
+    # (StudentConfig.first_ids)
     embeddings = WordEmbeddings(st.tokenizer, table, max_seq_length=cfg.max_length)
     build = {Arch.bilstm: _lstm, Arch.cnn: _cnn, Arch.ffn: _ffn}[cfg.arch]
     return [embeddings, *build(st)]

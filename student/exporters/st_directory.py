@@ -10,7 +10,7 @@ loads with plain `SentenceTransformer(dir)`:
 - transformer-init, transformer: `Transformer` (a BertModel: the kept teacher layers with the student's token
   table, or the student's own layers mapped into BERT's, st_builtin.py) + `Pooling` [+ `Dense`].
 - bilstm, cnn, ffn: `WordEmbeddings` + `LSTM` | `CNN` + `Dense`(ReLU) | `Dense`(ReLU) per layer, then `Pooling`
-  [+ `Dense`] (st_builtin.py); texts longer than max_length differ (st_fit.caveat).
+  [+ `Dense`] (st_builtin.py), equal to the student on texts of any length (StudentConfig.first_ids).
 - every arch ends in `Normalize`: its vectors are those of the student's default `encode`.
 - what no built-in reproduces (a GRU, attentive pooling, a multi-layer cnn, ... : `st_fit.gap`):
   `student.st_module.KdTokenEncoder` + `Pooling` [+ `Dense`]. sentence-transformers imports a class outside

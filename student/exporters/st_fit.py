@@ -9,7 +9,8 @@ sentence-transformers 6.2's modules (tests/test_st_builtin_export.py):
 - bilstm, cnn, ffn: WordEmbeddings (the student's WordPiece tokenizer through `TransformersTokenizerWrapper`) +
   LSTM | CNN + Dense(ReLU on tokens) | Dense(ReLU on tokens) x layers, then Pooling [+ Dense] (st_builtin.py).
   WordEmbeddings tokenizes without truncation and then keeps the first max_length ids, so a text longer than
-  max_length tokens loses its final [SEP] there, while kd keeps it (`CAVEAT`): only such texts differ.
+  max_length tokens loses its final [SEP]; these students cut so in training and in kd's encode too
+  (`StudentConfig.first_ids`), so texts of every length get the student's vectors.
   The CNN's widths and channels are kd's, reshaped to what CNN can hold (st_builtin.py): an even width k becomes
   k+1 with a zero first tap, every width gets the most channels any has, the extra ones zero and dropped again.
 - what no built-in has: a GRU, attentive pooling, cls pooling after WordEmbeddings (it sets `cls_token_embeddings`
@@ -50,16 +51,6 @@ def _cnn_gap(cfg: StudentConfig) -> str | None:
     return None
 
 
-def caveat(cfg: StudentConfig) -> str | None:
-    """What a built-in chain does differently from kd (None: nothing): WordEmbeddings' truncation."""
-    if cfg.arch not in WORD_ARCHS or gap(cfg) is not None:
-        return None
-    return (f"texts over {cfg.max_length} tokens: sentence-transformers' WordEmbeddings keeps their first "
-            f"{cfg.max_length} token ids without the final [SEP], kd truncates before adding it, so those texts get "
-            "slightly different vectors (shorter texts the same); for exactly kd's vectors use --format onnx or "
-            "kd.student.load")
-
-
 def export_note(cfg: StudentConfig) -> str | None:
     """What `kd export --format sentence-transformers` prints and the export's card says (None: nothing to say)."""
     why = gap(cfg)
@@ -68,5 +59,4 @@ def export_note(cfg: StudentConfig) -> str | None:
                 f"({why}): {PLAIN_ST} refuses it without trust_remote_code, which must never be granted to a "
                 "received folder. Load it with kd.student.load_exported(path), or export --format onnx "
                 "(onnxruntime and tokenizers only).")
-    more = caveat(cfg)
-    return None if more is None else f"loads with {PLAIN_ST}; {more}."
+    return None
