@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,46 @@ def _suite_cache() -> None:
 
 
 _suite_cache()
+
+# A test that runs long (a whole distill, a subprocess killed and resumed) printed nothing under `pytest -q` for
+# minutes (issue 49: no silence over ~10 s): each test's setup, call and teardown say every HEARTBEAT_S seconds
+# that it is still running, and which one.
+HEARTBEAT_S = 10.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    fd = _terminal_fd(item.config)
+    stop = threading.Event()
+
+    def beat() -> None:
+        start = time.monotonic()
+        while not stop.wait(HEARTBEAT_S):
+            line = f"\n  still running {item.nodeid} ({time.monotonic() - start:.0f} s)\n"
+            with contextlib.suppress(OSError):
+                os.write(fd, line.encode())
+
+    thread = threading.Thread(target=beat, name="kd-test-heartbeat", daemon=True)
+    if fd is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
+
+
+def _terminal_fd(config: pytest.Config) -> int | None:
+    """The terminal's stdout while a test runs: under pytest's default fd capture, fd 1 is a capture file then,
+    and the capture keeps a duplicate of the real one; written to directly, a heartbeat never suspends the capture
+    (another thread's suspend could take a running test's captured output). Without fd capture (-s, --capture=sys)
+    fd 1 is the terminal. (`targetfd_save` is pytest's own name for that duplicate; None where it has none.)"""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    out = getattr(getattr(capman, "_global_capturing", None), "out", None)
+    if out is None:
+        return 1
+    return getattr(out, "targetfd_save", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KD_SHARED", ROOT.parent / "shared"))
