@@ -257,6 +257,13 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def exclusive_lock(path: str):
     """An exclusive lock on `path` (common.locks.try_lock: released when its holder dies), its folder created if
-    needed; None when someone holds it. Keep the returned file open for as long as the lock is needed."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    return try_lock(path)
+    needed; None when someone holds it. Keep the returned file open for as long as the lock is needed. A lock
+    folder that is not one (a file, a link to /dev/null) is kd's error naming it."""
+    folder = os.path.dirname(path) or "."
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return try_lock(path)
+    except OSError as e:
+        raise StoreError(f"cannot take the lock {os.path.basename(path)} ({e.strerror or e})", folder,
+                         f"{folder} must be a folder kd can write in: remove what is there (kd makes it again)") \
+            from None

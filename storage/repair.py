@@ -35,7 +35,7 @@ from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
 from kd.storage.manifest import Manifest, ShardRecord, merge, plan_problems
-from kd.storage.names import real_inside
+from kd.storage.names import links_out, real_inside
 from kd.storage.schema import tensors_problem
 from kd.storage.soundness import file_content_problem, shard_problems, values_problems
 from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
@@ -131,6 +131,7 @@ def repair(store_path: str) -> RepairReport:
         report.dropped.append((name, k, why))
     _damaged_files(loc, merged, drop, aside, report)
     _damaged_indexes(loc, merged, drop, aside, report)
+    _links_aside(loc, report)
     if drop:
         _drop(loc, drop)
         for rel in sorted(aside):
@@ -300,10 +301,22 @@ def _set_aside(loc: fs.Location, rel: str) -> None:
         (loc.fs.delete_dir if kind == fs.pafs.FileType.Directory else loc.fs.delete_file)(src)
 
 
+def _links_aside(loc: fs.Location, report: RepairReport) -> None:
+    """Every other symlink leading out of the store (`locks/` to /dev/null, a link no record names): the link itself
+    is removed (never its target; the report names the target); what kd writes there, it makes again."""
+    if not loc.is_local:
+        return
+    for rel, target in list(links_out(loc.root)):
+        link = os.path.join(loc.root, rel)
+        if os.path.islink(link):  # (removed with a record above)
+            os.unlink(link)
+            report.files.append((rel, f"a symlink leading out of the store, to {target}"))
+
+
 def _link_aside(loc: fs.Location, rel: str) -> None:
     """A symlink in the store leading out of it, at `rel` or at a folder above it: the link itself (never its target)
-    becomes `<link>.damaged`, so the rerun of precompute writes a real file at `rel` (it refuses to write through a
-    link leading out)."""
+    is removed, so the rerun of precompute writes a real file at `rel` (it refuses to write through a link leading
+    out). A link is not renamed to `<link>.damaged`: it would still lead out of the store, which validate reports."""
     if not loc.is_local:
         return
     parts = rel.split("/")
@@ -311,7 +324,7 @@ def _link_aside(loc: fs.Location, rel: str) -> None:
         link = os.path.join(loc.root, *parts[:i])
         if os.path.islink(link):
             if not real_inside(loc.root, *parts[:i])[1] and real_inside(loc.root, *parts[:i - 1])[1]:
-                os.replace(link, link + SET_ASIDE)
+                os.unlink(link)
             return
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kd.common.bert_config import bert_config_problem
 from kd.common.cache import cache_dir
 from kd.common.errors import StoreError
 from kd.common.finite import OUT_OF_RANGE
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # store.py imports this module
 # Teacher columns pooled from hidden states: their innermost width is the teacher's `meta.dim`. (`sentence` may
 # pass a sentence-transformers Dense layer of another width, `logits` has one value per label.)
 HIDDEN_COLUMNS = ("cls", "mean", "layers")
+_TEXT_COLUMNS = ("text", "text_a", "text_b")  # a null text is `_text_problem`'s, named by its row
 _WIDTH = re.compile(r"^\w+\[(\d+)\]")
 # A duplicate text whose earlier copy --sample dropped keeps its occurrence number (common.ids): how many more
 # occurrences a row of a sampled store may be past the copies the store holds before it.
@@ -88,6 +90,16 @@ def _meta_path_problems(m: Manifest) -> list[str]:
     return out
 
 
+def require_sound_manifest(loc: Any, m: Manifest) -> None:
+    """Refuse a store whose manifest `manifest_problems` finds wrong (`loc`: its fs.Location), as every reader and
+    every writer extending it does."""
+    problems = manifest_problems(m)
+    if problems:
+        raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path("manifest.json"),
+                         f"run `kd validate {loc.root}` for every problem; a damaged row plan or table record "
+                         "cannot be repaired: write the store again (a new --out, or --overwrite)")
+
+
 def shard_problems(schema: pa.Schema, rows: int, recorded_rows: int, declared: dict[str, str]) -> list[str]:
     """What is wrong with a shard's footer against its record and its table's declared columns: another row count,
     a declared column missing or of another type, a column the manifest does not declare."""
@@ -105,7 +117,10 @@ def values_problems(name: str, table: pa.Table) -> list[str]:
     """What is wrong with the values of a shard of table `name` (its footer sound): vectors NaN/Inf or beyond
     `MAX_ABS`, int8 codes without a usable scale, a negative token count, texts that kd precompute never writes
     (null, blank, over 1 MiB)."""
-    out = [f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}" for c, n, ids in non_finite_columns(table)]
+    out = [f"column {c!r} holds {table[c].null_count} null(s), which kd never writes" for c in table.column_names
+           if c != "label" and table[c].null_count and not (name == "texts" and c in _TEXT_COLUMNS)]
+    out += [f"column {c!r} has {OUT_OF_RANGE} in {n} row(s), first ids {ids}"
+            for c, n, ids in non_finite_columns(table)]
     out += _bad_scales(table)
     out += _negative(table, "n_tokens")
     if name == "texts":
@@ -247,6 +262,7 @@ def require_sound_content(store: Store) -> None:
     state. A sound verdict is remembered in the kd cache under a hash of the manifest (which holds every shard's
     and file's sha256, and every reader verifies them on read), never in the store: readers do not write into a
     store."""
+    require_sound_manifest(store.loc, store.manifest)  # (Store.open checked it; `--add-to` builds its Store itself)
     mark = _verdict_path(store)
     if mark is not None and mark.is_file():
         return
@@ -294,11 +310,14 @@ def recorded_file_problem(store: Store, rel: str, data: bytes) -> str | None:
 def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, data: bytes) -> str | None:
     """What is wrong with recorded file `rel` (bytes `data`) under manifest `m`: a vocab output or input
     embeddings unlike the teacher; a tokenizer JSON file that kd's parser refuses (a duplicate key, a 5,000-digit
-    integer) or with an `auto_map` entry (code transformers would be pointed at). `read` reads another recorded
+    integer) or with an `auto_map` entry (code transformers would be pointed at); an init output's config.json
+    that `common.bert_config` refuses. `read` reads another recorded
     file (`kd validate --repair` reads a store it cannot open yet). None: sound, or a file of no known shape."""
     if rel.endswith(".json") and rel.rsplit("/", 1)[0] in _tokenizer_folders(m):
         return tokenizer_json_problem(data)
     parts = rel.split("/")
+    if len(parts) == 4 and parts[0] == "teachers" and parts[2].startswith("init-") and parts[3] == "config.json":
+        return init_config_problem(data)
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
     from safetensors.numpy import load
@@ -318,6 +337,15 @@ def tokenizer_json_problem(data: bytes) -> str | None:
     except StoreError as e:
         return e.what
     return "it has an auto_map entry (a pointer to Python code kd never runs)" if has_auto_map(parsed) else None
+
+
+def init_config_problem(data: bytes) -> str | None:
+    """What is wrong with a teacher's `init` output config.json (`common.bert_config`: a transformer-init student
+    is built from its sizes), parse errors included."""
+    try:
+        return bert_config_problem(parse_json(data, "", "", StoreError))
+    except StoreError as e:
+        return e.what
 
 
 def _tokenizer_folders(m: Manifest) -> set[str]:
@@ -360,7 +388,7 @@ def _verdict_path(store: Store) -> Path | None:
 
 
 def _files_state(store: Store) -> list[Any]:
-    """Each committed shard's and recorded file's kind, identity, size and mtime (one lstat each): the manifest
+    """Each committed shard's and recorded file's kind, identity, size, mtime and ctime (one lstat each): the manifest
     alone did not change when a shard was swapped for a FIFO or a symlink to /dev/zero, and a reader that does not
     read that shard took the earlier verdict (issue 48's probe). Readers that read a file verify its bytes anyway."""
     m, loc = store.manifest, store.loc
@@ -374,7 +402,8 @@ def _files_state(store: Store) -> list[Any]:
         except OSError:
             out.append(None)
             continue
-        out.append([st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+        # ctime: set by the kernel on every write, so a byte changed in place with its mtime put back is a new state
+        out.append([st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
     return out
 
 

@@ -36,7 +36,7 @@ from kd.storage.manifest import (
     same_settings,
 )
 from kd.storage.schema import concat_shards, tensors_problem
-from kd.storage.soundness import manifest_problems, require_sound_content, shard_problems
+from kd.storage.soundness import require_sound_content, require_sound_manifest, shard_problems
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -63,11 +63,23 @@ def load_manifest(loc: fs.Location, main: bool = True) -> Manifest | None:
     """Merged manifest of a store (`main=False`: of its fragments alone), or None when there is none."""
     found = []
     if main and fs.exists(loc, MANIFEST):
-        found.append(Manifest.from_json(fs.read_bytes(loc, MANIFEST), loc.path(MANIFEST)))
+        found.append(_record(loc, MANIFEST))
     for name in fs.list_files(loc, FRAGMENTS):
         if name.endswith(".json"):
-            found.append(Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, name), loc.path(FRAGMENTS, name)))
+            found.append(_record(loc, f"{FRAGMENTS}/{name}"))
     return merge(found, loc.root) if found else None
+
+
+def _record(loc: fs.Location, rel: str) -> Manifest:
+    """manifest.json or a fragment, refused when it is a symlink leading out of the store (`fs.member`): readers
+    read another store's record through it while every writer refused to write there (issue 48's probe);
+    `kd validate --repair` writes manifest.json again from the fragments."""
+    try:
+        fs.member(loc, rel, loc.path(rel), rel)
+    except StoreError as e:
+        raise StoreError(e.what, e.where, f"run `kd validate {loc.root} --repair` (it writes the record again from "
+                         "the store's other records), or replace the link by the file itself") from None
+    return Manifest.from_json(fs.read_bytes(loc, *rel.split("/")), loc.path(rel))
 
 
 def readable_manifest(loc: fs.Location, overwrite: bool) -> Manifest | None:
@@ -102,11 +114,8 @@ class Store:
             raise StoreError(
                 "no kd store here (no manifest.json)", loc.root, "create one with: kd precompute INPUT --out STORE"
             )
-        problems = manifest_problems(m) if sound else []
-        if problems:
-            raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path(MANIFEST),
-                             f"run `kd validate {loc.root}` for every problem; a damaged row plan or table record "
-                             "cannot be repaired: write the store again (a new --out, or --overwrite)")
+        if sound:
+            require_sound_manifest(loc, m)
         store = cls(loc, m)
         if content:
             require_sound_content(store)

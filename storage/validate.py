@@ -18,6 +18,7 @@ from kd.storage import fs
 from kd.storage.alignment import ids_digest
 from kd.storage.index_files import is_stale, list_indexes, load_index, rebuild_fix
 from kd.storage.manifest import teacher_table
+from kd.storage.names import links_out
 from kd.storage.soundness import (
     id_problems,
     manifest_problems,
@@ -49,7 +50,9 @@ def validate(store: Store) -> list[Problem]:
         if count:
             missing.append(Problem(store.loc.path(name), f"{count} shard(s) missing: {first}"))
     plan = [Problem(store.loc.path("manifest.json"), what) for what in manifest_problems(m)]
-    return plan + missing + content_problems(store) + _check_teacher_files(store) + _check_indexes(store)
+    found = plan + missing + content_problems(store) + _check_teacher_files(store) + _check_indexes(store)
+    named = {p.file for p in found}  # a linked shard is already reported as one
+    return found + [p for p in _check_links(store) if p.file not in named]
 
 
 def content_problems(store: Store) -> list[Problem]:
@@ -107,6 +110,15 @@ def _check_teacher_files(store: Store) -> list[Problem]:
                 out.append(Problem(store.loc.path(rel), f"the {what.replace('_', ' ')} of {name} is missing: re-run "
                                                         "the kd precompute command that wrote it (it restores it)"))
     return out
+
+
+def _check_links(store: Store) -> list[Problem]:
+    """Symlinks leading out of the store (a local one), wherever they are (`locks/` linked to /dev/null failed every
+    writer): readers refuse such a record or shard, writers never write through one, --repair sets the link aside."""
+    if not store.loc.is_local:
+        return []
+    return [Problem(store.loc.path(rel), f"a symlink leading out of the store (to {target})")
+            for rel, target in links_out(store.root)]
 
 
 def _check_indexes(store: Store) -> list[Problem]:

@@ -10,11 +10,14 @@ teacher's `mean` output.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from kd.common.bert_config import bert_config_problem
+from kd.common.errors import StoreError
+from kd.common.parsing import read_config
 
 
 class TransformerInitEncoder(nn.Module):
@@ -41,7 +44,14 @@ class TransformerInitEncoder(nn.Module):
 
 def bert_config(folder: Path) -> dict:
     """The stored BERT config (teacher's, with num_hidden_layers = k), minus kd's own keys."""
-    cfg = json.loads((folder / "config.json").read_text())
+    from kd.storage.store import file_repair  # (storage loads pyarrow: only where a store's init output is read)
+
+    path = folder / "config.json"
+    fix = file_repair(str(folder.parent.parent.parent))  # the store holding teachers/<name>/init-*/
+    cfg = read_config(path, fix, StoreError)
+    why = bert_config_problem(cfg)
+    if why is not None:
+        raise StoreError(f"the stored init output cannot be built: {why}", str(path), fix)
     for key in ("kept_layers", "teacher_layers", "teacher_pooling", "architectures", "transformers_version",
                 "_name_or_path"):
         cfg.pop(key, None)

@@ -148,3 +148,106 @@ def test_exclude_ids_naming_no_row_is_an_error_and_a_match_is_counted(real, tmp_
     assert res.exit_code == 0, res.output
     resolved = json.loads((tmp_path / "some" / "config.json").read_text())
     assert resolved["excluded_rows"] == 4 and resolved["train_rows"] + resolved["val_rows"] == 90 - 4
+
+
+# --- what the fourth probe found (issue 48) ------------------------------------------------------------------------
+
+
+def test_a_byte_changed_in_place_with_its_mtime_put_back_is_checked_again(store, tmp_path, monkeypatch):
+    """The verdict's key holds each file's ctime, which no user can put back: a reader that does not read the
+    changed file no longer takes the earlier verdict."""
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
+    assert leakage(store).exit_code == 0
+    vocab = store / "teachers/tiny/vocab.safetensors"
+    before = os.stat(vocab)
+    data = bytearray(vocab.read_bytes())
+    data[-5] ^= 0x40
+    vocab.write_bytes(bytes(data))
+    os.utime(vocab, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(vocab).st_size == before.st_size and os.stat(vocab).st_mtime_ns == before.st_mtime_ns
+    refused(leakage(store), "vocab.safetensors")
+
+
+def test_add_to_refuses_a_store_whose_manifest_validate_refuses(store, tiny_teacher):
+    _set_meta(store, "tokenizer", "/etc")
+    res = CliRunner().invoke(app, ["precompute", "--add-to", str(store), "-t", f"t2={tiny_teacher}",
+                                   "--outputs", "cls", "--no-progress"])
+    refused(res, "meta.tokenizer")
+    assert not (store / "teachers" / "t2").exists()
+
+
+def test_nulls_kd_never_writes_are_reported_not_tracebacks(store, real, tiny_teacher, tmp_path):
+    def null_first(column: str):
+        def change(t: pa.Table) -> pa.Table:
+            schema = pa.schema([f.with_nullable(True) if f.name == column else f for f in t.schema])
+            values = [None, *t[column].to_pylist()[1:]]
+            return pa.table([pa.array(values, t[column].type) if n == column else t[n] for n in t.column_names],
+                            schema=schema)
+        return change
+
+    rewrite_shard(store, TEACHER, 0, null_first("truncated"))
+    res = validate(store)
+    assert res.exit_code == 1 and "column 'truncated' holds 1 null(s)" in res.output, res.output
+    res = CliRunner().invoke(app, ["precompute", str(real.parent / "news.txt"), "--reuse", str(store), "-t",
+                                   f"tiny={tiny_teacher}", "--outputs", "cls,mean", "--shard-rows", "30",
+                                   "-o", str(tmp_path / "new"), "--no-progress"])
+    refused(res, "column 'truncated' holds 1 null(s)")
+    rewrite_shard(store, "texts", 1, null_first("id"))
+    res = validate(store)
+    assert res.exit_code == 1 and "column 'id' holds 1 null(s)" in res.output and "Traceback" not in res.output, \
+        res.output
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output
+    assert "dropped shard 1 of texts" in res.output, res.output
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    ({"num_hidden_layers": 1_000_000_000}, "num_hidden_layers is 1000000000"),
+    ({"hidden_size": -8}, "hidden_size is -8"),
+    ({"vocab_size": "138"}, "vocab_size is '138'"),
+    ({"auto_map": {"AutoModel": "evil.Model"}}, "auto_map"),
+])
+def test_an_init_output_config_kd_cannot_build_from_is_reported_refused_and_repaired(
+        tmp_path, tiny_teacher, sentences, edit, said):
+    from kd.pipeline.precompute import precompute
+
+    corpus = tmp_path / "news.txt"
+    corpus.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
+    store = tmp_path / "store"
+    precompute([str(corpus)], str(store), [f"tiny={tiny_teacher}"], shard_rows=30, outputs=["mean", "init"],
+               progress=False)
+    (rel,) = [p.relative_to(store).as_posix() for p in store.glob("teachers/tiny/init-*/config.json")]
+    config = json.loads((store / rel).read_text()) | edit
+    rewrite_file(store, rel, json.dumps(config).encode())
+    res = validate(store)
+    assert res.exit_code == 1 and said in res.output, res.output
+    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "student"), "--arch",
+                                   "transformer-init", "--max-steps", "1", "--no-progress"])
+    refused(res, said)
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"set aside {rel.rsplit('/', 1)[0]}" in " ".join(res.output.split()), res.output
+
+
+def test_a_manifest_linked_out_of_the_store_is_refused_and_repaired(store, tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes((store / "manifest.json").read_bytes())  # the same record: only the link is wrong
+    (store / "manifest.json").unlink()
+    os.symlink(elsewhere, store / "manifest.json")
+    refused(query(store), "manifest.json", "--repair")
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "manifest.json rebuilt" in res.output, res.output
+    assert not (store / "manifest.json").is_symlink() and elsewhere.exists()
+    assert validate(store).exit_code == 0 and query(store).exit_code == 0
+
+
+def test_a_lock_folder_linked_to_dev_null_is_reported_and_set_aside(store):
+    (store / "locks").mkdir(exist_ok=True)
+    os.rename(store / "locks", store / "locks-old")
+    os.symlink("/dev/null", store / "locks")
+    res = validate(store)
+    assert res.exit_code == 1 and "a symlink leading out of the store (to /dev/null)" in res.output, res.output
+    refused(CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]), "locks")
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert "set aside locks" in " ".join(res.output.split()), res.output
+    assert CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]).exit_code == 0
+    assert validate(store).exit_code == 0
