@@ -38,7 +38,7 @@ from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
 from kd.common.inputs import MAX_TEXT_BYTES
 from kd.common.parsing import has_auto_map, parse_json
-from kd.storage.fs import check_relative
+from kd.storage.fs import Location, check_relative
 from kd.storage.manifest import Manifest, plan_problems, teacher_table
 from kd.storage.schema import canonical_type, is_int8, non_finite_columns, table_vectors, type_name, unlike_declared
 
@@ -90,9 +90,9 @@ def _meta_path_problems(m: Manifest) -> list[str]:
     return out
 
 
-def require_sound_manifest(loc: Any, m: Manifest) -> None:
-    """Refuse a store whose manifest `manifest_problems` finds wrong (`loc`: its fs.Location), as every reader and
-    every writer extending it does."""
+def require_sound_manifest(loc: Location, m: Manifest) -> None:
+    """Refuse a store whose manifest `manifest_problems` finds wrong, as every reader and every writer extending it
+    does."""
     problems = manifest_problems(m)
     if problems:
         raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path("manifest.json"),
@@ -252,7 +252,7 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
 
 VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
 # The content checks' version: bump when they change, so every store state is checked again by the new ones.
-CHECKS = 1
+CHECKS = 2
 VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
 
 
@@ -311,8 +311,8 @@ def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, da
     """What is wrong with recorded file `rel` (bytes `data`) under manifest `m`: a vocab output or input
     embeddings unlike the teacher; a tokenizer JSON file that kd's parser refuses (a duplicate key, a 5,000-digit
     integer) or with an `auto_map` entry (code transformers would be pointed at); an init output's config.json
-    that `common.bert_config` refuses. `read` reads another recorded
-    file (`kd validate --repair` reads a store it cannot open yet). None: sound, or a file of no known shape."""
+    that `common.bert_config` refuses. `read` reads another recorded file (`kd validate --repair` reads a store it
+    cannot open yet). None: sound, or a file of no known shape."""
     if rel.endswith(".json") and rel.rsplit("/", 1)[0] in _tokenizer_folders(m):
         return tokenizer_json_problem(data)
     parts = rel.split("/")
