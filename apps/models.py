@@ -146,11 +146,13 @@ def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
     """A model2vec model saved by `StaticModel.save_pretrained` (e.g. distilled in another venv)."""
 
     from kd.student.saved import check_received
+    from kd.student.st_load import check_listing
 
     # model2vec reads its configs whole and follows links: the folder is checked as a received export is, when it
     # is named (before any model loads), so a broken one stops the run rather than leaving a cell "not measured"
     check_received(Path(folder), "point --baseline-dir at the folder StaticModel.save_pretrained wrote (copy it "
                                  "again)")
+    check_listing(Path(folder))
 
     def load() -> Loaded:
         from model2vec import StaticModel

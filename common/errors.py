@@ -10,6 +10,16 @@ import os
 import re
 from collections.abc import Iterator
 
+# What one part of a message (what, where, fix) shows at most: a message quoting what the user gave (a CSV header
+# of 2 MB as "columns: ...") took the terminal minutes to lay out, with no output (issue 48's probe).
+MAX_PART_CHARS = 2000
+
+
+def clipped(text: str) -> str:
+    if len(text) <= MAX_PART_CHARS:
+        return text
+    return f"{text[:MAX_PART_CHARS]}... ({len(text):,} characters in all)"
+
 
 class KdError(Exception):
     """An error caused by user input or store state; the CLI prints it and exits with `exit_code` (2)."""
@@ -21,11 +31,11 @@ class KdError(Exception):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        parts = [self.what]
+        parts = [clipped(self.what)]
         if self.where:
-            parts.append(f"  where: {self.where}")
+            parts.append(f"  where: {clipped(self.where)}")
         if self.fix:
-            parts.append(f"  fix:   {self.fix}")
+            parts.append(f"  fix:   {clipped(self.fix)}")
         return "\n".join(parts)
 
     def at(self, where: str) -> KdError:

@@ -17,13 +17,14 @@ import glob
 import io
 import json
 import os
-import stat
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from kd.common.errors import InputError
+from kd.common.file_kinds import special_file
+from kd.common.parsing import LongInteger, bounded_int
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
 # The longest text kd reads, in UTF-8 bytes. A teacher reads at most 512 tokens (about 2-3 KB of text) and
@@ -112,20 +113,6 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     if not files:
         raise InputError("no input files given", None, "pass one or more files: kd precompute corpus.txt ...")
     return files
-
-
-_NOT_REGULAR = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device",
-                stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
-
-
-def special_file(path: str | os.PathLike) -> str | None:
-    """What `path` is when it exists but is neither a regular file nor a folder (e.g. "a named pipe (FIFO)"), else
-    None; found without opening it: opening a named pipe blocks until something writes into it."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:  # missing, or cannot be reached: the reader that opens it says so
-        return None
-    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _NOT_REGULAR.get(stat.S_IFMT(mode), "not a file")
 
 
 def require_regular_file(path: str, what: str = "the input") -> None:
@@ -289,7 +276,10 @@ def _jsonl_rows(path: str, spec: ColumnSpec) -> Iterator[tuple[int, list]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, object_pairs_hook=_unique_keys)
+            obj = json.loads(line, object_pairs_hook=_unique_keys, parse_int=bounded_int)
+        except LongInteger as e:
+            raise InputError(f"a number on this line is too long: {e}", f"{path}:{n}",
+                             "write such a number as a JSON string, or leave it out") from None
         except _DuplicateKey as e:
             raise InputError(f"key {e.key!r} appears {e.times} times in one JSON object (JSON keeps only the last)",
                              f"{path}:{n}", "name each key once per line") from None

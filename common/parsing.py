@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kd.common.errors import InputError, KdError
-from kd.common.inputs import special_file
+from kd.common.file_kinds import special_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,9 +37,14 @@ MAX_CONFIG_BYTES = 1 << 20
 _LONG_DIGITS = re.compile(rf"\d{{{MAX_INT_DIGITS + 1},}}")
 
 
-def _bounded_int(text: str) -> int:
+class LongInteger(ValueError):
+    """A JSON integer of more than MAX_INT_DIGITS digits (`bounded_int`)."""
+
+
+def bounded_int(text: str) -> int:
+    """json's `parse_int` for everything kd parses: a longer integer is refused before Python converts it."""
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (kd reads at most {MAX_INT_DIGITS})")
+        raise LongInteger(f"an integer of {len(text.lstrip('-'))} digits (kd reads at most {MAX_INT_DIGITS})")
     return int(text)
 
 
@@ -54,7 +59,7 @@ def parse_json(text: str | bytes, where: str, fix: str, error: type[KdError] = I
                ) -> Any:
     """`text` parsed as JSON, or `error` naming `what` is not valid JSON (and why), `where` and `fix`."""
     try:
-        return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_int=bounded_int, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as e:
         raise error(f"the {what} is not valid JSON ({_reason(e)})", where, fix) from None
 

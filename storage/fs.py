@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from kd.common.errors import StoreError
-from kd.common.inputs import special_file
+from kd.common.file_kinds import special_file
 from kd.common.locks import try_lock
 from kd.storage.names import inside, real_inside
 

@@ -231,13 +231,23 @@ def plan_problems(m: Manifest) -> list[str]:
         return [f"inputs.num_rows {rows:,} in shards of {per:,} make {expected:,} shard(s), the manifest says "
                 f"{m.num_shards:,}"]
     out = []
-    for name, rec in sorted(m.tables.items()):
-        wrong = [(k, s.rows) for k, s in sorted(rec.shards.items()) if s.rows != min(rows, (k + 1) * per) - k * per]
-        if wrong:
-            k, n = wrong[0]
-            out.append(f"{name}: {len(wrong)} shard record(s) disagree with inputs.num_rows {rows:,} in shards of "
-                       f"{per:,}; shard {k} records {n:,} rows, the plan {min(rows, (k + 1) * per) - k * per:,}")
+    wrong = disagreeing_records(m)
+    for name in sorted({t for t, _, _, _ in wrong}):
+        mine = [(k, n, want) for t, k, n, want in wrong if t == name]
+        k, n, want = mine[0]
+        out.append(f"{name}: {len(mine)} shard record(s) disagree with inputs.num_rows {rows:,} in shards of "
+                   f"{per:,}; shard {k} records {n:,} rows, the plan {want:,}")
     return out
+
+
+def disagreeing_records(m: Manifest) -> list[tuple[str, int, int, int]]:
+    """(table, shard, rows recorded, rows planned) of each shard record whose row count is not the plan's, where
+    the plan itself (num_rows, rows_per_shard, num_shards) holds together; [] otherwise."""
+    rows, per = m.inputs.get("num_rows"), m.inputs.get("rows_per_shard")
+    if not isinstance(rows, int) or not isinstance(per, int) or per < 1 or m.num_shards != max(1, -(-rows // per)):
+        return []
+    return [(name, k, s.rows, min(rows, (k + 1) * per) - k * per) for name, rec in sorted(m.tables.items())
+            for k, s in sorted(rec.shards.items()) if s.rows != min(rows, (k + 1) * per) - k * per]
 
 
 def check_plan_sound(m: Manifest, where: str) -> None:
@@ -248,8 +258,10 @@ def check_plan_sound(m: Manifest, where: str) -> None:
     problems = plan_problems(m)
     if problems:
         raise StoreError(f"the store's manifest holds a damaged row plan: {problems[0]}", where,
-                         "the shards' own records cannot restore it: write the store again, into a new --out or "
-                         "with --overwrite (run `kd validate STORE` for every problem)")
+                         f"`kd validate {where} --repair` drops a few shard records that disagree with the plan, "
+                         "then re-run this command; a plan that disagrees with itself cannot be restored: write the "
+                         "store again, into a new --out or with --overwrite (run `kd validate STORE` for every "
+                         "problem)")
 
 
 PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")

@@ -34,7 +34,7 @@ from kd.common.errors import StoreError
 from kd.storage import fs
 from kd.storage.alignment import ID, ids_digest
 from kd.storage.index_files import EXTRA_PREFIX
-from kd.storage.manifest import Manifest, ShardRecord, merge, plan_problems
+from kd.storage.manifest import Manifest, ShardRecord, disagreeing_records, merge, plan_problems
 from kd.storage.names import links_out, real_inside
 from kd.storage.schema import tensors_problem
 from kd.storage.soundness import file_content_problem, shard_problems, values_problems
@@ -112,14 +112,17 @@ def repair(store_path: str) -> RepairReport:
     merged = load_manifest(loc)
     if merged is None:
         raise StoreError("no kd store here", loc.root, "point at a folder written by kd precompute")
-    problems = plan_problems(merged)
+    drop, aside = _Drop(), set()
+    _disagreeing_records(loc, merged, drop, aside, report)
+    problems = plan_problems(merged) if not drop else []
     if problems:  # every record says the same: there is no trusted side to rebuild the plan from
         raise StoreError(f"--repair cannot restore the store's row plan: {problems[0]}", loc.root,
                          "manifest.json and every fragment record the same damaged plan: move the store aside and "
                          "re-run the kd precompute command that wrote it")
-    drop, aside = _Drop(), set()
     for name, rec in merged.tables.items():
         for k, shard in rec.shards.items():
+            if (name, k) in drop.shards:
+                continue
             why = _damage(loc, shard.file, shard.bytes, shard.sha256) or _unlike_declared(loc, name, shard, rec.columns)
             if why:
                 drop.shards.add((name, k))
@@ -139,6 +142,19 @@ def repair(store_path: str) -> RepairReport:
     if drop or report.manifest_rebuilt:
         fs.atomic_write_bytes(loc, load_manifest(loc).to_json().encode(), MANIFEST)
     return report
+
+
+def _disagreeing_records(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], report: RepairReport) -> None:
+    """Shard records whose row count is not the plan's, when they are fewer than half of all records: the plan holds
+    with the others, so those records (and their files) are the damaged side and are dropped; the rerun of
+    precompute writes those shards again. More of them than that: no side can be trusted (`plan_problems`)."""
+    wrong = disagreeing_records(m)
+    if not wrong or 2 * len(wrong) >= sum(len(rec.shards) for rec in m.tables.values()):
+        return
+    for name, k, n, want in wrong:
+        drop.shards.add((name, k))
+        aside.add(m.tables[name].shards[k].file)
+        report.dropped.append((name, k, f"its record says {n:,} rows, the row plan {want:,}"))
 
 
 def _rebuild_record(loc: fs.Location, damaged: StoreError, report: RepairReport) -> None:

@@ -96,8 +96,10 @@ def require_sound_manifest(loc: Location, m: Manifest) -> None:
     problems = manifest_problems(m)
     if problems:
         raise StoreError(f"the store's manifest is damaged: {problems[0]}", loc.path("manifest.json"),
-                         f"run `kd validate {loc.root}` for every problem; a damaged row plan or table record "
-                         "cannot be repaired: write the store again (a new --out, or --overwrite)")
+                         f"run `kd validate {loc.root}` for every problem; `kd validate {loc.root} --repair` drops "
+                         "a few shard records that disagree with the row plan (then re-run the kd precompute command "
+                         "that wrote the store); any other damaged plan or table record cannot be repaired: write "
+                         "the store again (a new --out, or --overwrite)")
 
 
 def shard_problems(schema: pa.Schema, rows: int, recorded_rows: int, declared: dict[str, str]) -> list[str]:

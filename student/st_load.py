@@ -84,7 +84,18 @@ def check_export(root: Path) -> list[dict[str, Any]]:
         raise InputError("no sentence-transformers export here (no modules.json)", str(root),
                          "point at the --out folder of kd export --format sentence-transformers")
     check_received(root, AGAIN)
+    return check_listing(root)
+
+
+def check_listing(root: Path) -> list[dict[str, Any]]:
+    """The `modules.json` entries of a received folder (none without one), after refusing code anywhere in it
+    (Python, pickles, auto_map) and any entry naming a class kd does not load or a path outside the folder. Also
+    for folders another library loads (a model2vec --baseline-dir), which would not read modules.json at all: what
+    a folder says about itself is checked the same wherever it is received."""
+    listing = root / "modules.json"
     _refuse_code_files(root)
+    if not listing.is_file():
+        return []
     entries = read_config(listing, AGAIN)
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise InputError("modules.json is not a list of modules", str(listing), REFUSED)

@@ -251,3 +251,47 @@ def test_a_lock_folder_linked_to_dev_null_is_reported_and_set_aside(store):
     assert "set aside locks" in " ".join(res.output.split()), res.output
     assert CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]).exit_code == 0
     assert validate(store).exit_code == 0
+
+
+def test_repair_drops_the_few_shard_records_that_disagree_with_the_row_plan(real, store, tiny_teacher):
+    """Shard 1's records forged to say 29 rows (files and records agree, the plan says 30): the plan holds with
+    every other record, so --repair drops those two and the documented rerun writes them again (it once answered
+    that no record could be trusted)."""
+    from kd.pipeline.precompute import precompute
+
+    for table in ("texts", TEACHER):
+        rewrite_shard(store, table, 1, lambda t: t.slice(0, t.num_rows - 1), rows=True)
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    out = " ".join(res.output.split())
+    assert "dropped shard 1 of texts: its record says 29 rows, the row plan 30" in out, res.output
+    assert "dropped shard 1 of teachers/tiny" in out, res.output
+    precompute([str(real.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30,
+               outputs=["cls", "mean", "vocab"], progress=False)
+    assert validate(store).exit_code == 0
+    for table in ("texts", TEACHER):
+        assert (store / table / "part-00001.parquet").read_bytes() == (real / table / "part-00001.parquet").read_bytes()
+
+
+def test_an_error_quoting_a_two_megabyte_csv_header_is_clipped_and_quick(tmp_path, tiny_teacher):
+    """The message named every column of the header: 2 MB that the terminal took minutes to lay out, silently."""
+    import time
+
+    (tmp_path / "h.csv").write_text("a" * 2_000_000 + "\nx\n", encoding="utf-8")
+    start = time.perf_counter()
+    res = CliRunner().invoke(app, ["precompute", str(tmp_path / "h.csv"), "-t", f"tiny={tiny_teacher}", "--outputs",
+                                   "mean", "-o", str(tmp_path / "s"), "--no-progress"])
+    refused(res, "not in the header", "(2,000,043 characters in all)")
+    assert len(res.output) < 10_000 and time.perf_counter() - start < 30
+
+
+def test_a_baseline_folder_whose_modules_json_points_out_is_refused(tmp_path, tiny_teacher):
+    """model2vec never reads modules.json, but what a received folder says of itself is checked wherever it is
+    received (kd.student.load_exported refuses the same entry)."""
+    folder = tmp_path / "m2v"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "../../../../etc",
+                                                      "type": "sentence_transformers.models.StaticEmbedding"}]))
+    res = CliRunner().invoke(app, ["eval", "--teacher", str(tiny_teacher), "--baseline-dir", str(folder), "--task",
+                                   "speed", "--no-cache", "--no-progress"])
+    refused(res, "outside the folder", "modules.json")
