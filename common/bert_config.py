@@ -1,10 +1,12 @@
-"""The one check of a stored BERT config (a teacher's `init` output, `teachers/<name>/init-*/config.json`) before a
-student is built from it: the sizes a model is allocated by, bounded, and no pointer to code.
+"""The one table of how large a received model config's sizes may be, and the one check of a stored BERT config (a
+teacher's `init` output, `teachers/<name>/init-*/config.json`, and a transformer-init student's `bert`) before
+anything is built from it: the sizes a model is allocated by, bounded, and no pointer to code.
 
-A transformer-init student is built from this file's `hidden_size`, `num_hidden_layers`, ... directly (no weights
-file bounds them first, as `student.saved.build_to_fit` does for a received student): a forged
-`num_hidden_layers: 1000000000` would allocate a billion layers. The bounds are far past any published encoder
-(BERT-large: 1,024 wide, 24 layers; XLM-R's 250,002-token vocabulary).
+transformers builds every layer and table a config names before any weights are read, and a transformer-init
+student is built from its stored BERT config directly: a forged `num_hidden_layers: 1000000000` would allocate a
+billion layers, `vocab_size: 30000000` a 4 GB table. The bounds are far past any published encoder (BERT-large:
+1,024 wide, 24 layers; XLM-R's 250,002-token vocabulary; the largest LLMs ~128 layers); a teacher's config.json
+is held to the same table (pipeline.teacher).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 from kd.common.parsing import has_auto_map
 
 # key -> (least, most); every one of them a size something is allocated by
-SIZES = {"hidden_size": (1, 1 << 14), "num_hidden_layers": (1, 256), "num_attention_heads": (1, 256),
-         "intermediate_size": (1, 1 << 16), "vocab_size": (1, 1 << 21), "max_position_embeddings": (1, 1 << 16),
+SIZES = {"num_hidden_layers": (1, 512), "hidden_size": (1, 65_536), "intermediate_size": (1, 1 << 20),
+         "num_attention_heads": (1, 4096), "vocab_size": (1, 1 << 23), "max_position_embeddings": (1, 1 << 20),
          "type_vocab_size": (0, 1 << 10)}
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 

@@ -103,7 +103,7 @@ def require_regular(path: str | Path, fix: str, error: type[KdError] = InputErro
 def check_model_folder(folder: str | Path, fix: str, error: type[KdError] = KdError) -> None:
     """A model folder kd was handed, before a library loads it: nothing in it is a pipe or a device
     (`refuse_special_files`), and each JSON file of it and of its module subfolders parses within its bound
-    (configs: MAX_CONFIG_BYTES).
+    (configs: MAX_CONFIG_BYTES) and has no `auto_map`.
 
     transformers and model2vec read a config whole (a /dev/zero config ran out of memory) and skip a file that is
     not a regular one as if absent: a teacher whose tokenizer.json was /dev/zero ran on a 5-token vocabulary built
@@ -113,8 +113,15 @@ def check_model_folder(folder: str | Path, fix: str, error: type[KdError] = KdEr
     for sub in [root, *(p for p in _entries(root) if p.is_dir())]:
         for p in _entries(sub):
             if p.suffix == ".json" and p.is_file():
-                read_json(p, fix, error, MAX_CONFIG_BYTES if "config" in p.name or p.name == "modules.json"
-                          else MAX_FILE_BYTES)
+                parsed = read_json(p, fix, error, MAX_CONFIG_BYTES if "config" in p.name or p.name == "modules.json"
+                                   else MAX_FILE_BYTES)
+                # transformers asks on a terminal whether to run such code ("[y/N]"), and a y ran it: refused here,
+                # before any library sees the folder
+                if has_auto_map(parsed):
+                    raise error(f"{p.name} has an auto_map entry: it points transformers at Python code in the "
+                                "folder, which kd never runs", str(p), "do not load this folder: use a copy from a "
+                                "source you trust (a kd export or checkpoint holds weights, JSON and tokenizer files "
+                                "only)")
 
 
 def refuse_special_files(folder: str | Path, fix: str, error: type[KdError] = InputError) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kd.common.attention import varying_shape_attention
+from kd.common.bert_config import SIZES
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.hardware import native_bf16, resolve_device
@@ -360,16 +361,10 @@ def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: P
     return _teacher(ref, cfg, model, architecture, dev, dtype, max_length, weights_cast=cast)
 
 
-# What a received config.json may say of the model's shape before anything is built from it: transformers builds
-# every layer the config names before the weights are read, so "num_hidden_layers": 1e9 never returned (issue 48's
-# third probe). Far above any encoder's (BERT-large: 24 layers, 1,024 wide; the largest LLMs: ~128 layers).
-SHAPE_LIMITS = {"num_hidden_layers": 512, "hidden_size": 65_536, "intermediate_size": 1 << 20,
-                "num_attention_heads": 4096, "vocab_size": 1 << 23, "max_position_embeddings": 1 << 20}
-
-
 def _config(ref: TeacherRef) -> Any:
     """The checkpoint's config (every backend reads it first): a junk or unknown one is kd's error, naming the file;
-    so is a shape out of SHAPE_LIMITS, before any layer is built."""
+    so is a size out of `common.bert_config.SIZES`, before any layer is built ("num_hidden_layers": 1e9 never
+    returned: issue 48's third probe)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
@@ -382,11 +377,12 @@ def _config(ref: TeacherRef) -> Any:
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})", where,
                       "point --teacher at a Hugging Face checkpoint folder with a valid config.json") from e
-    for key, limit in SHAPE_LIMITS.items():
+    for key, (least, most) in SIZES.items():
         value = getattr(cfg, key, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit):
-            raise KdError(f"the teacher's config.json says {key} = {value!r}: not a whole number from 1 to {limit:,}",
-                          where, "point --teacher at the checkpoint as it was saved (its config.json is damaged)")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most):
+            raise KdError(f"the teacher's config.json says {key} = {value!r}: not a whole number from {least:,} to "
+                          f"{most:,}", where, "point --teacher at the checkpoint as it was saved (its config.json is "
+                          "damaged)")
     return cfg
 
 

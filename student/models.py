@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from kd.common import hardware
+from kd.common.bert_config import bert_config_problem
 from kd.common.errors import KdError
 from kd.student.pca import pca_embeddings
 from kd.student.pooling import Pool, Pooling, masked_mean
@@ -110,6 +111,10 @@ class StudentConfig:
             raise KdError(f"invalid student config: {bad or [f'dropout={self.dropout}', f'pad_id={self.pad_id}']}",
                           "student config", "sizes are >= 1, 0 <= dropout < 1, 0 <= pad_id < vocab_size")
         if self.arch is Arch.transformer_init and self.bert:
+            why = bert_config_problem(self.bert)  # sizes a model is built by: bounded before anything is built
+            if why is not None:
+                raise KdError(f"invalid student config: bert: {why}", "student config",
+                              "the student folder is damaged or edited: copy it again as kd wrote it")
             # the teacher fixes the widths: token table and states are its hidden size
             self.embed_dim = self.hidden_dim = int(self.bert["hidden_size"])
             self.num_layers = int(self.bert["num_hidden_layers"])

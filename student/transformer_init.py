@@ -32,10 +32,9 @@ class TransformerInitEncoder(nn.Module):
 
             raise KdError("a transformer-init student needs the teacher's stored config", "student config",
                           "train it from a store with the init output (kd precompute --outputs init)")
-        self.bert = BertModel(BertConfig(**cfg.bert), add_pooling_layer=False)
-        # The word embeddings live in Student.embed; a 1-row placeholder keeps the module's structure
-        # without a second copy of the table.
-        self.bert.embeddings.word_embeddings = nn.Embedding(1, self.bert.config.hidden_size)
+        # The word embeddings live in Student.embed: built with a 1-row table, which keeps the module's structure
+        # without a second copy of the vocabulary (never allocated at the config's vocab_size).
+        self.bert = BertModel(BertConfig(**{**cfg.bert, "vocab_size": 1, "pad_token_id": 0}), add_pooling_layer=False)
 
     def forward(self, x: Tensor, mask: Tensor) -> list[Tensor]:
         out = self.bert(inputs_embeds=x, attention_mask=mask.long(), output_hidden_states=True, return_dict=True)

@@ -295,3 +295,55 @@ def test_a_baseline_folder_whose_modules_json_points_out_is_refused(tmp_path, ti
     res = CliRunner().invoke(app, ["eval", "--teacher", str(tiny_teacher), "--baseline-dir", str(folder), "--task",
                                    "speed", "--no-cache", "--no-progress"])
     refused(res, "outside the folder", "modules.json")
+
+
+def _init_store(tmp_path: Path, teacher: Path, sentences: list[str]) -> Path:
+    from kd.pipeline.precompute import precompute
+
+    corpus = tmp_path / "news.txt"
+    corpus.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
+    precompute([str(corpus)], str(tmp_path / "store"), [f"tiny={teacher}"], shard_rows=30, outputs=["mean", "init"],
+               progress=False)
+    return tmp_path / "store"
+
+
+@pytest.mark.parametrize(("key", "value"), [("vocab_size", 30_000_000), ("num_attention_heads", 0)])
+def test_a_received_transformer_init_student_is_bounded_before_it_is_built(tmp_path, tiny_teacher, sentences,
+                                                                           key, value):
+    """`student.bert.vocab_size` 3e7 in a student's config.json: load built a 3.8 GB table the model never uses
+    (peak RSS 4.2 GB) before anything checked it; 0 heads ended in a ZeroDivisionError."""
+    from kd import student
+    from kd.common.errors import KdError
+
+    store = _init_store(tmp_path, tiny_teacher, sentences)
+    res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "s"), "--arch",
+                                   "transformer-init", "--max-steps", "1", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "s" / "config.json").read_text())
+    cfg["student"]["bert"][key] = value
+    (tmp_path / "s" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KdError, match=f"bert: the config's {key} is {value}"):
+        student.load(tmp_path / "s")
+    refused(CliRunner().invoke(app, ["export", str(tmp_path / "s"), "--out", str(tmp_path / "x")]), key)
+
+
+def test_a_teacher_folder_with_auto_map_is_refused_before_transformers_reads_it(tmp_path, tiny_teacher, monkeypatch):
+    """On a terminal transformers asked whether to run the folder's code, and a y ran it: kd refuses the folder
+    before any transformers call (here: AutoConfig would fail the test)."""
+    import shutil
+
+    import transformers
+
+    folder = Path(shutil.copytree(tiny_teacher, tmp_path / "teacher"))
+    cfg = json.loads((folder / "config.json").read_text()) | {"auto_map": {"AutoModel": "evil.Model"}}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "evil.py").write_text("raise SystemExit('evil ran')\n")
+
+    def never(*args, **kwargs):
+        raise AssertionError("transformers read a folder kd should have refused")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    (tmp_path / "news.txt").write_text("a sentence\nanother one\n")
+    res = CliRunner().invoke(app, ["precompute", str(tmp_path / "news.txt"), "-t", f"t={folder}", "--outputs",
+                                   "mean", "--backend", "torch", "-o", str(tmp_path / "s"), "--no-progress"])
+    refused(res, "auto_map", "config.json")
