@@ -53,6 +53,10 @@ class Arch(str, Enum):
     transformer_init = "transformer-init"  # k of the teacher's layers (student.transformer_init)
 
 
+# The archs exported onto sentence-transformers' WordEmbeddings (student/exporters/st_builtin.py), whose cut of a
+# long text they share (StudentConfig.first_ids)
+WORD_ARCHS = (Arch.bilstm, Arch.cnn, Arch.ffn)
+
 # --------------------------------------------------------------------------------------------------
 # Configuration
 
@@ -90,7 +94,7 @@ class StudentConfig:
         the tokenizer truncates on): the archs exported onto WordEmbeddings (student/exporters/st_builtin.py),
         so that the export equals the student on texts of any length. The others keep their tokenizer's
         truncation (a Transformer keeps [SEP]; bigru's export runs kd's own module)."""
-        return self.arch in (Arch.bilstm, Arch.cnn, Arch.ffn)
+        return self.arch in WORD_ARCHS
 
     def __post_init__(self) -> None:
         try:

@@ -209,13 +209,7 @@ def test_nulls_kd_never_writes_are_reported_not_tracebacks(store, real, tiny_tea
 ])
 def test_an_init_output_config_kd_cannot_build_from_is_reported_refused_and_repaired(
         tmp_path, tiny_teacher, sentences, edit, said):
-    from kd.pipeline.precompute import precompute
-
-    corpus = tmp_path / "news.txt"
-    corpus.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
-    store = tmp_path / "store"
-    precompute([str(corpus)], str(store), [f"tiny={tiny_teacher}"], shard_rows=30, outputs=["mean", "init"],
-               progress=False)
+    store = _init_store(tmp_path, tiny_teacher, sentences)
     (rel,) = [p.relative_to(store).as_posix() for p in store.glob("teachers/tiny/init-*/config.json")]
     config = json.loads((store / rel).read_text()) | edit
     rewrite_file(store, rel, json.dumps(config).encode())

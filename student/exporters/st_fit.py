@@ -21,10 +21,9 @@ sentence-transformers 6.2's modules (tests/test_st_builtin_export.py):
 
 from __future__ import annotations
 
-from kd.student.models import Arch, StudentConfig
+from kd.student.models import WORD_ARCHS, Arch, StudentConfig
 from kd.student.pooling import Pooling
 
-WORD_ARCHS = (Arch.bilstm, Arch.cnn, Arch.ffn)  # built on WordEmbeddings
 PLAIN_ST = "plain SentenceTransformer(path)"
 
 
