@@ -391,8 +391,23 @@ def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
         _say(run.cfg, f"    the same stage as {src}: copied, not trained")
         copy_stage(src, folder)
         return {"key": key, "copied_from": str(src)}
-    train(run.train_config(stage))
+    try:
+        train(run.train_config(stage))
+    except InputError as e:
+        raise _in_the_recipe(run, stage, e) from None
     return {"key": key}
+
+
+def _in_the_recipe(run: _Run, stage: R.Stage, e: InputError) -> InputError:
+    """A refused option that the recipe's stage set is named there: its user wrote no train-student flag."""
+    from kd.common.options import flag
+    from kd.student.train_config import TrainConfig
+
+    key = next((k for k in stage.options if flag(TrainConfig, k) == e.where), None)
+    if key is None:
+        return e
+    name = run.recipe.stages[0].name if stage.name == R.BASELINE else stage.name  # the baseline is the first, untrained
+    return InputError(e.what, f"{run.recipe.path} [[stage]] {name}: {key} (train-student's {e.where})", e.fix)
 
 
 def _choose(run: _Run) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from kd.apps.speed import SizeResult, model_size
+from kd.common.errors import InputError
+from kd.common.inputs import require_regular_file
 
 EncodeFn = Callable[[list[str]], np.ndarray]
 
@@ -79,8 +81,6 @@ def teacher_model(spec: str, target: str | None = None, name: str | None = None)
         out = target or ("sentence" if t.st is not None else "mean")
         outputs = [o for o in t.available() if o.value == out]
         if not outputs:
-            from kd.common.errors import InputError
-
             raise InputError(f"teacher {t.name} has no output {out!r}", spec,
                              f"pick one of: {', '.join(o.value for o in t.available())}")
         return Loaded(lambda texts: t.encode(texts, outputs)[out], t.model, [Path(t.ref.path)])
@@ -150,14 +150,51 @@ def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
 
     # model2vec reads its configs whole and follows links: the folder is checked as a received export is, when it
     # is named (before any model loads), so a broken one stops the run rather than leaving a cell "not measured"
-    check_received(Path(folder), "point --baseline-dir at the folder StaticModel.save_pretrained wrote (copy it "
-                                 "again)")
+    check_received(Path(folder), M2V_AGAIN)
     check_listing(Path(folder))
+    _check_model2vec_files(Path(folder))
 
     def load() -> Loaded:
         from model2vec import StaticModel
+        from safetensors import SafetensorError
 
-        m = StaticModel.from_pretrained(str(folder))
+        try:
+            m = StaticModel.from_pretrained(str(folder))
+        except (SafetensorError, OSError, ValueError, KeyError) as e:  # what the check above cannot foresee
+            raise InputError(f"model2vec cannot load --baseline-dir ({str(e)[:300]})", str(folder), M2V_AGAIN) from e
         return Loaded(lambda texts: m.encode(texts), None, [Path(folder)])
 
     return EvalModel(name, Kind.baseline, load)
+
+
+M2V_AGAIN = "point --baseline-dir at the folder StaticModel.save_pretrained wrote (copy it again)"
+
+
+def _check_model2vec_files(folder: Path) -> None:
+    """The files model2vec will read, checked when the folder is named: model2vec opens its weights and takes one
+    tensor by name unchecked, so weights that were a folder or another model's ended in safetensors' traceback
+    (issue 48's probe). Its own table of layouts says which files those are."""
+    try:
+        from model2vec.persistence.datamodels import FOLDER_LAYOUTS
+        from safetensors import SafetensorError, safe_open
+    except ImportError:  # no model2vec here: loading says so; another version's layout: `load` maps its errors
+        return
+    layout = next((lay for lay in (x.with_parent(folder) for x in FOLDER_LAYOUTS) if lay.is_valid()), None)
+    if layout is None:
+        raise InputError("--baseline-dir is not a model2vec model (no model.safetensors, tokenizer.json and config "
+                         "side by side)", str(folder), M2V_AGAIN)
+    for path in (layout.embeddings, layout.config, layout.tokenizer):
+        try:
+            require_regular_file(str(path), f"the baseline's {path.name}")
+        except InputError as e:
+            raise InputError(e.what, e.where, M2V_AGAIN) from None
+    name = "embedding.weight" if layout.is_sentence_transformers else "embeddings"
+    try:
+        with safe_open(str(layout.embeddings), framework="numpy") as f:  # the header only: nothing is allocated
+            shape = f.get_slice(name).get_shape() if name in f.keys() else None
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"the baseline's weights cannot be read ({str(e)[:300]})", str(layout.embeddings),
+                         M2V_AGAIN) from e
+    if shape is None or len(shape) != 2:
+        raise InputError(f"the baseline's weights hold no token table ({name!r} of 2 dimensions): not a model2vec "
+                         "model's file", str(layout.embeddings), M2V_AGAIN)

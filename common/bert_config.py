@@ -39,3 +39,25 @@ def bert_config_problem(cfg: Any) -> str | None:
         return (f"the config's hidden_size {cfg['hidden_size']} is not a multiple of its num_attention_heads "
                 f"{cfg['num_attention_heads']}")
     return None
+
+
+def init_weights_problem(cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """What is wrong with the tensors (name -> shape) of a teacher's `init` output against its config, which
+    `bert_config_problem` passed: exactly the tensors of the transformer-init student's BertModel (student.
+    transformer_init), each of its shape, the word table [vocab_size, hidden_size]. A tensor of another shape
+    passed validate and ended training in torch's size-mismatch traceback (issue 48's probe)."""
+    # torch and transformers take ~7.5 s to import (measured here, 2 cores): imported here, so only the check of a
+    # store holding an init output pays it (once per store state: the verdict is kept, storage.soundness)
+    import torch
+    from transformers import BertConfig, BertModel
+
+    with torch.device("meta"):  # shapes only: nothing is allocated, whatever the config's sizes
+        model = BertModel(BertConfig(**{**cfg, "pad_token_id": 0}), add_pooling_layer=False)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for name, shape in shapes.items():
+        if name not in expected:
+            return f"the weights hold {name!r}, which the config's model has not"
+        if tuple(shape) != expected[name]:
+            return f"the weights' {name} is {list(shape)}, the config's model has {list(expected[name])}"
+    missing = sorted(set(expected) - set(shapes))
+    return f"the weights lack {', '.join(missing[:3])}" if missing else None

@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.common.bert_config import bert_config_problem
+from kd.common.bert_config import bert_config_problem, init_weights_problem
 from kd.common.cache import cache_dir
-from kd.common.errors import StoreError
+from kd.common.errors import KdError, StoreError
 from kd.common.finite import OUT_OF_RANGE
 from kd.common.ids import text_id, text_key
 from kd.common.inputs import MAX_TEXT_BYTES
@@ -318,8 +318,11 @@ def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, da
     if rel.endswith(".json") and rel.rsplit("/", 1)[0] in _tokenizer_folders(m):
         return tokenizer_json_problem(data)
     parts = rel.split("/")
-    if len(parts) == 4 and parts[0] == "teachers" and parts[2].startswith("init-") and parts[3] == "config.json":
-        return init_config_problem(data)
+    if len(parts) == 4 and parts[0] == "teachers" and parts[2].startswith("init-"):
+        if parts[3] == "config.json":
+            return init_config_problem(data)
+        if parts[3] == "model.safetensors":
+            return init_weights_file_problem(read, "/".join(parts[:3]), data)
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
     from safetensors.numpy import load
@@ -348,6 +351,25 @@ def init_config_problem(data: bytes) -> str | None:
         return bert_config_problem(parse_json(data, "", "", StoreError))
     except StoreError as e:
         return e.what
+
+
+def init_weights_file_problem(read: Callable[[str], bytes], folder: str, data: bytes) -> str | None:
+    """What is wrong with an init output's model.safetensors (bytes `data`) against its config.json (a config
+    that is itself refused is reported by its own check)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    try:
+        cfg = parse_json(read(f"{folder}/config.json"), "", "", StoreError)
+    except (StoreError, KdError, OSError):
+        return None
+    if bert_config_problem(cfg) is not None:
+        return None
+    try:
+        shapes = {k: v.shape for k, v in load(data).items()}
+    except SafetensorError as e:
+        return f"it is not a safetensors file ({e})"
+    return init_weights_problem(cfg, shapes)
 
 
 def _tokenizer_folders(m: Manifest) -> set[str]:

@@ -81,7 +81,7 @@ def setup(cfg: TrainConfig) -> Setup:
     if cfg.max_length is None:  # transformer-init's default: as far as the start model reads (train_config)
         start = init_info["student"].get("max_length") if init_info else None
         cfg = dataclasses.replace(cfg, max_length=int(start or start_length(store, teacher)))
-    student_cfg = _student_config(cfg, ctx, keys, tok, emb, init_dir)
+    student_cfg = _student_config(cfg, ctx, keys, tok, _table_width(store, teacher, cfg, emb), init_dir)
     kept = None
     if cfg.init:
         student_cfg, kept = init_config(cfg, init_info, tok if own_tok is None else None)
@@ -132,21 +132,37 @@ def own_tokenizer(store: Store, cfg: TrainConfig, init_info: dict[str, Any] | No
     return str(Path(cfg.init) / TOKENIZER) if name and name not in teachers else None
 
 
-def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, emb: np.ndarray | None,
+def _table_width(store: Store, teacher: str, cfg: TrainConfig, emb: np.ndarray | None) -> tuple[int, int] | None:
+    """(rows, width) of the matrix the student's first table starts from: a static student's is the teacher's
+    vocab output when stored (PCA cannot widen it: a wider --embed-dim is refused here, before any model is
+    built), any other's the teacher's input embeddings (None: neither)."""
+    if cfg.arch == "static" and cfg.init_embeddings in (EmbeddingInit.auto, EmbeddingInit.vocab) and not cfg.init \
+            and f"{teacher_table(teacher)}/vocab.safetensors" in store.manifest.extras.get("files", {}):
+        width = int(store.table(teacher_table(teacher)).meta.get("dim") or 0)
+        if cfg.embed_dim is not None and not 1 <= cfg.embed_dim <= width:
+            raise InputError(f"--embed-dim {cfg.embed_dim} is wider than teacher {teacher!r}'s vocab output ({width}), "
+                             "which a static student's table is reduced from", "--embed-dim",
+                             f"pass --embed-dim {width} or less (left out: min({ARCH_EMBED_DIM['static']}, "
+                             "the teacher's width))")
+        return (emb.shape[0] if emb is not None else 0, width)
+    return emb.shape if emb is not None else None
+
+
+def _student_config(cfg: TrainConfig, ctx: Context, keys: list[str], tok: Any, table: tuple[int, int] | None,
                     init_dir: Path | None) -> StudentConfig:
-    """The student's shape from the options: embed_dim at most the teacher's embedding width, out_dim the
-    target's width, vocabulary the tokenizer's (or the embedding matrix's, if larger)."""
+    """The student's shape from the options: embed_dim at most the width of the table it starts from
+    (`_table_width`), out_dim the target's width, vocabulary the tokenizer's (or the table's, if larger)."""
     extra = dict(cfg.student)
     if cfg.hidden_dim is not None:
         extra["hidden_dim"] = cfg.hidden_dim
     if init_dir is not None:  # transformer-init without --init (with --init the source student fixes the shape)
         extra["bert"] = bert_config(init_dir)
     cap = ARCH_EMBED_DIM.get(cfg.arch, DEFAULT_EMBED_DIM)
-    embed_dim = cfg.embed_dim or min(cap, emb.shape[1] if emb is not None else cap)
+    embed_dim = cfg.embed_dim or min(cap, table[1] if table is not None else cap)
     out_dim = cfg.out_dim or (ctx.shape(keys[0])[0] if keys else None)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     student_cfg = StudentConfig(
-        arch=cfg.arch, vocab_size=max(len(tok), emb.shape[0] if emb is not None else 0), pad_id=pad,
+        arch=cfg.arch, vocab_size=max(len(tok), table[0] if table is not None else 0), pad_id=pad,
         embed_dim=embed_dim, num_layers=cfg.num_layers, pooling=cfg.pooling, out_dim=out_dim or 1,
         dropout=cfg.dropout, max_length=cfg.max_length, **extra,
     )

@@ -40,7 +40,7 @@ BASE_DEFAULTS: dict[str, Any] = {"max_length": 128, "batch_size": 64, "lr": 1e-3
 # A static student has far fewer computations per parameter: large batches and a high rate, no dropout on its only
 # layer.
 ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
-    "static": {"embed_dim": 256, "batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
+    "static": {"batch_size": 256, "lr": 5e-3, "dropout": 0.0, "epochs": 3, "weight_decay": 0.0},
     # pretrained layers: a small rate (BERT fine-tuning range), BERT's own dropout only; max_length None: the start
     # model's own (student.setup), so a student reads a document as far as the model it starts from (issue 50: a
     # student cut at 128 tokens where MiniLM reads 256 served documents worse than the MiniLM it came from)
@@ -53,10 +53,12 @@ ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "bigru": {"hidden_dim": 256, "max_length": 64, "lr": 2e-3},
 }
 # The token-embedding width when --embed-dim is not given: min(this, the teacher's width), so a narrow teacher's
-# table is never widened (the recurrent archs' 128: the same measurement as above).
+# table is never widened (the recurrent archs' 128: the same measurement as above; a static student's table is the
+# PCA of the teacher's vocab output, which cannot widen at all: a 32-wide teacher got "cannot reduce" after its
+# whole precompute, in issue 48's probe).
 DEFAULT_EMBED_DIM = 300
 DEFAULT_HIDDEN_DIM = 512  # the encoder's width when neither --hidden-dim nor the arch's default sets it
-ARCH_EMBED_DIM = {"bilstm": 128, "bigru": 128}
+ARCH_EMBED_DIM = {"bilstm": 128, "bigru": 128, "static": 256}
 
 
 # DataLoader workers when --workers is not given on a GPU. A GPU step of a small student takes milliseconds, and
@@ -77,6 +79,16 @@ def arch_defaults(arch: str, given: dict[str, Any], init: bool = False) -> dict[
         base.pop("embed_dim", None)
         base.pop("hidden_dim", None)
     return {k: (base.get(k) if v is None else v) for k, v in given.items()}
+
+
+def _embed_dim_help() -> str:
+    """"(default: min(300, the teacher's width); bilstm/bigru 128; static 256 in place of 300)", from the table."""
+    by_value: dict[int, list[str]] = {}
+    for arch, width in ARCH_EMBED_DIM.items():
+        by_value.setdefault(width, []).append(arch)
+    archs = "; ".join(f"{'/'.join(names)} {width}" for width, names in by_value.items())
+    return f"Token embedding width (default: min({DEFAULT_EMBED_DIM}, the teacher's width); {archs} in place of " \
+           f"{DEFAULT_EMBED_DIM})"
 
 
 START_MODELS = "the start model's"  # how the help shows a default taken from the start model (None in the table)
@@ -110,8 +122,7 @@ class TrainConfig:
                                         "logits, pair, multi-teacher, relational, label")
     target: str | None = option(None, help="teacher.column the embedding matches (default: the teacher's "
                                            "default_target); several as one: mpnet:0.7,minilm:0.3")
-    embed_dim: int | None = option(None, range=B.WIDTH, help="Token embedding width (default: min(300, teacher "
-                                                              "width; bilstm/bigru 128); static 256")
+    embed_dim: int | None = option(None, range=B.WIDTH, help=_embed_dim_help())
     hidden_dim: int | None = option(None, range=B.WIDTH, help="Encoder width, per direction for RNNs (default: "
                                     f"{DEFAULT_HIDDEN_DIM}; bilstm/bigru {ARCH_DEFAULTS['bilstm']['hidden_dim']})")
     out_dim: int | None = option(None, range=B.WIDTH, help="Embedding width (default: the target's; no target: "

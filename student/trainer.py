@@ -342,16 +342,28 @@ def train(cfg: TrainConfig) -> Path:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        _remove_temps(Path(cfg.out))
         raise KdError(f"the disk is full: {e.strerror} while writing {e.filename or 'the output'}", str(cfg.out),
-                      "free some space (or use --out on another disk) and rerun: training resumes from the "
-                      "last checkpoint; no student was written (config.json marks a finished one)") from e
+                      "free some space (or use --out on another disk) and rerun: training "
+                      + _after_a_full_disk(Path(cfg.out), d) + "; no student was written (config.json marks a "
+                      "finished one)") from e
     finally:
         if fresh and d.main and _HELD_LOCKS:  # only a run that held the folder's lock: a refused second run
             _remove_if_nothing_kept(Path(cfg.out))  # must never remove the folder the first one is writing
         while _HELD_LOCKS:
             _HELD_LOCKS.pop().close()
         shutdown(d)
+
+
+def _after_a_full_disk(out: Path, d: Dist) -> str:
+    """Leave what a rerun can use, and say what the rerun will do. Before the first checkpoint nothing can be
+    resumed, and this run's metrics and best weights alone would make the rerun ask for --overwrite."""
+    _remove_temps(out)
+    if (out / CHECKPOINT).exists():
+        return "resumes from the last checkpoint"
+    if d.main and not (out / "config.json").exists():
+        for name in (METRICS, BEST, CURVE):  # this run's: the claim refuses a folder holding another run's
+            (out / name).unlink(missing_ok=True)
+    return "starts again (it stopped before its first checkpoint)"
 
 
 def _remove_if_nothing_kept(out: Path) -> None:

@@ -44,6 +44,17 @@ def real_store(root: Path, teacher: Path, sentences: list[str]) -> Path:
     return root / "store"
 
 
+def init_store(tmp_path: Path, teacher: Path, sentences: list[str]) -> Path:
+    """A sound store holding `teacher`'s init output (what a transformer-init student starts from): 60 sentences."""
+    from kd.pipeline.precompute import precompute
+
+    corpus = tmp_path / "news.txt"
+    corpus.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
+    precompute([str(corpus)], str(tmp_path / "store"), [f"tiny={teacher}"], shard_rows=30, outputs=["mean", "init"],
+               progress=False)
+    return tmp_path / "store"
+
+
 def manifests(store: Path) -> list[Path]:
     return [store / "manifest.json", *sorted((store / "manifests").glob("*.json"))]
 

@@ -102,6 +102,17 @@ def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
              start=tiny_teacher)
 
 
+def test_a_stage_option_train_student_refuses_is_named_in_the_recipe(tmp_path, tiny_teacher, corpus):
+    """A static stage wider than its 32-wide teacher: refused at the stage, naming the recipe's stage and key (it
+    named --embed-dim, a flag the recipe's user never wrote; with no embed_dim the width is the teacher's)."""
+    stages = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\nmax_steps = 2\nembed_dim = 64\n'
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, outputs='[outputs]\nteacher = ["mean", "vocab"]\n')
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "out", recipe), "--no-leakage"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"where: {recipe} [[stage]] s: embed_dim" in text, res.output
+    assert "--embed-dim 32 or less" in text, res.output
+
+
 @pytest.mark.parametrize("case", ["keep_layers", "init_layers", "later_init_layers", "start_folder"])
 def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, tmp_path, tiny_teacher, corpus,
                                                                          monkeypatch):

@@ -25,7 +25,17 @@ import pyarrow as pa
 import pytest
 import store_forgery
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
-from store_forgery import TEACHER, edit_manifests, refused, rewrite_file, rewrite_shard, set_column, train, validate
+from store_forgery import (
+    TEACHER,
+    edit_manifests,
+    init_store,
+    refused,
+    rewrite_file,
+    rewrite_shard,
+    set_column,
+    train,
+    validate,
+)
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -209,7 +219,7 @@ def test_nulls_kd_never_writes_are_reported_not_tracebacks(store, real, tiny_tea
 ])
 def test_an_init_output_config_kd_cannot_build_from_is_reported_refused_and_repaired(
         tmp_path, tiny_teacher, sentences, edit, said):
-    store = _init_store(tmp_path, tiny_teacher, sentences)
+    store = init_store(tmp_path, tiny_teacher, sentences)
     (rel,) = [p.relative_to(store).as_posix() for p in store.glob("teachers/tiny/init-*/config.json")]
     config = json.loads((store / rel).read_text()) | edit
     rewrite_file(store, rel, json.dumps(config).encode())
@@ -291,16 +301,6 @@ def test_a_baseline_folder_whose_modules_json_points_out_is_refused(tmp_path, ti
     refused(res, "outside the folder", "modules.json")
 
 
-def _init_store(tmp_path: Path, teacher: Path, sentences: list[str]) -> Path:
-    from kd.pipeline.precompute import precompute
-
-    corpus = tmp_path / "news.txt"
-    corpus.write_text("\n".join(sentences[:60]) + "\n", encoding="utf-8")
-    precompute([str(corpus)], str(tmp_path / "store"), [f"tiny={teacher}"], shard_rows=30, outputs=["mean", "init"],
-               progress=False)
-    return tmp_path / "store"
-
-
 @pytest.mark.parametrize(("key", "value"), [("vocab_size", 30_000_000), ("num_attention_heads", 0)])
 def test_a_received_transformer_init_student_is_bounded_before_it_is_built(tmp_path, tiny_teacher, sentences,
                                                                            key, value):
@@ -309,7 +309,7 @@ def test_a_received_transformer_init_student_is_bounded_before_it_is_built(tmp_p
     from kd import student
     from kd.common.errors import KdError
 
-    store = _init_store(tmp_path, tiny_teacher, sentences)
+    store = init_store(tmp_path, tiny_teacher, sentences)
     res = CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "s"), "--arch",
                                    "transformer-init", "--max-steps", "1", "--no-progress"])
     assert res.exit_code == 0, res.output

@@ -108,6 +108,23 @@ def test_static_student_trains_and_loads(store, tmp_path):
     np.testing.assert_allclose(bags, padded, atol=1e-5)  # the fast path is the model
 
 
+def test_a_static_students_width_never_exceeds_its_teachers_vocab_output(store, tmp_path):
+    """Left out, --embed-dim is min(256, the teacher's width) (the 32-wide teacher: 32; it was 256 and PCA failed
+    after the whole run, naming pca_embeddings); a wider one given is refused naming --embed-dim, before any
+    model is built."""
+    from kd.student.setup import setup
+    from kd.student.train_config import TrainConfig
+
+    width = Store.open(store).table("teachers/tiny").meta["dim"]
+    s = setup(TrainConfig(str(store), str(tmp_path / "a"), arch="static", progress=False))
+    assert s.student_cfg.embed_dim == width == 32
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store), "--out", str(tmp_path / "b"), "--arch",
+                                   "static", "--embed-dim", "64", "--no-progress"])
+    assert res.exit_code == 2 and "--embed-dim 64 is wider than teacher 'tiny'" in res.output, res.output
+    assert "where: --embed-dim" in res.output and "--embed-dim 32 or less" in res.output, res.output
+    assert not (tmp_path / "b").exists()
+
+
 @pytest.mark.parametrize("out_dim", [16, 48])
 def test_numpy_encode_equals_the_torch_embedding_bag(store, tmp_path, sentences, out_dim):
     """The CPU fast path (numpy sums of token rows, then the bias-free head) gives the torch path's vectors,

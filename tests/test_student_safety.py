@@ -270,6 +270,31 @@ def test_disk_full_while_saving_the_student_is_a_clear_error(store_path, tmp_pat
     assert (out / "config.json").exists() and not list(out.glob("*.tmp*"))
 
 
+def test_disk_full_before_the_first_checkpoint_says_the_rerun_starts_again(store_path, tmp_path, monkeypatch):
+    """ENOSPC at the first checkpoint (the best weights and metrics already written): nothing can be resumed, so
+    the message must not promise it, and the same command rerun must train rather than ask for --overwrite."""
+    import errno
+
+    out = tmp_path / "out"
+    out.mkdir()  # the user's empty folder: not removed as a folder kd created would be
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        if "checkpoint.pt.tmp" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args(), "--checkpoint-every", "2")
+    assert res.exit_code == 2 and "disk is full" in res.output, res.output
+    assert "starts again" in res.output and "resumes from" not in res.output, res.output
+    assert sorted(p.name for p in out.iterdir()) in ([], [".kd-train.lock"]), list(out.iterdir())
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args(), "--checkpoint-every", "2")
+    assert res.exit_code == 0, res.output
+    assert (out / "config.json").exists()
+
+
 def test_a_student_config_without_its_weights_checksum_is_refused(trained, tmp_path):
     import json
 
