@@ -24,9 +24,9 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from kd.apps.demo_config import DemoConfig  # (light, as the two below)
-from kd.apps.distill_config import DistillConfig
-from kd.apps.eval_config import EvalConfig
+from kd.apps.demo.config import DemoConfig  # (light, as the two below)
+from kd.apps.distill.config import DistillConfig
+from kd.apps.eval.config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
 from kd.apps.query_config import QueryConfig
 from kd.apps.search_config import SearchConfig
@@ -37,8 +37,8 @@ from kd.common.options import Option
 from kd.common.stop import Stopped, sigterm_interrupts
 from kd.dataset.cluster_config import ClusterConfig
 from kd.dataset.index_config import IndexConfig
-from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob  # (light: the CLI's parameters are built from its fields)
+from kd.pipeline.teacher.finetune_config import TeacherFinetuneConfig
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
 from kd.student.embed_config import EmbedConfig
@@ -384,7 +384,7 @@ def _wide() -> Console:
 @_declared_by(EvalConfig)
 def eval_(cfg: EvalConfig) -> None:
     """Compare teacher, students (and a baseline) on STS, agreement, neighbours, clustering, probe, speed."""
-    from kd.apps.eval import evaluate
+    from kd.apps.eval.run import evaluate
 
     report = evaluate(cfg)
     out = _wide()
@@ -399,7 +399,7 @@ def eval_(cfg: EvalConfig) -> None:
 def demo(cfg: DemoConfig) -> None:
     """Precompute MiniLM on a bundled corpus, train a static and a BiLSTM student, evaluate all on STS-B dev."""
     with _starting("kd demo", cfg.progress):
-        from kd.apps.demo import run_demo
+        from kd.apps.demo.run import run_demo
 
     res = run_demo(cfg)
     out = _wide()
@@ -415,8 +415,8 @@ def distill(cfg: DistillConfig) -> None:
     """One command from a corpus to a served student: precompute, leakage, every recipe stage, the choice on dev,
     export and the evaluation suite. Kill it anywhere; the same command resumes."""
     with _starting("kd distill", cfg.progress):
-        from kd.apps.distill import distill as run_distill
-        from kd.apps.distill_plan import estimate
+        from kd.apps.distill.plan import estimate
+        from kd.apps.distill.run import distill as run_distill
 
     if cfg.dry_run:
         term.print(estimate(cfg).table())
@@ -495,7 +495,7 @@ def _metric_text(metrics: dict) -> str:
 @_declared_by(TeacherFinetuneConfig)
 def finetune_teacher_cmd(cfg: TeacherFinetuneConfig) -> None:
     """Fine-tune a task teacher (a cross-encoder for pairs) that kd precompute --teacher DIR runs for logits."""
-    from kd.pipeline.finetune_teacher import finetune_teacher
+    from kd.pipeline.teacher.finetune import finetune_teacher
 
     s = finetune_teacher(cfg)
     labels = f"labels {s.label_names}" if s.label_names else "one score"

@@ -18,9 +18,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from kd.apps.distill import DistillConfig, DistillResult
-from kd.apps.distill import distill as _distill
-from kd.apps.distill_plan import Plan, estimate
+from kd.apps.distill.plan import Plan, estimate
+from kd.apps.distill.run import DistillConfig, DistillResult
+from kd.apps.distill.run import distill as _distill
 from kd.common.options import known_options, path_argument, paths_argument, with_options
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import precompute as _precompute

@@ -3,7 +3,7 @@
 A stop must never leave a user guessing whether an hour of work is lost: the CLI turns the interrupt into a
 `Stopped` (exit 130 / 143) whose message says what is on disk and ends with the command to run next. What each
 command keeps is its own design (docs/design.md): precompute commits shards and keeps a shard's finished batches
-(`pipeline/partial.py`), train-student checkpoints, distill and demo resume from their finished steps, embed
+(`pipeline/teacher/partial.py`), train-student checkpoints, distill and demo resume from their finished steps, embed
 commits shards, eval caches the teacher's vectors; export and index build in a temporary place and rename at the
 end, so nothing half-written is left and the same command starts over.
 """

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kd.apps import tasks
+from kd.apps.eval import tasks
 from kd.apps.leakage_config import LeakageConfig
 from kd.common.errors import InputError
 from kd.common.options import with_options

@@ -27,7 +27,7 @@ PAIR_SUFFIXES = ("_a", "_b")
 
 
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
-    from kd.pipeline.teacher import Output, load_teacher, weights_sha256
+    from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
 
     # a teacher of the store by name, or by the spec it was precomputed from (e.g. its path)
     by_source = [t for t in store.manifest.teachers() if store.table(f"teachers/{t}").meta.get("source") == teacher]

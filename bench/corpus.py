@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kd.apps import tasks
-from kd.apps.corpus import _brown, _leipzig, _wordnet
+from kd.apps.eval import tasks
+from kd.apps.eval.corpus import _brown, _leipzig, _wordnet
 
 
 def _in_domain() -> dict[str, list[str]]:

@@ -7,7 +7,7 @@ runs (issue 39's plot). One PNG and the numbers behind it as JSON.
   preset changed since the run was made cannot misplace its points;
 - each student is one point: the epochs of the corpus trained up to and including it (`epochs`, or `max_steps` x
   `batch_size` over the training rows), and its STS-B dev and test Spearman (x100), scored as bench/sts_dev_test.py
-  scores (`kd.student.load(...).encode`, `kd.apps.metrics.sts_spearman`); scores are cached (`--cache`), keyed by
+  scores (`kd.student.load(...).encode`, `kd.apps.eval.metrics.sts_spearman`); scores are cached (`--cache`), keyed by
   the folder and its weights' checksum, so a finished student is scored once;
 - the hand-staged recipe's points are the ones docs/results.md recorded for its 6-layer student (fifth to eighth
   runs, Intel Xeon with AMX, the same corpus and exclusions): test at every stage, dev where it was measured.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from kd import student
-from kd.apps import metrics, tasks
+from kd.apps.eval import metrics, tasks
 
 # docs/results.md, "Fifth run" and "Eighth run": (epochs, STS-B dev or None, STS-B test) of the 6-layer student
 HAND_STAGED = [(0.8, None, 81.26), (1.4, None, 81.68), (2.7, None, 82.01), (4.1, None, 82.32),

@@ -107,7 +107,7 @@ def main() -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from bench.precompute_vs_st import load_sentences
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     torch.set_num_threads(a.threads)
     path = resolve_teacher(a.teacher).path

@@ -4,7 +4,7 @@
 
 Each run is a fresh process limited to `--threads` threads that loads the packaged MiniLM, applies one
 variant, encodes 64 sentences as a warm-up (timed apart: compilation happens here), then times
-`pipeline.batches.encode_all` (tokenize, forward, pool cls + mean + layers) on the first `--n` Leipzig
+`pipeline.teacher.batches.encode_all` (tokenize, forward, pool cls + mean + layers) on the first `--n` Leipzig
 sentences of bench.precompute_vs_st. Variants:
 - eager: the model as kd runs it (HF BERT, SDPA attention, fp32);
 - compile: `torch.compile(model, dynamic=True)` (inductor; dynamic because every batch has its own shape);
@@ -49,8 +49,8 @@ def child(a: argparse.Namespace) -> None:
     import torch
 
     from bench.precompute_vs_st import load_sentences
-    from kd.pipeline.batches import encode_all
-    from kd.pipeline.teacher import Output, load_teacher
+    from kd.pipeline.teacher.batches import encode_all
+    from kd.pipeline.teacher.model import Output, load_teacher
 
     torch.set_num_threads(a.threads)
     texts = load_sentences(a.n)

@@ -14,10 +14,10 @@ One run, the same test sets, the same thread count, each model in a fresh proces
 Algorithm:
 - quality: one child process per model encodes the evaluation texts (STS-B test pairs, SST-2 probe
   train sample + dev, news-articles clustering dev + test) and saves the vectors; the parent scores
-  them with apps.metrics (Spearman x100, probe accuracy, pair-F1 with the cut tuned on dev);
+  them with apps.eval.metrics (Spearman x100, probe accuracy, pair-F1 with the cut tuned on dev);
 - speed: `--rounds` rounds (>= 3); each round starts one fresh process per model, the order rotated
   every round so no model always runs first or last; sentences/s at batch 1 and 256 on STS-B test
-  sentences (apps.speed.measure_speed); medians and min-max spread over rounds;
+  sentences (apps.eval.speed.measure_speed); medians and min-max spread over rounds;
 - size: megabytes on disk of what inference needs;
 - a PNG: STS-B vs sentences/s at batch 256 (log x), Pareto front drawn, points labelled.
 
@@ -75,7 +75,7 @@ def load(spec: Spec):
     if spec.kind in ("teacher", "teacher-int8"):
         import torch
 
-        from kd.pipeline.teacher import load_teacher
+        from kd.pipeline.teacher.model import load_teacher
 
         t = load_teacher(spec.path, device="cpu")
         if spec.kind == "teacher-int8":
@@ -86,7 +86,7 @@ def load(spec: Spec):
     if spec.kind == "teacher-backend":  # path "SPEC@BACKEND:QUANTIZE", e.g. "minilm@openvino:int8"
         import torch
 
-        from kd.pipeline.backends import load as load_backend
+        from kd.pipeline.backends.runtime import load as load_backend
 
         ref, _, how = spec.path.partition("@")
         backend, _, quantize = how.partition(":")
@@ -125,7 +125,7 @@ def load(spec: Spec):
 
 class OpenVinoSession:
     """`onnxruntime.InferenceSession.run(names, feeds)` on OpenVINO: the compile settings kd's teacher backend
-    uses (pipeline/backends.py: bf16 inference where native, one stream, latency hint, the same threads)."""
+    uses (pipeline/backends/runtime.py: bf16 inference where native, one stream, latency hint, the same threads)."""
 
     def __init__(self, graph: Path, threads: int) -> None:
         import openvino as ov
@@ -148,7 +148,7 @@ def _int8_mb(spec: Spec) -> float | None:
 
     import torch
 
-    from kd.pipeline.teacher import load_teacher
+    from kd.pipeline.teacher.model import load_teacher
 
     t = load_teacher(spec.path, device="cpu")
     q = torch.ao.quantization.quantize_dynamic(t.model, {torch.nn.Linear}, dtype=torch.qint8)
@@ -158,7 +158,7 @@ def _int8_mb(spec: Spec) -> float | None:
 
 
 def child(args: argparse.Namespace) -> None:
-    from kd.apps.speed import disk_mb, measure_speed
+    from kd.apps.eval.speed import disk_mb, measure_speed
 
     _set_threads(args.threads)
     spec = Spec.parse(args.child)
@@ -186,7 +186,7 @@ class EvalTexts:
 
 
 def eval_texts() -> EvalTexts:
-    from kd.apps import tasks
+    from kd.apps.eval import tasks
 
     sts = tasks.load_stsb("test")
     probe = tasks.load_sst2(4000)
@@ -205,7 +205,7 @@ def eval_texts() -> EvalTexts:
 
 
 def score(v: np.ndarray, ev: EvalTexts) -> dict[str, float]:
-    from kd.apps import metrics
+    from kd.apps.eval import metrics
 
     n, _, gold = ev.sts
     out = {"stsb": metrics.sts_spearman(v[:n], v[n : 2 * n], gold)}

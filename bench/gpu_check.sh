@@ -24,7 +24,7 @@ if [ "${1:-}" = bundle ]; then
   "$PY" -c "import pyarrow.dataset as ds, pyarrow.parquet as pq, sys; pq.write_table(ds.dataset(sys.argv[1]).to_table(
 columns=['text']), sys.argv[2], compression='zstd')" "${STORE:-bench/out/stronger-full/store}/texts" "$B/texts.parquet"
   for t in mpnet minilm; do
-    dir=$("$PY" -c "import sys; from kd.pipeline.resolve import resolve_teacher; print(resolve_teacher(sys.argv[1]).path)" $t)
+    dir=$("$PY" -c "import sys; from kd.pipeline.teacher.resolve import resolve_teacher; print(resolve_teacher(sys.argv[1]).path)" $t)
     mkdir -p "$B/$t-shape" && (cd "$dir" && tar cf - --exclude='*.safetensors' --exclude='*.bin' .) | (cd "$B/$t-shape" && tar xf -)
   done
   cp ../shared/data/corpus/eng_news_2016_10K-sentences.txt "$B/shared/data/corpus/"
@@ -93,8 +93,8 @@ step export-onnx 60 "${KD[@]}" export "$W/tinit6" --format onnx -o "$W/tinit6-on
 # own PYTHONPATH: on the throwaway GPU machine a .pth makes this checkout importable as kd there too.
 [ "${KD_PTH:-1}" = 1 ] && echo "$W/pp" >"$(python3 -c 'import site; print(site.getsitepackages()[0])')/kd-checkout.pth"
 [ -d "$B/shared" ] && export KD_SHARED="$PWD/$B/shared"
-step pytest 120 python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS--n 8} tests/test_teacher_device.py tests/test_precision.py \
-  tests/test_trainer.py tests/test_transformer_init.py tests/test_cross_teacher.py tests/test_student_models.py \
-  tests/test_teacher_device.py
+step pytest 120 python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS--n 8} tests/pipeline/test_teacher_device.py tests/pipeline/test_precision.py \
+  tests/student/test_trainer.py tests/student/test_transformer_init.py tests/student/test_cross_teacher.py tests/student/test_student_models.py \
+  tests/pipeline/test_teacher_device.py
 cat "$O/steps.txt"
 pkill -f "nvidia-smi --query-gpu" || true

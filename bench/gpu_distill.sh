@@ -21,7 +21,7 @@ if [ "${1:-}" = bundle ]; then
     "$PY" bench/frontier_texts.py ../shared/data/corpus/news_articles.csv "$B/frontier.jsonl" "$B/texts.parquet" &&
     rm "$B/frontier.jsonl" || exit 1
   for t in mpnet minilm; do
-    dir=$("$PY" -c "import sys; from kd.pipeline.resolve import resolve_teacher; print(resolve_teacher(sys.argv[1]).path)" $t)
+    dir=$("$PY" -c "import sys; from kd.pipeline.teacher.resolve import resolve_teacher; print(resolve_teacher(sys.argv[1]).path)" $t)
     mkdir -p "$B/$t-shape" && (cd "$dir" && tar cf - --exclude='*.safetensors' --exclude='*.bin' --exclude='openvino*' .) | (cd "$B/$t-shape" && tar xf -)
   done
   du -sh "$B"; exit 0

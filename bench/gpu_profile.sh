@@ -15,7 +15,7 @@ export PYTHONPATH="$W/pp" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLE
   "$B/texts.parquet" "$N" "$W/short.parquet"
 "$PY" -m kd precompute "$W/short.parquet" --text-column text -t warm="$W/t/minilm" --outputs sentence --device "$DEV" \
   --sample 2000 -o "$W/warm" >/dev/null 2>&1   # CUDA context and disk caches warm, untimed
-"$PY" -X importtime -c "import kd.cli, kd.pipeline.precompute, kd.pipeline.teacher, torch, transformers" 2>"$W/imp.txt"
+"$PY" -X importtime -c "import kd.cli, kd.pipeline.precompute, kd.pipeline.teacher.model, torch, transformers" 2>"$W/imp.txt"
 sort -t'|' -k2 -n -r "$W/imp.txt" | head -25 >"$O/importtime.txt"
 TIMEV=$([ -x /usr/bin/time ] && echo "/usr/bin/time -v")
 for t in mpnet minilm; do

@@ -8,7 +8,7 @@ Graphs (MiniLM, exported once per graph into bench/out/onnx_graphs/<graph>/ befo
 - traced-int8 / dynamo-int8: kd's int8 recipe (SmoothQuant, then ONNX Runtime dynamic int8) on each;
 - traced-int8-plain: the same without SmoothQuant.
 Each run is a fresh process limited to `--threads` threads that loads the teacher on its graph (fidelity
-check included, untimed), encodes 64 sentences as a warm-up, then times `pipeline.batches.encode_all`
+check included, untimed), encodes 64 sentences as a warm-up, then times `pipeline.teacher.batches.encode_all`
 (tokenize, forward, pool cls + mean + layers) on the first `--n` Leipzig sentences of
 bench.precompute_vs_st. Rounds rotate the order. Printed: seconds median [min-max], speed-up against torch
 in the same run, and the min / mean cosine of each graph's `mean` vectors to torch's.
@@ -32,8 +32,9 @@ GRAPHS = ("torch", "traced", "dynamo", "traced-int8", "dynamo-int8", "traced-int
 
 def load(graph: str):
     """The teacher on `graph`, exporting it into WORK/<graph> first if needed (KD_CACHE points there)."""
-    from kd.pipeline import backends, export
-    from kd.pipeline.teacher import load_teacher
+    from kd.pipeline.backends import export
+    from kd.pipeline.backends import runtime as backends
+    from kd.pipeline.teacher.model import load_teacher
 
     if graph == "torch":
         return load_teacher("minilm", "cpu")
@@ -50,8 +51,8 @@ def child(a: argparse.Namespace) -> None:
     import torch
 
     from bench.precompute_vs_st import load_sentences
-    from kd.pipeline.batches import encode_all
-    from kd.pipeline.teacher import Output
+    from kd.pipeline.teacher.batches import encode_all
+    from kd.pipeline.teacher.model import Output
 
     torch.set_num_threads(a.threads)
     texts = load_sentences(a.n)

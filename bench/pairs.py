@@ -45,9 +45,9 @@ import torch
 from bench.retrieval import median_time
 from kd.common.inputs import ColumnSpec
 from kd.common.tasks import LabelSet, Task, read_task, task_metrics
-from kd.pipeline.finetune_teacher import TeacherFinetuneConfig, finetune_teacher
 from kd.pipeline.precompute import precompute
-from kd.pipeline.teacher import Output, load_teacher
+from kd.pipeline.teacher.finetune import TeacherFinetuneConfig, finetune_teacher
+from kd.pipeline.teacher.model import Output, load_teacher
 from kd.storage.store import Store
 from kd.student import load
 from kd.student.finetune import FinetuneConfig, finetune, load_task_model
@@ -83,7 +83,7 @@ class BenchConfig:
     speed_pairs: int = 512  # test pairs timed for throughput (median of `repeats` runs)
     repeats: int = 5
     seed: int = 0
-    threads: int | None = None  # torch threads; default: 1 on a busy machine (apps.speed.pick_threads)
+    threads: int | None = None  # torch threads; default: 1 on a busy machine (apps.eval.speed.pick_threads)
 
 
 QUICK = dict(train_rows=1500, test_rows=400, teacher_epochs=2, teacher_lr=1e-4, corpus_rows=5000, hidden=256,
@@ -279,7 +279,7 @@ def query_speedup(cfg: BenchConfig, ce: CrossEncoder, dse: ObjectiveHead, query:
 
 
 def run(cfg: BenchConfig) -> dict:
-    from kd.apps.speed import pick_threads
+    from kd.apps.eval.speed import pick_threads
 
     torch.manual_seed(cfg.seed)
     # on a busy 2-core machine a second intra-op thread made MiniLM fine-tuning 5x slower, not faster

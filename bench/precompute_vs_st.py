@@ -153,7 +153,7 @@ def _st_int8_dir() -> Path:
     """A copy of the packaged MiniLM with ST's dynamically quantized ONNX file (made once, not timed)."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     folder = WORK / "st-minilm-onnx"
     if not (folder / st_int8_file()).exists():
@@ -169,7 +169,7 @@ def child_st(a: argparse.Namespace, sentences: list[str]) -> tuple[float, np.nda
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     kwargs: dict = {}
     path = resolve_teacher("minilm").path
@@ -219,7 +219,7 @@ def cell(c: dict) -> str:
 
 def kd_label(backend: str, precision: str, ran: str = "") -> str:
     """The side's name, with the int8 recipe kd picks on this CPU (OpenVINO's follows its int8 dot products)."""
-    from kd.pipeline.backends import Backend, Quantize, int8_method
+    from kd.pipeline.backends.runtime import Backend, Quantize, int8_method
 
     if backend == "auto":
         return f"kd precompute, default backend (auto: ran {ran}) (cls + mean + layers, written)"
@@ -233,7 +233,7 @@ def kd_label(backend: str, precision: str, ran: str = "") -> str:
 def export_once(kd_backends: list[str], precision: str) -> None:
     """Fill kd's export cache (and, for auto, its fidelity record) before the clock, as ST's int8 file is made
     once: a user exports once."""
-    from kd.pipeline import backends
+    from kd.pipeline.backends import runtime as backends
 
     if "auto" in kd_backends:  # one untimed small job records auto's choice and its fidelity for this CPU
         from kd.pipeline.precompute import precompute

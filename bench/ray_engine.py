@@ -31,7 +31,7 @@ OUT = ROOT / "bench" / "out"
 
 
 def load_sentences(n: int) -> list[str]:
-    from kd.apps.corpus import _leipzig
+    from kd.apps.eval.corpus import _leipzig
 
     return (_leipzig("news") + _leipzig("wikipedia"))[:n]
 

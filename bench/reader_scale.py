@@ -68,7 +68,7 @@ def _tokenizer_files() -> dict[str, bytes]:
     """MiniLM's tokenizer files (the packaged teacher's), as kd precompute saves them into a store."""
     from transformers import AutoTokenizer
 
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     tok = AutoTokenizer.from_pretrained(resolve_teacher("minilm").path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +78,7 @@ def _tokenizer_files() -> dict[str, bytes]:
 
 def write(out: str, rows: int, shard_rows: int, seed: int) -> None:
     """Write the synthetic store (see the module docstring); shard k holds rows [k * shard_rows, ...)."""
-    from kd.pipeline.shards import record_files
+    from kd.pipeline.engines.shards import record_files
 
     shards = -(-rows // shard_rows)
     header = Manifest(inputs={"fingerprint": f"reader-scale-{rows}-{shard_rows}-{seed}", "num_rows": rows,

@@ -72,7 +72,7 @@ def cross_encoder_seconds(query: str, rows: list[str], batch: int) -> float:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     hf_logging.set_verbosity_error()  # the new one-logit head's "newly initialized" notice
     path = resolve_teacher("minilm").path
@@ -125,7 +125,7 @@ def main() -> None:
     import torch
 
     from kd import student
-    from kd.pipeline.teacher import load_teacher
+    from kd.pipeline.teacher.model import load_teacher
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)

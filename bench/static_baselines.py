@@ -92,7 +92,7 @@ def eval_overlap_ids(store) -> np.ndarray:
     """Ids of store rows whose text (lower-cased, whitespace collapsed) is in an evaluation set."""
     import re
 
-    from kd.apps import tasks
+    from kd.apps.eval import tasks
 
     def norm(t: str) -> str:
         return re.sub(r"\s+", " ", t.strip().lower())
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=900.0, help="Tokenlearn training seconds")
     ap.add_argument("--out-dir", default=str(OUT))
     a = ap.parse_args()
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.pipeline.teacher.resolve import resolve_teacher
 
     teacher_dir = resolve_teacher(a.teacher).path
     out = Path(a.out_dir)

@@ -23,7 +23,7 @@ import json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[3]))
 from kd import student
-from kd.apps import tasks
+from kd.apps.eval import tasks
 st = student.load(sys.argv[1])
 if sys.argv[2] == "torch":
     st._static = None

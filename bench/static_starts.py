@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from kd.apps import metrics, tasks
+from kd.apps.eval import metrics, tasks
 from kd.student.pca import pca_embeddings
 
 

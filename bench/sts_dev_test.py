@@ -1,7 +1,7 @@
 """STS-B Spearman (x100) on the dev and the test split for saved kd students, one line per student.
 
 - each student is loaded with `kd.student.load` and encodes both sides of each pair (its own batching);
-- the score is `kd.apps.metrics.sts_spearman` of the pair cosines against the gold scores, the same
+- the score is `kd.apps.eval.metrics.sts_spearman` of the pair cosines against the gold scores, the same
   measure bench/frontier.py reports for the test split (so its test column equals frontier's);
 - tune recipes on the dev column: the test column is what frontier runs report.
 
@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from kd import student
-from kd.apps import metrics, tasks
+from kd.apps.eval import metrics, tasks
 
 SPLITS = ("dev", "test")
 

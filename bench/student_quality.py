@@ -57,8 +57,8 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true", help="evaluate students already in bench/out")
     args = ap.parse_args()
 
-    from kd.apps.eval import EvalConfig, Measure, evaluate
-    from kd.pipeline.resolve import resolve_teacher
+    from kd.apps.eval.run import EvalConfig, Measure, evaluate
+    from kd.pipeline.teacher.resolve import resolve_teacher
     from kd.student.trainer import TrainConfig, train
 
     students = []

@@ -22,7 +22,7 @@ ARTICLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / 
 
 def _texts(kind: str) -> list[str]:
     if kind == "short":
-        from kd.apps import tasks
+        from kd.apps.eval import tasks
 
         sts = tasks.load_stsb("test")
         return (sts.a + sts.b)[:1024]

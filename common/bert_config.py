@@ -6,7 +6,7 @@ transformers builds every layer and table a config names before any weights are 
 student is built from its stored BERT config directly: a forged `num_hidden_layers: 1000000000` would allocate a
 billion layers, `vocab_size: 30000000` a 4 GB table. The bounds are far past any published encoder (BERT-large:
 1,024 wide, 24 layers; XLM-R's 250,002-token vocabulary; the largest LLMs ~128 layers); a teacher's config.json
-is held to the same table (pipeline.teacher).
+is held to the same table (pipeline.teacher.model).
 """
 
 from __future__ import annotations

@@ -86,14 +86,14 @@ COSINE_DISTANCE = Range(0, 2, lo_open=True, what="a cosine distance: 1 - cosine 
 
 # Choices of the enum-like options, as the Literal types the CLI annotates its options with (typer turns a
 # Literal into a choice: a bad value exits 2 listing the allowed ones). The library enums live in modules that
-# import torch, which `kd --help` must not; tests/test_options.py checks each Literal against its enum.
+# import torch, which `kd --help` must not; tests/student/test_options.py checks each Literal against its enum.
 Segment = Literal["none", "sentences", "sentences+documents"]
 SEGMENT_HELP = ("none (each text as it is) | sentences (spaCy) | sentences+documents (the sentences and each whole "
                 "document: students then learn documents too)")
 VectorDType = Literal["float32", "float16", "int8"]  # storage.schema.VectorDType
-Precision = Literal["auto", "fp32", "bf16", "fp16"]  # pipeline.teacher.Precision
-Backend = Literal["auto", "torch", "onnx", "openvino"]  # pipeline.backends.Backend
-Quantize = Literal["none", "int8"]  # pipeline.backends.Quantize
+Precision = Literal["auto", "fp32", "bf16", "fp16"]  # pipeline.teacher.model.Precision
+Backend = Literal["auto", "torch", "onnx", "openvino"]  # pipeline.backends.runtime.Backend
+Quantize = Literal["none", "int8"]  # pipeline.backends.runtime.Quantize
 Engine = Literal["local", "ray"]
 Arch = Literal["bilstm", "bigru", "cnn", "ffn", "transformer", "static", "transformer-init"]  # student.models.Arch
 Pooling = Literal["mean", "max", "attentive", "cls"]  # student.pooling.Pooling
@@ -103,12 +103,12 @@ HeadInit = Literal["auto", "lstsq", "random"]  # student.train_config.HeadInit
 TokenWeights = Literal["sif", "none"]
 ExportFormat = Literal["sentence-transformers", "onnx"]
 StsSplit = Literal["train", "dev", "test"]
-ClusterSet = Literal["news-articles", "brown-genres", "brown-documents"]  # apps.tasks.ClusterSet
+ClusterSet = Literal["news-articles", "brown-genres", "brown-documents"]  # apps.eval.tasks.ClusterSet
 QueryFormat = Literal["table", "csv", "json", "parquet"]  # dataset.query.Format
 IndexKind = Literal["flat", "ivf", "hnsw"]  # dataset.index.IndexKind
 ClusterMethod = Literal["auto", "exact", "knn"]  # dataset.cluster.Method
 Task = Literal["classification", "pair-classification", "pair-regression"]  # common.tasks.Task
-# apps.eval.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
+# apps.eval.run.Measure; an Enum because typer takes no list of Literals (kd eval --task is repeatable)
 Measure = Enum("Measure", {m: m for m in ("sts", "probe", "cluster", "agreement", "neighbours", "speed", "mrpc",
                                           "lee", "retrieval", "documents", "suite")}, type=str)
 

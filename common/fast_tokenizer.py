@@ -6,12 +6,12 @@ Every path from text to a model goes through `FastTokenizer.encode` and `common.
 pass (pipeline/batches), a student's training batches (student/data), its `encode` (student/saved), its
 sentence-transformers module (student/st_module) and the exported ONNX encoder (student/exporters/onnx_graph).
 So a tokenizer saved with padding_side="left" or truncation_side="left" gives a student the same ids in training
-and at inference (tests/test_tokenizer_path.py); which side a batch pads on is common/padding.py's to say.
+and at inference (tests/student/test_tokenizer_path.py); which side a batch pads on is common/padding.py's to say.
 
 - `from_transformers(tok)`: a copy of a loaded fast tokenizer's backend plus the settings its `__call__` and
   `pad` add on top (input names, pad id and type id, padding and truncation side);
 - `from_file(tokenizer.json, settings)`: the same from a saved tokenizer and those settings, as recorded in the
-  export cache by the run that measured the backend (pipeline/fidelity_cache.py) or in an ONNX export;
+  export cache by the run that measured the backend (pipeline/backends/fidelity_cache.py) or in an ONNX export;
 - `encode(texts, pairs, max_length)`: what `tok(texts[, pairs], truncation=..., max_length=...)` gives (special
   tokens added, longest-first truncation on the tokenizer's side, no padding): ids (and type ids) per text;
   `first_ids=True`: instead the first max_length ids of the whole encoding, special tokens added before the cut
@@ -20,7 +20,7 @@ and at inference (tests/test_tokenizer_path.py); which side a batch pads on is c
   vectors on texts of any length;
 - `pad(rows)`: the rows padded to the longest on the tokenizer's side, int64 arrays plus the attention mask, like
   `tok.pad(rows, return_tensors="np")`.
-tests/test_fast_tokenizer.py checks ids, type ids and padded batches against transformers on real text and pairs.
+tests/common/test_fast_tokenizer.py checks ids, type ids and padded batches against transformers on real text and pairs.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def native_int8() -> bool:
 
 
 def cpu_signature() -> str:
-    """What identifies this CPU for a cached measurement (pipeline/fidelity_cache.py): a hash of the machine
+    """What identifies this CPU for a cached measurement (pipeline/backends/fidelity_cache.py): a hash of the machine
     type, the model name and the sorted feature flags of /proc/cpuinfo, and the KD_CPU_* overrides; another
     CPU model, flag set or override gives another signature (numerics of oneDNN/OpenVINO kernels follow them)."""
     import hashlib

@@ -1,5 +1,5 @@
 """Which layers a smaller copy of a BERT-style encoder keeps (DistilBERT-style layer selection), and its
-weights: the teacher's `init` output (pipeline/keep_layers.py) and a student shrunk from a trained
+weights: the teacher's `init` output (pipeline/teacher/keep_layers.py) and a student shrunk from a trained
 student (`kd train-student --init DIR --init-layers 1,3,5`) both use these.
 
 - the default keeps k = half the layers (rounded up), evenly spaced and always ending with the last one,

@@ -78,7 +78,7 @@ def kind_of(folder: Path) -> str | None:
         return None
     if _is_store(folder):
         return STORE
-    if (folder / "finetune_args.json").is_file():  # pipeline.finetune_teacher.ARGS_FILE, written first
+    if (folder / "finetune_args.json").is_file():  # pipeline.teacher.finetune.ARGS_FILE, written first
         return TEACHER
     if (folder / "task.json").is_file():  # student.finetune.TASK_FILE
         return FINETUNE

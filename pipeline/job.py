@@ -81,7 +81,7 @@ class PrecomputeJob:
     progress: bool = option(True, help="Show a progress bar")
     keep_layers: str | None = option(None, help="Layers the init output keeps, e.g. 2,5 (default: half, evenly "
                                                 "spaced, ending with the last)")
-    # the rule: pipeline/backend_choice.py
+    # the rule: pipeline/backends/choice.py
     backend: str = option("auto", choices=B.Backend, help="auto | torch | onnx | openvino: what runs the teacher's "
                           "forward pass (onnx/openvino: exported once to $KD_CACHE, CPU); auto: openvino on a CPU "
                           "where installed (torch if its fidelity is too low), else torch")
@@ -125,7 +125,7 @@ class PrecomputeJob:
         Reads nothing but `os.path.isfile(out)` (and, for a Ray address, connects to it once)."""
         # imported here, not at the top: the CLI reads this module's fields for `kd --help`, which must not
         # load numpy/pyarrow
-        from kd.pipeline import backends
+        from kd.pipeline.backends import runtime as backends
         from kd.storage.schema import VectorDType
 
         check_ranges(self, "kd precompute options")

@@ -36,17 +36,19 @@ from kd.common.layers import parse_layers
 from kd.common.outputs import STORE, claim_output
 from kd.common.progress import showing
 from kd.common.same_tokenizer import tokenizer_difference
-from kd.pipeline import backends, local_engine, ray_engine
 from kd.pipeline import inputs as inp
+from kd.pipeline.backends import runtime as backends
+from kd.pipeline.engines import local as local_engine
+from kd.pipeline.engines import ray_pool as ray_engine
+from kd.pipeline.engines.plan import ShardPlan, writer_rank
+from kd.pipeline.engines.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
 from kd.pipeline.grow import adopt_store_inputs, check_same_inputs
 from kd.pipeline.job import PrecomputeJob
-from kd.pipeline.plan import ShardPlan, writer_rank
-from kd.pipeline.resolve import resolve_teacher
 from kd.pipeline.reuse import open_sources
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
-from kd.pipeline.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
-from kd.pipeline.teacher import Output, Teacher
+from kd.pipeline.teacher.model import Output, Teacher
+from kd.pipeline.teacher.resolve import resolve_teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
 from kd.storage.schema import concat_shards

@@ -222,7 +222,7 @@ def _clip(text: str, n: int = 60) -> str:
 
 
 def vocab_problem(tensors: dict[str, Any], dim: Any) -> str | None:
-    """What is wrong with a teacher's `vocab` output (pipeline.vocab: `vectors` [tokens, dim] float32 and
+    """What is wrong with a teacher's `vocab` output (pipeline.teacher.vocab: `vectors` [tokens, dim] float32 and
     `token_ids` 0..tokens-1), against the teacher's `meta.dim`; None when it has that shape."""
     vecs, ids = tensors.get("vectors"), tensors.get("token_ids")
     if vecs is None or ids is None:

@@ -417,7 +417,7 @@ ACTIVATION_MARGIN = 1.25  # a quarter on top for activations, batches and the al
 
 def parameter_count(cfg: StudentConfig) -> int:
     """The number of parameters `build_student(cfg)` creates, computed from the config alone (nothing is
-    allocated); tests/test_bounds.py holds it equal to the built model's count for every arch."""
+    allocated); tests/student/test_bounds.py holds it equal to the built model's count for every arch."""
     e, w = cfg.embed_dim, cfg.width
     total = cfg.vocab_size * e + _encoder_parameters(cfg)
     if cfg.pooling is Pooling.attentive:  # Linear(w, a), ReLU, Linear(a, 1)

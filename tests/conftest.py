@@ -143,7 +143,7 @@ def tiny_cross_encoder(tmp_path_factory) -> Path:
 def sentences() -> list[str]:
     """300 real sentences of the Leipzig news corpus, from the sample the package ships for `kd demo`: the same
     text on a user's clone (no ../shared) as in CI."""
-    from kd.apps.corpus import demo_corpus
+    from kd.apps.eval.corpus import demo_corpus
 
     return [text for source, text in demo_corpus() if source == "leipzig-news"][:300]
 

@@ -9,6 +9,7 @@
 - Layers, bottom to top: common -> storage -> {pipeline, student} (siblings, never each other) -> dataset
   -> apps -> cli. A module imports only its own layer and the ones below; dataset (DuckDB views, faiss,
   clustering) sits above the store contract and is never imported by storage, pipeline or student.
+- Inside apps/ and pipeline/, a sub-package imports only the rooms SUBPACKAGE_IMPORTS lists.
 
 The tests obey a rule of their own: no file under tests/ imports a test_* module. What two test files share
 lives in conftest.py or in a helpers module (tests/*.py not named test_*).
@@ -20,7 +21,7 @@ import ast
 import graphlib
 from pathlib import Path
 
-from package_modules import ROOT, modules
+from package_modules import PACKAGES, ROOT, modules
 
 # what each top-level part may import (besides itself)
 ALLOWED = {
@@ -90,11 +91,11 @@ def test_no_import_cycles_even_lazy_ones():
 def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
     """The walker finds an import inside a function, and the cycle check fires on a planted cycle."""
     f = tmp_path / "m.py"
-    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kd.apps.eval\n"
-                 "def f():\n    from kd.storage import fs\n    import kd.pipeline.plan\n")
-    known = {"kd.storage", "kd.storage.fs", "kd.pipeline.plan", "kd.apps.eval"}
-    assert imports(f, known) == {"kd.storage.fs", "kd.pipeline.plan", "kd.apps.eval"}
-    assert imports(f, known, type_only=False) == {"kd.storage.fs", "kd.pipeline.plan"}
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import kd.apps.eval.run\n"
+                 "def f():\n    from kd.storage import fs\n    import kd.pipeline.engines.plan\n")
+    known = {"kd.storage", "kd.storage.fs", "kd.pipeline.engines.plan", "kd.apps.eval.run"}
+    assert imports(f, known) == {"kd.storage.fs", "kd.pipeline.engines.plan", "kd.apps.eval.run"}
+    assert imports(f, known, type_only=False) == {"kd.storage.fs", "kd.pipeline.engines.plan"}
     try:
         graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).prepare()
     except graphlib.CycleError:
@@ -109,6 +110,76 @@ def test_storage_holds_the_store_contract_only():
                 "info_config", "validate_config"}  # kd info's and kd validate's options (light: kd --help)
     have = {f.stem for f in (ROOT / "storage").glob("*.py")} - {"__init__"}
     assert have == contract, f"storage/ holds {sorted(have - contract)} beyond the store contract"
+
+
+# Inside apps/ and pipeline/, rooms: each sub-package, and each module at the part's top. A sub-package imports only
+# the rooms listed here (besides itself and the layers below its part); the rooms of one part form no cycle.
+SUBPACKAGE_IMPORTS = {
+    "apps.eval": set(),  # the models compared, the tasks and their measures: below every workflow
+    "apps.distill": {"apps.eval", "apps.leakage"},  # a run evaluates, and trains without the leaked rows
+    "apps.demo": {"apps.eval"},
+    "pipeline.teacher": set(),  # a teacher and the loop that runs it over texts: below how and where it runs
+    "pipeline.backends": {"pipeline.teacher"},  # the graphs a teacher runs as
+    "pipeline.engines": {"pipeline.teacher", "pipeline.backends", "pipeline.job", "pipeline.grow", "pipeline.reuse",
+                         "pipeline.rows"},  # who encodes a precompute's shards, from its checked job
+}
+
+
+def room(module: str) -> str | None:
+    """'apps.eval' for kd.apps.eval.run, 'apps.leakage' for kd.apps.leakage; None outside apps/ and pipeline/."""
+    parts = module.split(".")
+    return ".".join(parts[1:3]) if len(parts) >= 3 and parts[1] in ("apps", "pipeline") else None
+
+
+def room_graph() -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for m, deps in graph(type_only=False).items():
+        here = room(m)
+        if here is not None:
+            rooms.setdefault(here, set()).update(r for d in deps if (r := room(d)) not in (None, here)
+                                                 and r.split(".")[0] == here.split(".")[0])
+    return rooms
+
+
+def test_sub_packages_import_only_the_rooms_they_sit_above():
+    rooms = room_graph()
+    wrong = [f"{r} -> {d}" for r, allowed in SUBPACKAGE_IMPORTS.items() for d in sorted(rooms.get(r, set()) - allowed)]
+    assert not wrong, "a sub-package imports a room the map does not let it (docs/design.md):\n" + "\n".join(wrong)
+    subs = {f"{f.parent.parent.name}.{f.parent.name}" for part in ("apps", "pipeline")
+            for f in (ROOT / part).glob("*/__init__.py")}
+    assert subs == set(SUBPACKAGE_IMPORTS), f"sub-packages without a rule: {sorted(subs ^ set(SUBPACKAGE_IMPORTS))}"
+
+
+def test_the_rooms_of_a_part_form_no_cycle():
+    try:
+        graphlib.TopologicalSorter(room_graph()).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"rooms in a cycle: {' -> '.join(e.args[1])}") from None
+
+
+def test_no_room_is_named_by_prefix():
+    """A part's top holds no module named after one of its sub-packages (eval_cache beside eval/), and no prefix
+    names more than two modules (a command and its options, e.g. search and search_config): three are a room."""
+    for part in ("apps", "pipeline"):
+        subs = {f.parent.name for f in (ROOT / part).glob("*/__init__.py")}
+        tops = [f.stem for f in (ROOT / part).glob("*.py") if f.stem != "__init__"]
+        assert not [t for t in tops if t.split("_")[0] in subs], f"{part}/ modules named after a sub-package"
+        prefixes = [t.split("_")[0] for t in tops]
+        crowded = sorted({p for p in prefixes if prefixes.count(p) > 2})
+        assert not crowded, f"{part}/ modules sharing a prefix, a room to be: {crowded}"
+
+
+# tests/ mirrors the package: a test of kd.<part> lives in tests/<part>/; at the top, the checks of the repository as a
+# whole (this map, the options declared once, the README's commands, the wheel)
+WHOLE_REPO_TESTS = {"test_architecture.py", "test_options_declared_once.py", "test_readme.py", "test_wheel.py"}
+
+
+def test_tests_live_in_folders_mirroring_the_package():
+    rooms = {*PACKAGES, "cli"}
+    misplaced = [f.relative_to(ROOT).as_posix() for f in sorted((ROOT / "tests").rglob("test_*.py"))
+                 if not (f.parent.name in rooms and f.parent.parent == ROOT / "tests")
+                 and not (f.parent == ROOT / "tests" and f.name in WHOLE_REPO_TESTS)]
+    assert not misplaced, "move these to tests/<the part of kd they test>/:\n" + "\n".join(misplaced)
 
 
 def imported_test_modules(file: Path) -> set[str]:
@@ -126,7 +197,7 @@ def imported_test_modules(file: Path) -> set[str]:
 def test_no_test_file_imports_another():
     """Helper modules included. A test file imported by another becomes an API nobody sees as one: a change made
     for its own tests breaks the importer's, and the importer runs its module code."""
-    wrong = [f"{f.name} imports {m}" for f in sorted((ROOT / "tests").glob("*.py"))
+    wrong = [f"{f.name} imports {m}" for f in sorted((ROOT / "tests").rglob("*.py"))
              for m in sorted(imported_test_modules(f))]
     assert not wrong, "move what they share into conftest.py or a helpers module:\n" + "\n".join(wrong)
 

@@ -17,9 +17,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kd.apps.demo_config import DemoConfig
-from kd.apps.distill_config import DistillConfig
-from kd.apps.eval_config import EvalConfig
+from kd.apps.demo.config import DemoConfig
+from kd.apps.distill.config import DistillConfig
+from kd.apps.eval.config import EvalConfig
 from kd.apps.leakage_config import LeakageConfig
 from kd.apps.query_config import QueryConfig
 from kd.apps.search_config import SearchConfig
@@ -29,8 +29,8 @@ from kd.common import options
 from kd.common.errors import KdError
 from kd.dataset.cluster_config import ClusterConfig
 from kd.dataset.index_config import IndexConfig
-from kd.pipeline.finetune_teacher_config import TeacherFinetuneConfig
 from kd.pipeline.job import PrecomputeJob
+from kd.pipeline.teacher.finetune_config import TeacherFinetuneConfig
 from kd.storage.info_config import InfoConfig
 from kd.storage.validate_config import ValidateConfig
 from kd.student.embed_config import EmbedConfig
@@ -41,9 +41,9 @@ from kd.student.train_config import TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = typer.main.get_command(app).commands
 CONFIGS = {"precompute": (PrecomputeJob, "pipeline/job.py"), "train-student": (TrainConfig, "student/train_config.py"),
-           "distill": (DistillConfig, "apps/distill_config.py"), "demo": (DemoConfig, "apps/demo_config.py"),
-           "eval": (EvalConfig, "apps/eval_config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
-           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/finetune_teacher_config.py"),
+           "distill": (DistillConfig, "apps/distill/config.py"), "demo": (DemoConfig, "apps/demo/config.py"),
+           "eval": (EvalConfig, "apps/eval/config.py"), "finetune": (FinetuneConfig, "student/finetune_config.py"),
+           "finetune-teacher": (TeacherFinetuneConfig, "pipeline/teacher/finetune_config.py"),
            "info": (InfoConfig, "storage/info_config.py"), "validate": (ValidateConfig, "storage/validate_config.py"),
            "leakage": (LeakageConfig, "apps/leakage_config.py"),
            "export": (ExportConfig, "student/exporters/__init__.py"),

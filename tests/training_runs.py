@@ -64,7 +64,7 @@ def trained(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported(store_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bigru student as a sentence-transformers folder: no built-in module is a GRU, so kd's KdTokenEncoder comes
-    first (a bilstm exports to built-ins alone, tests/test_st_builtin_export.py)."""
+    first (a bilstm exports to built-ins alone, tests/student/test_st_builtin_export.py)."""
     pytest.importorskip("sentence_transformers")
     from kd.student.exporters.st_directory import export_sentence_transformers
 

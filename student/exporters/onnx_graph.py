@@ -84,7 +84,7 @@ def _forget_rnn_dispatch() -> None:
     torch.onnx registers a while-loop decomposition of LSTM/GRU for each dynamic-shape export (so the sequence
     axis stays symbolic) and removes it afterwards, but the op's dispatch cache keeps what the first export
     resolved: a second export in the same process (fp32 then int8, two students) traced the recurrence without
-    it and baked the example's length (5) into the graph (torch 2.13, tests/test_export_formats.py)."""
+    it and baked the example's length (5) into the graph (torch 2.13, tests/student/test_export_formats.py)."""
     for op in (torch.ops.aten.lstm.input, torch.ops.aten.gru.input):
         getattr(op, "_dispatch_cache", {}).clear()
 

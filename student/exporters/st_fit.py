@@ -1,7 +1,7 @@
 """Which students sentence-transformers' own modules reproduce, and what `kd export` says of the others (issue 49).
 
 A chain of built-in modules loads with plain `SentenceTransformer(dir)`, no `trust_remote_code`. Measured against
-sentence-transformers 6.2's modules (tests/test_st_builtin_export.py):
+sentence-transformers 6.2's modules (tests/student/test_st_builtin_export.py):
 
 - static: StaticEmbedding [+ Dense] (st_directory.py); transformer-init and transformer: Transformer (a BertModel:
   the kept teacher layers, or the student's post-LN layers mapped into BERT's) + Pooling [+ Dense]. Their tokenizer

@@ -1,0 +1,1 @@
+"""`kd demo`: the whole workflow on the bundled corpus."""

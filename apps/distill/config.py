@@ -1,0 +1,73 @@
+"""Every option of `kd distill`, declared once (flag, help, range: kd.common.options); `kd.distill(...)` takes the
+same keywords. Light to import: `kd --help` builds the command from these fields."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kd.common import bounds as B
+from kd.common.errors import InputError
+from kd.common.options import check_ranges, one_value_as_sequence, option
+
+if TYPE_CHECKING:
+    from kd.apps.distill.recipe import Recipe
+
+
+@dataclass
+class DistillConfig:
+    """Every option of `kd distill` (the CLI builds one; `kd.distill(...)` takes the same keywords)."""
+
+    inputs: list[str] = option(argument=True, help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")
+    out: str = option(short="-o", help="Folder for the store, the stages, the model and the report")
+    store: str | None = option(None, help="Use (and grow) this store instead of OUT/store: one that already holds "
+                                          "the teacher's outputs for this corpus (another run's) is not recomputed")
+    student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | static | bilstm "
+                                        "(apps/distill/recipes)")
+    recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
+    teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
+                                                        "checkpoint folder; several as one target: mpnet,minilm")
+    weights: str | None = option(None, help="Several teachers: their weights, e.g. 0.7,0.3 (default: the recipe's, "
+                                            "else chosen on STS-B dev from the teachers' vectors, in seconds)")
+    start: str | None = option(None, help="Replace the recipe's start model: a packaged name or a checkpoint folder")
+    text_column: str | None = option(None, help="Column with the text (csv/jsonl/parquet)")
+    segment: str = option("none", choices=B.Segment, help=B.SEGMENT_HELP)
+    dedup: bool = option(True, help="Drop repeated texts")
+    sample: float | None = option(None, range=B.SAMPLE, help="Keep this fraction of the rows, chosen by id hash "
+                                                             "(kd precompute --sample)")
+    shard_rows: int = option(20_000, range=B.ROWS, help="Rows per store shard")
+    exclude_leakage: bool = option(True, flag="--leakage", help="Leave out the rows that are also evaluation text")
+    export: bool = option(True, help="Export the chosen student (sentence-transformers, ONNX)")
+    evaluate: bool = option(True, help="Evaluate the chosen student: STS-B dev and test beside its baseline (seconds)"
+                                       ", or with --suite the whole suite")
+    suite: bool = option(False, help="Evaluate on the whole suite (MRPC, Lee, SST-2, clustering, retrieval) beside "
+                                     "the teacher and the start model: tens of minutes on a CPU until their vectors "
+                                     "are cached")
+    dry_run: bool = option(False, help="Print the plan and each step's estimated time; write nothing")
+    progress: bool = option(True, help="Show progress")
+
+    # options a rerun may change without touching what was computed
+    RESUMABLE = ("export", "evaluate", "suite", "dry_run", "progress")
+
+    def __post_init__(self) -> None:
+        one_value_as_sequence(self)
+        self.inputs = [os.fspath(p) for p in self.inputs]
+        self.out = os.fspath(self.out)
+        self.store = None if self.store is None else os.fspath(self.store)
+        if not self.inputs:
+            raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
+        check_ranges(self, "kd distill options")
+
+    def plan(self) -> Recipe:
+        from kd.apps.distill.recipe import load  # (torch: only when a run starts, not for `kd --help`)
+
+        return load(self.recipe or self.student)
+
+    def identity(self, recipe: Recipe) -> dict[str, Any]:
+        """What makes two runs the same run: the options and the recipe's text."""
+        opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
+        text = Path(recipe.path).read_bytes()
+        return opts | {"recipe_sha256": hashlib.sha256(text).hexdigest()}

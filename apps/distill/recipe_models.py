@@ -1,0 +1,72 @@
+"""A recipe checked against the models it names, before any of them loads: every role's model resolves (a folder
+that is not there is refused now, not after the teacher's pass), the layers `[outputs] keep_layers` keeps exist in
+the start model, and each transformer-init stage's `init_layers` names layers its source has. Found later, each
+of these cost a user the models' load and timing (2 min in issue 48's probe) and named a temporary folder.
+
+The recipe's own parse (apps.distill.recipe) checks what needs no model: forms, ranges, names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kd.apps.distill import recipe as R
+from kd.common.errors import InputError, KdError
+from kd.common.layers import parse_layers
+from kd.common.parsing import read_config
+from kd.pipeline.teacher.resolve import resolve_teacher
+
+
+def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
+    """`specs`: each role's teacher spec as precompute takes it (NAME=SPEC or a packaged name)."""
+    folders = {role: _folder(recipe, role, spec) for role, spec in specs.items()}
+    kept = {role: _kept_layers(recipe, folder) for role, folder in folders.items()
+            if "init" in recipe.outputs["start" if role == "start" else "teacher"]}
+    counts: dict[str, int] = {}
+    for stage in recipe.stages:  # in order: a stage's source is a role or an earlier stage
+        if stage.options.get("arch") != "transformer-init":
+            continue
+        at = f"{recipe.path} [[stage]] {stage.name}: init_layers"
+        asked = stage.options.get("init_layers")
+        if stage.source in R.ROLES:
+            have = kept.get(stage.source)
+            if have is None:
+                continue  # no init output planned: train-student names what is missing
+            if asked is not None and parse_layers(str(asked), 1024, at) != have:
+                raise InputError(f"stage {stage.name!r} starts from init layers {asked}, which the run does not "
+                                 f"store: [outputs] keep_layers keeps {_text(have)}", at,
+                                 f"set init_layers = \"{_text(have)}\" (or leave it out), or keep those layers")
+            counts[stage.name] = len(have)
+        elif stage.source in counts:
+            source = counts[stage.source]
+            counts[stage.name] = len(parse_layers(str(asked), source, at)) if asked is not None else source
+
+
+def _folder(recipe: R.Recipe, role: str, spec: str) -> str:
+    """The role's model folder; a refusal names the role and the recipe, not only `--teacher` (the start model of
+    a recipe is no --teacher of the user's)."""
+    try:
+        return resolve_teacher(spec).path
+    except KdError as e:
+        flag = "--start" if role == "start" else "--teacher"
+        raise InputError(f"the {role} model: {e.what}", f"{recipe.path} ({role}), or {flag}; {e.where}",
+                         e.fix) from None
+
+
+def _kept_layers(recipe: R.Recipe, folder: str) -> list[int] | None:
+    """The layers the run's init output keeps of the model in `folder` (None: its layer count is not in its
+    config, which precompute then reads from the loaded model)."""
+    config = read_config(Path(folder) / "config.json", "point the role at a Hugging Face checkpoint folder")
+    try:
+        layers = int(config["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    where = f"{recipe.path} [outputs] keep_layers"
+    try:
+        return parse_layers(None if recipe.keep_layers is None else str(recipe.keep_layers), layers, where)
+    except KdError as e:
+        raise InputError(f"{e.what} (the model has {layers} layers)", where, e.fix) from None
+
+
+def _text(layers: list[int]) -> str:
+    return ",".join(map(str, layers))

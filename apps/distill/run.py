@@ -1,0 +1,531 @@
+"""`kd distill`: one command from a corpus to a served student, following a recipe (apps.distill.recipe).
+
+The run is a list of steps, each one an existing kd job that resumes itself, in OUT:
+    store/             kd precompute: the teacher's targets, then the start model's outputs (init, vocab);
+                       --store puts it elsewhere, so that runs on one corpus share one teacher pass
+    exclude.txt        kd leakage: the rows that are also evaluation text, never trained on
+    stages/<name>/     kd train-student, one folder per recipe stage (each starts from the one it names)
+    choice.json        the stage chosen on STS-B dev (dev splits only: test is read once, in the report)
+    model/  onnx/      kd export of the chosen student (sentence-transformers folder with a model card; ONNX)
+    report.json/.md    kd eval's suite: the student beside its teacher and start model
+    distill.json       the options and recipe of this run, the steps done and their seconds (rewritten after each)
+
+Kill it anywhere and run the same command again: steps done are skipped, the step that was running resumes
+(precompute by shard, training from its last checkpoint, exactly), so the files and weights equal those of an
+uninterrupted run. Different options on an existing OUT are refused with the option named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from kd.apps.distill import recipe as R
+from kd.apps.distill.config import DistillConfig
+from kd.apps.distill.recipe_models import check_models
+from kd.common import progress
+from kd.common.errors import InputError, KdError
+from kd.common.outputs import claim_output, write_text
+from kd.student.target import Target
+
+STATE = "distill.json"
+WEIGHTS = "weights.json"  # several teachers: the weights chosen on STS-B dev, with each one's score
+CARD = Path(__file__).with_name("templates") / "model_card.md"
+FORMAT = "kd-distill"
+
+
+class StepKind(str, Enum):
+    """What a step of the run does; its value is the step's name (a stage's name follows `train stage`), and so a
+    key of distill.json's `done`. The dry run (apps.distill.plan) estimates each kind: it walks the same list."""
+
+    teacher = "precompute the teacher"
+    start = "precompute the start model"
+    weights = "choose the teacher weights on STS-B dev"
+    leakage = "leave out evaluation text"
+    train = "train stage"
+    choose = "choose on STS-B dev"
+    export = "export"
+    suite = "evaluate the suite"
+    sts = "evaluate on STS-B"
+
+
+@dataclass
+class Step:
+    kind: StepKind
+    run: Callable[[], Any]
+    stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value} {self.stage}" if self.stage else self.kind.value
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    chosen: str
+    model: Path | None
+    report: Any = None  # apps.eval.run.EvalReport
+    seconds: dict[str, float] = field(default_factory=dict)
+    choice: str = ""  # apps.distill.run.choice_line: the chosen stage's dev score beside the baseline's
+
+
+class _Run:
+    """One distillation: the recipe resolved against the config, and the paths it writes."""
+
+    def __init__(self, cfg: DistillConfig, recipe: R.Recipe) -> None:
+        self.cfg, self.recipe = cfg, recipe
+        self.out = Path(cfg.out).resolve()
+        # Another run's store: its precompute finds the outputs there and has nothing to do (the teacher pass is
+        # most of a run's time: two presets on one corpus should pay it once).
+        self.store = Path(cfg.store).resolve() if cfg.store else self.out / "store"
+        self.exclude = self.out / "exclude.txt"
+        teachers = R.check_teachers(cfg.teacher.split(","), "--teacher") if cfg.teacher else recipe.teachers
+        # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the
+        # others of a combined target (student.target) are "teacher2", "teacher3", ...
+        self.teacher_roles = ["teacher", *(f"teacher{i}" for i in range(2, len(teachers) + 1))]
+        self.specs = dict(zip(self.teacher_roles, teachers)) | {"start": cfg.start or recipe.start}
+        self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
+        self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)
+        self._keys: dict[str, str] = {}
+
+    def target(self) -> str:
+        """The train-student --target of every stage: the teacher's output, or the teachers' as one."""
+        teachers = [self.names[r] for r in self.teacher_roles]
+        weights = None if len(teachers) == 1 else (
+            self.weights or tuple(json.loads((self.out / WEIGHTS).read_text(encoding="utf-8"))["weights"]))
+        return str(Target.of(teachers, self.recipe.target, weights))
+
+    def outputs(self, role: str) -> list[str]:
+        """What precompute stores for a role (every teacher of a combined target stores the teacher's outputs)."""
+        return self.recipe.outputs["start" if role == "start" else "teacher"]
+
+    def teacher_spec(self, role: str) -> str:
+        spec, name = self.specs[role], self.names[role]
+        return spec if spec == name else f"{name}={spec}"
+
+    def check_models(self) -> None:
+        """The recipe against the models it names, before any loads (apps.distill.recipe_models)."""
+        check_models(self.recipe, {role: self.teacher_spec(role) for role, spec in self.specs.items() if spec})
+
+    def stage_dir(self, name: str) -> Path:
+        return self.out / "stages" / name
+
+    def train_config(self, stage: R.Stage, **extra: Any):
+        from kd.student.train_config import TrainConfig
+
+        role = self.recipe.role_of(stage)
+        init = None if stage.source in R.ROLES else str(self.stage_dir(stage.source))
+        if stage.name == R.BASELINE and stage.options.get("arch") == "transformer-init":
+            extra = self.start_itself(stage, role) | extra
+        return TrainConfig(str(self.store), str(self.stage_dir(stage.name)), init=init, init_teacher=self.names[role],
+                           target=self.target(),
+                           exclude_ids=str(self.exclude) if self.cfg.exclude_leakage else None,
+                           progress=self.cfg.progress, **(stage.options | extra))
+
+    def start_itself(self, stage: R.Stage, role: str) -> dict[str, Any]:
+        """A transformer-init baseline is the start model itself: its own width (no head onto the teacher's, which
+        a least-squares fit would add and which scored below the start model on STS-B dev: 86.42 against MiniLM's
+        86.72 on 1,000 sentences), so its one step at rate 0 runs a width-free objective (relational)."""
+        from kd.storage.store import Store
+        from kd.student.setup import init_folder
+
+        folder = init_folder(Store.open(self.store), self.names[role], stage.options.get("init_layers"))
+        width = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["hidden_size"])
+        return {"out_dim": width, "objectives": ["relational"]}
+
+    def stage_key(self, stage: R.Stage) -> str:
+        """shared_stages.stage_key of a stage of this run (needs the store's tables: after the precomputes)."""
+        from kd.apps.distill.shared_stages import stage_key, store_tables
+
+        if stage.name not in self._keys:
+            source = None if stage.source in R.ROLES else self.stage_key(self.recipe.stage(stage.source))
+            reads = store_tables(self.store, [*(self.names[r] for r in self.teacher_roles),
+                                              self.names[self.recipe.role_of(stage)]])
+            self._keys[stage.name] = stage_key(self.train_config(stage).to_json(), source, reads)
+        return self._keys[stage.name]
+
+    def other_runs(self) -> list[Path]:
+        """The runs whose finished stages this one may copy: the one whose own store its --store is (OTHER/store),
+        and the runs beside --out. Only a stage trained on this very store can have the same key."""
+        if not self.cfg.store:
+            return []
+        near = [self.store.parent]
+        with contextlib.suppress(OSError):  # --out's parent absent (a dry run) or unreadable: the store's run alone
+            near += sorted(self.out.parent.iterdir())
+        return [p for p in dict.fromkeys(near) if p != self.out and _is_run(p)]
+
+    def shared_stage(self, stage: R.Stage) -> Path | None:
+        """A finished stage of another run on this store with this stage's key (apps.distill.shared_stages), if any."""
+        from kd.apps.distill.shared_stages import finished_stage
+
+        for other in self.other_runs():
+            try:
+                found = finished_stage(other, json.loads((other / STATE).read_text(encoding="utf-8")),
+                                       self.stage_key(stage))
+            except (OSError, ValueError, KdError):  # a damaged record, or (dry run) a store still to be made
+                continue
+            if found:
+                return found
+        return None
+
+
+def _is_run(folder: Path) -> bool:
+    try:
+        return (folder / STATE).is_file()
+    except OSError:  # a folder we may not read is no run of ours
+        return False
+
+
+def _weights(cfg: DistillConfig, recipe: R.Recipe, teachers: int) -> tuple[float, ...] | None:
+    """--weights ("0.7,0.3"), else the recipe's when its teachers are the run's; None: to be chosen on dev."""
+    if cfg.weights is None:
+        return recipe.weights if not cfg.teacher and teachers > 1 else None
+    try:
+        values = [float(w) for w in cfg.weights.split(",")]
+    except ValueError:
+        raise InputError(f"--weights {cfg.weights!r} is not a list of numbers", "--weights",
+                         "write one number per teacher, comma-separated: --weights 0.7,0.3") from None
+    return R.check_weights(values, teachers, "--weights")
+
+
+def _table_name(spec: str, role: str) -> str:
+    """A packaged teacher keeps its name (mpnet, minilm); a folder is named by its role."""
+    from kd.pipeline.teacher.resolve import HF_NAMES
+
+    return spec if spec in ("minilm", "mpnet", *HF_NAMES) else role
+
+
+def distill(cfg: DistillConfig) -> DistillResult:
+    """Run every step of the recipe not yet done in cfg.out (see the module docstring)."""
+    if cfg.dry_run:  # the plan is apps.distill.plan.estimate's: a run must never start from a dry one
+        raise InputError("dry_run is set: this call would run the recipe", "kd distill",
+                         "call kd.apps.distill.plan.estimate(cfg) for the plan, or unset dry_run")
+    recipe = cfg.plan()
+    run = _Run(cfg, recipe)
+    state = _claim(run)
+    steps = steps_of(run)
+    seconds: dict[str, float] = {}
+    for i, step in enumerate(steps, 1):
+        if step.name in state["done"]:
+            continue
+        label = f"[{i}/{len(steps)}] {step.name}"
+        _say(cfg, label)
+        t = time.perf_counter()
+        with progress.within(label):
+            result = step.run()
+        seconds[step.name] = time.perf_counter() - t
+        if step.stage:
+            state.setdefault("stages", {})[step.stage] = result
+        state["done"].append(step.name)
+        state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
+        _save_state(run, state)
+    choice = json.loads((run.out / "choice.json").read_text())
+    report = _read_report(run) if cfg.evaluate else None
+    line = choice_line(choice["chosen"], choice["sts_dev"]) if R.BASELINE in choice["sts_dev"] else ""
+    return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
+
+
+def _say(cfg: DistillConfig, line: str) -> None:
+    if cfg.progress:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _claim(run: _Run) -> dict[str, Any]:
+    """Check OUT (never an input, never another kd output) and read or start its state; a rerun with other
+    options is refused naming the first that differs."""
+    from kd.common.inputs import expand_inputs
+
+    expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
+    claim_output(run.out, "kd distill", (), run.cfg.inputs)
+    if run.cfg.store:
+        check_store(run)
+    run.check_models()
+    path = run.out / STATE
+    if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
+        raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
+    ident = run.cfg.identity(run.recipe)
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        old = state.get("identity", {})
+        for key in sorted(set(ident) | set(old)):
+            if old.get(key) != ident.get(key):
+                raise InputError(f"--out holds a kd distill run with other settings: {key} was {old.get(key)!r}, "
+                                 f"now {ident.get(key)!r}", str(run.out),
+                                 "run with the same options to resume it, or pass a new --out")
+        return state
+    run.out.mkdir(parents=True, exist_ok=True)
+    state = {"format": FORMAT, "identity": ident, "done": []}
+    _save_state(run, state)
+    return state
+
+
+def check_store(run: _Run) -> None:
+    """--store: a kd store, a new folder or an empty one, and not one of the run's own folders; checked before the
+    run is recorded, so a refused --store leaves no run behind that its corrected rerun would call different."""
+    from kd.common.outputs import STORE, kind_of
+
+    where = f"--store {run.cfg.store}"
+    if run.store == run.out or (run.out in run.store.parents and run.store != run.out / "store"):
+        raise InputError("--store is inside --out, where kd distill writes its own folders", where,
+                         f"pass a folder outside {run.out}, or leave --store out to use {run.out / 'store'}")
+    claim_output(run.store, "kd distill", (STORE,), run.cfg.inputs, flag="--store")
+    if run.store.is_dir() and any(run.store.iterdir()) and kind_of(run.store) != STORE:
+        raise InputError("--store holds files but no kd store", where,
+                         "pass a kd store (another run's OUT/store), or a new or empty folder")
+    if kind_of(run.store) == STORE:
+        from kd.pipeline.grow import file_differences, option_differences
+        from kd.storage.store import Store
+
+        m, now = Store.open(run.store).manifest, corpus_header(run)
+        if m.fingerprint != now["fingerprint"]:
+            diffs = file_differences(m.inputs.get("files") or [], now["files"]) + \
+                option_differences(m.inputs.get("options") or {}, now["options"])
+            raise InputError(f"--store was made from another corpus or other row options: {'; '.join(diffs[:3])}",
+                             where, "pass the corpus and options it was made from, or another --store")
+
+
+def _save_state(run: _Run, state: dict[str, Any]) -> None:
+    _write_json(run.out / STATE, state)
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Whole or not at all (temp + rename): a kill leaves the last complete record."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def steps_of(run: _Run) -> list[Step]:
+    """The run's steps, in order: the one list the run executes and the dry run estimates (each step's condition
+    is written here only)."""
+    K = StepKind
+    steps = [Step(K.teacher, lambda: _precompute(run, "teacher"))]
+    if run.specs["start"] and run.recipe.outputs["start"]:
+        steps.append(Step(K.start, lambda: _precompute(run, "start")))
+    if run.weights is None and len(run.teacher_roles) > 1:
+        steps.append(Step(K.weights, lambda: _choose_weights(run)))
+    if run.cfg.exclude_leakage:
+        steps.append(Step(K.leakage, lambda: _leakage(run)))
+    for stage in run.recipe.students:
+        steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name))
+    steps.append(Step(K.choose, lambda: _choose(run)))
+    if run.cfg.export:
+        steps.append(Step(K.export, lambda: _export(run)))
+    if run.cfg.evaluate:
+        steps.append(Step(K.suite, lambda: _evaluate(run)) if run.cfg.suite else Step(K.sts, lambda: _sts_report(run)))
+    return steps
+
+
+def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
+    return dict(text_column=cfg.text_column, segment=cfg.segment, dedup=cfg.dedup, sample=cfg.sample,
+                shard_rows=cfg.shard_rows, progress=cfg.progress)
+
+
+def corpus_header(run: _Run) -> dict[str, Any]:
+    """The fingerprint precompute gives this run's corpus and row options (files hashed, nothing segmented)."""
+    from kd.pipeline.inputs import expand_inputs
+    from kd.pipeline.job import PrecomputeJob
+    from kd.pipeline.precompute import inputs_header
+
+    job = PrecomputeJob(run.cfg.inputs, str(run.store), [run.teacher_spec("teacher")], **corpus_options(run.cfg))
+    return inputs_header(expand_inputs(run.cfg.inputs), job.input_options(job.columns()))
+
+
+def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
+    """One role's `kd precompute` into the run's store (`outputs`: the recipe's, unless given); its summary."""
+    from kd.pipeline.precompute import precompute
+
+    outputs = run.outputs(role) if outputs is None else outputs
+    keep = run.recipe.keep_layers if "init" in outputs else None
+    opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
+    roles = run.teacher_roles if role == "teacher" else [role]  # the teachers of a combined target in one pass
+    return precompute(run.cfg.inputs, str(run.store), [run.teacher_spec(r) for r in roles], outputs=outputs, **opts)
+
+
+def teacher_weights(run: _Run):  # -> apps.distill.teacher_weights.WeightChoice
+    """The teachers' weights that score best on STS-B dev, from each one's dev vectors (cached per machine)."""
+    from kd.apps.distill import teacher_weights as W
+
+    specs = {run.names[r]: run.teacher_spec(r) for r in run.teacher_roles}
+    cos, gold = W.dev_cosines(lambda name, texts: W.cached_vectors(specs[name], run.recipe.target, texts,
+                                                                   run.cfg.progress), list(specs))
+    return W.choose(list(specs), cos, gold)
+
+
+def _choose_weights(run: _Run) -> None:
+    choice = teacher_weights(run)
+    _write_json(run.out / WEIGHTS, {"teachers": list(choice.teachers), "weights": list(choice.weights),
+                                    "sts_dev": choice.alone | {"ensemble": choice.score},
+                                    "candidates": [[list(w), s] for w, s in choice.candidates.items()]})
+    for line in choice.lines():
+        _say(run.cfg, "    " + line)
+
+
+def _leakage(run: _Run) -> None:
+    from kd.apps.leakage import check_store
+
+    check_store(str(run.store), exclude_out=str(run.exclude), overwrite=True)
+
+
+def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
+    """Train the stage, or copy it from another run on the store that finished it with the same key
+    (apps.distill.shared_stages); the stage's record for the state."""
+    from kd.apps.distill.shared_stages import copy_stage, untouched
+    from kd.student.checkpoint import CHECKPOINT
+    from kd.student.trainer import train
+
+    folder, key = run.stage_dir(stage.name), run.stage_key(stage)
+    if (folder / "config.json").is_file() and not (folder / CHECKPOINT).exists():
+        return {"key": key}  # finished before a kill that came ahead of the state's update
+    src = run.shared_stage(stage)
+    if src is not None and untouched(folder):
+        _say(run.cfg, f"    the same stage as {src}: copied, not trained")
+        copy_stage(src, folder)
+        return {"key": key, "copied_from": str(src)}
+    try:
+        train(run.train_config(stage))
+    except InputError as e:
+        raise _in_the_recipe(run, stage, e) from None
+    return {"key": key}
+
+
+def _in_the_recipe(run: _Run, stage: R.Stage, e: InputError) -> InputError:
+    """A refused option that the recipe's stage set is named there: its user wrote no train-student flag."""
+    from kd.common.options import flag
+    from kd.student.train_config import TrainConfig
+
+    key = next((k for k in stage.options if flag(TrainConfig, k) == e.where), None)
+    if key is None:
+        return e
+    name = run.recipe.stages[0].name if stage.name == R.BASELINE else stage.name  # the baseline is the first, untrained
+    return InputError(e.what, f"{run.recipe.path} [[stage]] {name}: {key} (train-student's {e.where})", e.fix)
+
+
+def _choose(run: _Run) -> None:
+    """Among the baseline (recipe.BASELINE: the first student, untrained) and the stages whose student has the
+    recipe's final shape (tiny3's 6-layer stages are a means, never the result), the one that scores best on STS-B
+    dev (never test); a tie keeps the baseline, which cost nothing. Every stage's score is recorded, and the choice
+    is said beside the baseline's score."""
+    from kd.apps.eval import tasks
+    from kd.student.saved import load
+
+    dev = tasks.load_stsb("dev")
+    scores, shapes = {}, {}
+    for stage in run.recipe.students:
+        model = load(run.stage_dir(stage.name))
+        scores[stage.name] = _sts(model, dev)
+        shapes[stage.name] = (model.config.arch.value, model.num_parameters())
+    final = shapes[run.recipe.stages[-1].name]
+    candidates = [n for n in scores if shapes[n] == final or n == R.BASELINE]
+    chosen = max(candidates, key=lambda n: scores[n])  # the first of equals: the baseline, listed first
+    _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates,
+                                          "baseline": R.BASELINE})
+    _say(run.cfg, "    " + choice_line(chosen, scores))
+
+
+def _sts(model: Any, task: Any) -> float:
+    """STS-B Spearman x100 of a loaded student on one split (apps.eval.tasks.PairTask)."""
+    from kd.apps.eval import metrics
+
+    return metrics.sts_spearman(model.encode(task.a), model.encode(task.b), task.scores)
+
+
+def choice_line(chosen: str, scores: dict[str, float]) -> str:
+    """What was chosen, on which dev score, beside the baseline's (and what it means when the baseline won)."""
+    base = scores[R.BASELINE]
+    if chosen == R.BASELINE:
+        best = max((n for n in scores if n != R.BASELINE), key=lambda n: scores[n])
+        return (f"chose the baseline (the untrained start): STS-B dev {base:.2f}; training did not beat it (best "
+                f"stage {best}: {scores[best]:.2f}), so the baseline is what this run exports")
+    return f"chose stage {chosen}: STS-B dev {scores[chosen]:.2f}, {scores[chosen] - base:+.2f} over the baseline " \
+           f"(the untrained start: {base:.2f})"
+
+
+def chosen_dir(run: _Run) -> Path:
+    return run.stage_dir(json.loads((run.out / "choice.json").read_text())["chosen"])
+
+
+def _export(run: _Run) -> None:
+    from kd.student.exporters import export_student
+
+    export_student(chosen_dir(run), "sentence-transformers", run.out / "model", overwrite=True)
+    export_student(chosen_dir(run), "onnx", run.out / "onnx", overwrite=True)
+
+
+def _evaluate(run: _Run) -> None:
+    """The suite: the chosen student beside its teacher and, when it is another sentence encoder, the start model
+    (the model the student replaces); then the model card."""
+    from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
+
+    common = dict(measures=[Measure.suite], baseline=False, progress=run.cfg.progress)
+    # the baseline's row is always there: beside the chosen student, or as the chosen one
+    students = list(dict.fromkeys([chosen_dir(run), run.stage_dir(R.BASELINE)]))
+    cfg = EvalConfig(students=[str(s) for s in students], store=str(run.store), teacher=run.names["teacher"],
+                     json_path=str(run.out / "report.json"), markdown_path=str(run.out / "report.md"), overwrite=True,
+                     **common)
+    report = evaluate(cfg)
+    if run.specs["start"] and run.specs["start"] != run.specs["teacher"]:
+        start = evaluate(EvalConfig(teacher=run.specs["start"], **common)).models[0]
+        start.name, start.kind = f"{start.name} (start)", "start model"
+        report.models.insert(1, start)
+        write_outputs(report, cfg)
+    if run.cfg.export:
+        _model_card(run, report.markdown(), "`kd eval --task suite`")
+
+
+def _sts_report(run: _Run) -> None:
+    """The evaluation that fits any run: STS-B dev (the choice's) and test, read once here, of the chosen student and
+    its baseline, so a user learns whether training beat the start; students encode thousands of sentences a second,
+    so this costs seconds where the suite's reference models cost tens of minutes on a first CPU run (issue 50).
+    report.json / report.md and the model card, as the suite writes them."""
+    from kd.apps.eval import tasks
+    from kd.student.saved import load
+
+    choice, test = json.loads((run.out / "choice.json").read_text()), tasks.load_stsb("test")
+    rows = []
+    for name in dict.fromkeys([choice["chosen"], R.BASELINE]):
+        score = _sts(load(run.stage_dir(name)), test)
+        kind = "baseline (the untrained start)" if name == R.BASELINE else "student"
+        rows.append({"name": name, "kind": kind + (", chosen" if name == choice["chosen"] else ""),
+                     "sts_dev": round(choice["sts_dev"][name], 2), "sts_test": round(score, 2)})
+    table = "| model | kind | STS-B dev | STS-B test |\n|---|---|---|---|\n" + "\n".join(
+        f"| {r['name']} | {r['kind']} | {r['sts_dev']:.2f} | {r['sts_test']:.2f} |" for r in rows)
+    write_text(run.out / "report.json", json.dumps({"level": "sts", "models": rows}, indent=1), "kd distill", "report")
+    write_text(run.out / "report.md", table + "\n", "kd distill", "report")
+    if run.cfg.export:
+        _model_card(run, table, "`kd distill` (STS-B dev and test; `--suite` for the whole suite)")
+
+
+def _model_card(run: _Run, table: str, measured_by: str) -> None:
+    from string import Template
+
+    choice = json.loads((run.out / "choice.json").read_text())
+    stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
+    start = run.specs["start"]
+    teacher = run.specs["teacher"] if len(run.teacher_roles) == 1 else run.target()  # several: their weights too
+    text = Template(CARD.read_text(encoding="utf-8")).substitute(
+        name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=teacher,
+        start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
+        chosen=choice["chosen"], table=table, measured_by=measured_by, recipe_text="```toml\n" +
+        Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
+    write_text(run.out / "model" / "README.md", text, "kd distill", "model card")  # kd's own: a re-export keeps it
+
+
+def _rows(run: _Run) -> str:
+    from kd.storage.store import Store
+
+    return f"{Store.open(run.store).manifest.inputs['num_rows']:,}"
+
+
+def _read_report(run: _Run) -> dict[str, Any] | None:
+    path = run.out / "report.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

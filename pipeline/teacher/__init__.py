@@ -1,0 +1,2 @@
+"""A teacher: resolved from --teacher, loaded, batched over texts; its vocab and init outputs; fine-tuned into a
+task teacher."""

@@ -1,0 +1,423 @@
+"""`kd distill`: recipes are checked before anything runs, a run killed between or inside stages resumes to
+byte-identical weights, and `--dry-run` writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny_bert
+from typer.testing import CliRunner
+
+from kd.apps.distill import recipe as R
+from kd.apps.distill.run import DistillConfig, distill
+from kd.cli import app
+from kd.common.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_recipe(path: Path, teacher: Path, stages: str, start: Path | None = None, outputs: str = "") -> Path:
+    start_line = f'start = "{start}"\n' if start else ""
+    outputs = outputs or ('[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,1"\n' if start
+                          else '[outputs]\nteacher = ["mean"]\n')
+    path.write_text(f'description = "test"\nteacher = "{teacher}"\n{start_line}target = "mean"\n\n'
+                    f"{outputs}\n{stages}", encoding="utf-8")
+    return path
+
+
+# Two stages: a 2-layer student from the start model's layers, then a 1-layer copy of it with a relational term.
+STAGES = """
+[[stage]]
+name = "two"
+from = "start"
+arch = "transformer-init"
+init_layers = "0,1"
+objectives = ["cosine"]
+max_steps = {steps}
+batch_size = 8
+checkpoint_every = 5
+val_percent = 10
+
+[[stage]]
+name = "one"
+from = "two"
+arch = "transformer-init"
+init_layers = "1"
+objectives = ["cosine", "relational:25:mode=kl"]
+max_steps = {steps}
+batch_size = 8
+checkpoint_every = 5
+val_percent = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, sentences) -> Path:
+    path = tmp_path_factory.mktemp("distill") / "corpus.txt"
+    path.write_text("\n".join(sentences[:160]) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def recipe_file(tmp_path_factory, tiny_teacher) -> Path:
+    return write_recipe(tmp_path_factory.mktemp("recipe") / "r.toml", tiny_teacher, STAGES.format(steps=30),
+                        start=tiny_teacher)
+
+
+def _refused(tmp_path: Path, teacher: Path, stages: str, match: str, **kw) -> None:
+    path = write_recipe(tmp_path / "bad.toml", teacher, stages, **kw)
+    with pytest.raises(InputError, match=match) as e:
+        R.load(str(path))
+    assert str(path) in str(e.value)  # the file is named
+    res = CliRunner().invoke(app, ["distill", "x.txt", "-o", str(tmp_path / "o"), "--recipe", str(path)])
+    assert res.exit_code == 2 and match.split("(")[0][:20] in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
+    one = STAGES.format(steps=3).split("[[stage]]")[1]
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace('"cosine"]', '"cosinus"]'),
+             "unknown objective 'cosinus'", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace('from = "start"', 'from = "later"'),
+             "neither a role nor an earlier stage", start=tiny_teacher)
+    # the stage needs the start model's init output, which the recipe does not store
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one, "needs the start's init output", start=tiny_teacher,
+             outputs='[outputs]\nteacher = ["mean"]\nstart = ["vocab"]\n')
+    # a stage that would continue a student of another tokenizer: a static student (teacher's vocabulary)
+    # handed on to a Transformer that reads the start model's
+    static = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\n'
+    _refused(tmp_path, tiny_teacher, static + "[[stage]]" + one.replace('from = "start"', 'from = "s"'),
+             "another tokenizer", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace("max_steps", "max_stepz"),
+             "unknown stage option 'max_stepz'", start=tiny_teacher)
+    _refused(tmp_path, tiny_teacher, "[[stage]]" + one.replace("batch_size = 8", "batch_size = 0"), "--batch-size",
+             start=tiny_teacher)
+
+
+def test_a_stage_option_train_student_refuses_is_named_in_the_recipe(tmp_path, tiny_teacher, corpus):
+    """A static stage wider than its 32-wide teacher: refused at the stage, naming the recipe's stage and key (it
+    named --embed-dim, a flag the recipe's user never wrote; with no embed_dim the width is the teacher's)."""
+    stages = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\nmax_steps = 2\nembed_dim = 64\n'
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, outputs='[outputs]\nteacher = ["mean", "vocab"]\n')
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "out", recipe), "--no-leakage"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"where: {recipe} [[stage]] s: embed_dim" in text, res.output
+    assert "--embed-dim 32 or less" in text, res.output
+
+
+@pytest.mark.parametrize("case", ["keep_layers", "init_layers", "later_init_layers", "start_folder"])
+def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, tmp_path, tiny_teacher, corpus,
+                                                                         monkeypatch):
+    """The layers a recipe names exist in its 2-layer start model and its model folders exist: found before any
+    model loads, in a dry run and a run alike (issue 48's probe: after the models' load and timing, up to 2 min,
+    naming a temporary folder); a refused run leaves no --out behind."""
+    from kd.pipeline.teacher import model as teacher
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the recipe was checked")
+
+    monkeypatch.setattr(teacher, "load_teacher", no_load)
+    stages, start, outputs = STAGES.format(steps=3), tiny_teacher, ""
+    where, said = {
+        "keep_layers": ("[outputs] keep_layers", "layers are numbered 0..1 (the model has 2 layers)"),
+        "init_layers": ("[[stage]] two: init_layers", "init layers 0,7, which the run does not store"),
+        "later_init_layers": ("[[stage]] one: init_layers", "layers are numbered 0..1"),
+        "start_folder": ("(start), or --start", "the start model: unknown teacher"),
+    }[case]
+    if case == "keep_layers":
+        outputs = '[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,9"\n'
+    elif case == "init_layers":
+        stages = stages.replace('init_layers = "0,1"', 'init_layers = "0,7"')
+    elif case == "later_init_layers":
+        stages = stages.replace('init_layers = "1"', 'init_layers = "5"')
+    else:
+        start = tmp_path / "no-such-model"
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, start=start, outputs=outputs)
+    for dry in (["--dry-run"], []):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "out", recipe), *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and said in text and where in text, res.output
+        assert not (tmp_path / "out").exists()
+
+
+def test_presets_load():
+    assert {"tiny6", "tiny3", "static", "bilstm"} <= set(R.PRESETS)
+    tiny3 = R.load("tiny3")
+    epochs = sum(s.options.get("epochs", 0) for s in tiny3.stages)
+    assert [s.source for s in tiny3.stages] == ["start", "cosine", "relational"] and epochs <= 3
+    tiny6 = R.load("tiny6")
+    assert sum(s.options.get("epochs", 0) for s in tiny6.stages) <= 2
+    # tiny6's stages, setting for setting: tiny3 beside tiny6 on one store copies them (apps.distill.shared_stages)
+    assert [(s.name, s.source, s.options) for s in tiny3.stages[:2]] == \
+        [(s.name, s.source, s.options) for s in tiny6.stages]
+
+
+def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
+    return DistillConfig([str(corpus)], str(out), recipe=str(recipe), evaluate=False, export=False, progress=False,
+                         **kw)
+
+
+def _weights(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("stages/*/model.safetensors"))}
+
+
+def _args(corpus: Path, out: Path, recipe: Path) -> list[str]:
+    return [str(corpus), "-o", str(out), "--recipe", str(recipe), "--no-evaluate", "--no-export", "--no-progress"]
+
+
+def _kd(args: list[str]) -> subprocess.Popen:
+    """`kd distill` in a process of its own: every run compared here has the same threads and environment."""
+    env = os.environ | {"PYTHONPATH": str(ROOT.parent)}
+    return subprocess.Popen([sys.executable, "-m", "kd", "distill", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, corpus, recipe_file) -> Path:
+    out = tmp_path_factory.mktemp("whole") / "run"
+    proc = _kd(_args(corpus, out, recipe_file))
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    choice = json.loads((out / "choice.json").read_text())  # the final shape only: "two" is a means to "one"
+    assert choice["candidates"] == ["baseline", "one"] and set(choice["sts_dev"]) == {"baseline", "one", "two"}
+    assert choice["chosen"] == max(choice["candidates"], key=lambda n: choice["sts_dev"][n])
+    state = json.loads((out / "distill.json").read_text())
+    assert state["done"][-1] == "choose on STS-B dev" and (out / "exclude.txt").is_file()
+    return out
+
+
+def test_a_second_run_is_a_no_op_and_other_options_are_refused(uninterrupted, corpus, recipe_file):
+    before = _weights(uninterrupted)
+    distill(_cfg(corpus, uninterrupted, recipe_file))
+    assert _weights(uninterrupted) == before
+    with pytest.raises(InputError, match="sample was None, now 0.5"):
+        distill(_cfg(corpus, uninterrupted, recipe_file, sample=0.5))
+
+
+def _run_until(args: list[str], done: callable, timeout: float = 120.0) -> None:
+    """Start `kd distill` and kill -9 it once `done()` holds."""
+    proc = _kd(args)
+    t0 = time.monotonic()
+    while not done() and proc.poll() is None and time.monotonic() - t0 < timeout:
+        time.sleep(0.01)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("where", ["between stages", "inside a stage"])
+def test_killed_run_resumes_to_identical_weights(tmp_path, uninterrupted, corpus, recipe_file, where):
+    out = tmp_path / "run"
+    args = _args(corpus, out, recipe_file)
+    if where == "between stages":
+        def done() -> bool:
+            p = out / "distill.json"
+            return p.is_file() and "train stage two" in json.loads(p.read_text() or "{}").get("done", [])
+    else:
+        def done() -> bool:
+            return (out / "stages" / "one" / "checkpoint.pt").exists()
+    _run_until(args, done)
+    assert not (out / "choice.json").exists(), "the run finished before it was killed: nothing was tested"
+    proc = _kd(args)
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert _weights(out) == _weights(uninterrupted) and len(_weights(out)) == 3  # baseline, one, two
+    assert json.loads((out / "choice.json").read_text()) == json.loads((uninterrupted / "choice.json").read_text())
+
+
+def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe_file):
+    out = tmp_path / "planned"
+    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*"))
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe_file),
+                                   "--dry-run", "--no-evaluate"])
+    assert res.exit_code == 0, res.output
+    assert not out.exists() and set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*")) == before
+    text = " ".join(res.output.split())
+    for step in ("precompute the teacher", "precompute the start model", "train stage two", "train stage one",
+                 "choose on STS-B dev", "export"):
+        assert step in text, text
+
+
+def test_the_dry_run_plans_exactly_the_steps_the_run_records(uninterrupted, corpus, recipe_file, tmp_path):
+    """The plan and the run walk one list of steps (apps.distill.run.steps_of): the dry run of the finished run's
+    options plans the steps its distill.json records as done, by the same names, in the same order."""
+    from kd.apps.distill.plan import estimate
+
+    plan = estimate(_cfg(corpus, tmp_path / "planned", recipe_file))
+    assert [s.name for s in plan.steps] == json.loads((uninterrupted / "distill.json").read_text())["done"]
+    assert all(s.seconds > 0 for s in plan.steps if s.name != "leave out evaluation text"), plan
+
+
+def test_the_python_dry_run_prints_as_its_plan(tmp_path, corpus, recipe_file):
+    """The replayed probe: `print(kd.distill(..., dry_run=True).table())` showed `<rich.table.Table object>`; the
+    plan itself now prints as the CLI's table, and nothing is written."""
+    import kd
+
+    plan = kd.distill(corpus, tmp_path / "planned", recipe=str(recipe_file), evaluate=False, dry_run=True)
+    text = str(plan)
+    assert "precompute the teacher" in text and "total" in text and "object at" not in text
+    assert not (tmp_path / "planned").exists()
+
+
+def test_a_whole_run_exports_a_served_student_with_its_card_and_suite(tmp_path, corpus, tiny_teacher, monkeypatch):
+    """Export and evaluation included: the sentence-transformers folder encodes like the chosen student, its
+    card carries the suite table, and the report has a row per model with every suite column. Then the dry run's
+    suite estimate knows the teacher's and the start model's vectors are cached, and only then."""
+    stages = STAGES.format(steps=10).split("[[stage]]")[1]
+    start = build_tiny_bert(tmp_path / "start", seed=3)  # another model of the same tokenizer
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, "[[stage]]" + stages, start=start)
+    res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(tmp_path / "run"), "--recipe", str(recipe),
+                                   "--no-progress", "--suite"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "run"
+    report = json.loads((out / "report.json").read_text())
+    names = [m["name"] for m in report["models"]]
+    chosen = json.loads((out / "choice.json").read_text())["chosen"]
+    # the chosen student, the start model, the baseline (unless it is the chosen one), the teacher
+    assert len(names) == (3 if chosen == "baseline" else 4) and names[1].endswith("(start)"), names
+    assert any(n.startswith("baseline") for n in names), names
+    keys = {c["key"] for c in report["columns"]}
+    assert {"sts_spearman", "lee_pearson", "retrieval_recall", "probe_accuracy", "documents_f1"} <= keys, keys
+    card = (out / "model" / "README.md").read_text()
+    assert "| two | start |" in card and "| baseline | start |" in card and f"Chosen: **{chosen}**" in card
+    assert "$" not in card.split("## Training")[0]
+    from sentence_transformers import SentenceTransformer
+
+    from kd.student.saved import load
+
+    texts = ["the market fell", "a dog runs in the park"]
+    served = SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
+    mine = load(out / "stages" / chosen).encode(texts)
+    assert abs(served - mine).max() < 1e-4
+    assert (out / "onnx").is_dir()
+    # a re-export (a resumed run whose choice changed) replaces kd's own card, which is no user file
+    from kd.student.exporters import export_student
+
+    export_student(out / "stages" / "two", "sentence-transformers", out / "model", overwrite=True)
+    _suite_estimate_reads_the_cache(tmp_path, corpus, recipe, monkeypatch)
+
+
+def _suite_estimate_reads_the_cache(tmp_path: Path, corpus: Path, recipe: Path, monkeypatch) -> None:
+    """After a run, the suite's text lists (`suite_text_sets`, the ones the dry run looks up) are exactly the ones
+    kd eval cached for both reference models: the estimate is the student's encoding alone, neither model
+    loaded. With an empty cache both are loaded and timed."""
+    from kd.apps.distill import plan as distill_plan
+    from kd.apps.distill.run import _Run
+    from kd.apps.eval.suite_tasks import suite_text_sets
+
+    cfg = DistillConfig([str(corpus)], str(tmp_path / "again"), recipe=str(recipe), progress=False)
+    cal, n, timed = _Run(cfg, cfg.plan()), sum(map(len, suite_text_sets())), []
+
+    def reference_rate(_cal, role):
+        timed.append(role)
+        return 2.0, 50.0
+
+    monkeypatch.setattr(distill_plan, "_reference_rate", reference_rate)
+    warm = distill_plan._evaluate(cal, 100.0, "evaluate the suite")
+    assert timed == [] and warm.seconds == pytest.approx(n / 100.0), warm
+    assert warm.detail.endswith(f"teacher ({n:,} cached), start ({n:,} cached)"), warm.detail
+    monkeypatch.setenv("KD_CACHE", str(tmp_path / "empty-cache"))
+    cold = distill_plan._evaluate(cal, 100.0, "evaluate the suite")
+    assert timed == ["teacher", "start"] and cold.seconds == pytest.approx(n / 100.0 + 2 * (2.0 + n / 50.0))
+
+
+def test_a_missing_corpus_records_no_run(tmp_path, corpus, recipe_file):
+    """The corrected command must not be refused as 'another run': nothing is recorded before the inputs pass."""
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match="not found|no file"):
+        distill(_cfg(tmp_path / "nosuch.txt", out, recipe_file))
+    assert not (out / "distill.json").exists()
+
+
+def _store_files(store: Path) -> dict[str, bytes]:
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*"))
+            if p.is_file() and "locks" not in p.parts}
+
+
+def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_shares(
+        tmp_path, uninterrupted, corpus, tiny_teacher, monkeypatch):
+    """--store: a second recipe on the same corpus pays no teacher pass (the expensive part) and copies the stages
+    the store's run finished with the same settings, training only those that differ; the result is the run the
+    recipe gives on a store of its own, byte for byte."""
+    from kd.apps.distill import plan as distill_plan
+
+    second = STAGES.format(steps=30).replace('"relational:25:mode=kl"]', '"relational:25:mode=kl"]\nseed = 7')
+    recipe = write_recipe(tmp_path / "second.toml", tiny_teacher, second, start=tiny_teacher)  # "two" the same
+    store = uninterrupted / "store"
+    before = _store_files(store)
+    out = tmp_path / "second"
+    # a calibration sample smaller than the corpus, as on any real corpus: it once went into --store (refused there
+    # as another corpus; when the sample was the whole corpus, silently precomputed into it)
+    monkeypatch.setattr(distill_plan, "SAMPLE_ROWS", 64)
+    # on a loaded machine (as CI's), where the plan's calibration measures at 1 thread: it once left the process
+    # at 1, and keyed the stages at 1 thread, unlike the 2-thread run that trained them: nothing was found to copy
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    threads = torch.get_num_threads()
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--store", str(store), "--dry-run"])
+    assert torch.get_num_threads() == threads
+    plan = " ".join(res.output.split())
+    assert res.exit_code == 0 and plan.count("already in the store") == 2, plan  # only their load is estimated
+    assert plan.count("copied from") == 2 and f"{uninterrupted.name}/stages/two" in plan, plan  # and the baseline
+    assert _store_files(store) == before and not out.exists()
+    proc = _kd(_args(corpus, out, recipe) + ["--store", str(store)])
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert _store_files(store) == before and not (out / "store").exists()
+    stages = json.loads((out / "distill.json").read_text())["stages"]
+    assert stages["two"]["copied_from"] == str(uninterrupted / "stages" / "two") and "copied_from" not in stages["one"]
+    assert _weights(out)["stages/two/model.safetensors"] == _weights(uninterrupted)["stages/two/model.safetensors"]
+    assert _weights(out)["stages/one/model.safetensors"] != _weights(uninterrupted)["stages/one/model.safetensors"]
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "third", recipe), "--store", str(store),
+                                   "--dry-run"])  # a run beside `second` on the same store: nothing left to train
+    plan = " ".join(res.output.split())
+    assert f"{uninterrupted.name}/stages/two" in plan and "second/stages/one" in plan, plan
+    alone = tmp_path / "alone"  # the same recipe, its own store: every stage trained
+    proc = _kd(_args(corpus, alone, recipe))
+    assert proc.wait() == 0, proc.stderr.read().decode()
+    assert "stages" in json.loads((alone / "distill.json").read_text()) and _weights(alone) == _weights(out)
+    with pytest.raises(InputError, match="store was"):  # the same OUT on its own store is another run
+        distill(_cfg(corpus, out, recipe))
+
+
+def test_a_stage_key_holds_what_the_weights_depend_on(monkeypatch):
+    """Options that change the weights, the start, the tables read and the code change the key; where the stage is
+    written and how the run reports do not."""
+    from kd.apps.distill import shared_stages as S
+    from kd.student.train_config import TrainConfig
+
+    base = TrainConfig("s", "o", arch="transformer-init", objectives=["cosine"]).to_json()
+    reads = {"store": "/s", "mpnet": {"table": {"shards": {"0": {"sha256": "a"}}}, "files": {}}}
+    key = S.stage_key(base, None, reads)
+    assert S.stage_key(base | {"out": "elsewhere", "progress": False}, None, reads) == key
+    for changed in (base | {"lr": 3e-5}, base | {"seed": 1}, base | {"objectives": ["cosine", "relational:25"]}):
+        assert S.stage_key(changed, None, reads) != key
+    assert S.stage_key(base, "a-stage-key", reads) != key
+    assert S.stage_key(base, None, reads | {"mpnet": {"table": {"shards": {"0": {"sha256": "b"}}}}}) != key
+    monkeypatch.setattr(S, "code_digest", lambda: "other code")
+    assert S.stage_key(base, None, reads) != key
+
+
+@pytest.mark.parametrize("where", ["inside --out", "a folder of other files", "a student", "another corpus's"])
+def test_a_wrong_store_is_refused_before_anything_is_recorded(tmp_path, uninterrupted, corpus, recipe_file, where):
+    """Refused before distill.json is written: the corrected command then starts, not 'other settings'."""
+    out = tmp_path / "run"
+    store = {"inside --out": out / "stages", "a folder of other files": tmp_path / "mine",
+             "a student": uninterrupted / "stages" / "one", "another corpus's": uninterrupted / "store"}[where]
+    if where == "a folder of other files":
+        store.mkdir()
+        (store / "notes.txt").write_text("mine", encoding="utf-8")
+    if where == "another corpus's":
+        corpus = tmp_path / "other.txt"
+        corpus.write_text("A different corpus.\nWith two sentences.\n", encoding="utf-8")
+    for dry in ([], ["--dry-run"]):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store), *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and "--store" in text, res.output
+        if where == "another corpus's":
+            assert "another corpus" in text and "other.txt is not one of the store's inputs" in text, text
+        assert not out.exists()

@@ -1,0 +1,257 @@
+"""Every file kd writes is guarded the same way (`common.outputs`): an existing output needs --overwrite,
+--overwrite replaces only what kd wrote (never a user's file), a folder output has one writer at a time, a
+killed export's leftovers never need --overwrite, and bad paths ('' , /proc/x) are what/where/fix errors.
+
+The store: real news sentences through a tiny random BERT; a static student trained on it for two steps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import precompute_news
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.common.errors import InputError
+from kd.common.outputs import claim_output, is_kd_file, locked_output, sidecar, write_text
+
+MINE = "a user's notes, not kd's\n"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_teacher, sentences) -> dict[str, Path]:
+    from kd.student.trainer import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("guard")
+    store = precompute_news(root, tiny_teacher, sentences, 60, 30)
+    student = train(TrainConfig(str(store), str(root / "students" / "st"), arch="static", target="tiny.mean",
+                                embed_dim=8, max_steps=2, batch_size=16, progress=False))
+    return {"store": store, "student": Path(student)}
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _query(store: Path, out: Path, *extra: str):
+    return _cli("query", str(store), "SELECT 1 AS x", "--format", "csv", "--out", str(out), *extra)
+
+
+def _leakage(store: Path, out: Path, *extra: str):
+    return _cli("leakage", str(store), "--exclude-out", str(out), *extra)
+
+
+def _guarded(run, out: Path) -> None:
+    """The three rules for one file output `run(out, *extra)`."""
+    out.write_text(MINE)
+    res = run(out)
+    assert res.exit_code == 2 and "already exists" in res.output and "--overwrite" in res.output, res.output
+    res = run(out, "--overwrite")
+    assert res.exit_code == 2 and "only replaces a file kd wrote" in res.output, res.output
+    assert out.read_text() == MINE  # the user's file is never replaced
+    out.unlink()
+    res = run(out)
+    assert res.exit_code == 0 and is_kd_file(out), res.output
+    res = run(out, "--overwrite")
+    assert res.exit_code == 0 and is_kd_file(out), res.output  # kd's own output is what --overwrite replaces
+    out.write_bytes(out.read_bytes() + b"edited by hand\n")
+    res = run(out, "--overwrite")
+    assert res.exit_code == 2 and "changed" in res.output  # kd's file, edited since: the user's now
+
+
+def test_query_out_is_guarded(built, tmp_path):
+    _guarded(lambda out, *extra: _query(built["store"], out, *extra), tmp_path / "result.csv")
+
+
+def test_leakage_exclude_out_is_guarded(built, tmp_path):
+    _guarded(lambda out, *extra: _leakage(built["store"], out, *extra), tmp_path / "ids.txt")
+
+
+def test_leakage_exclude_out_creates_missing_folders(built, tmp_path):
+    out = tmp_path / "new" / "deeper" / "ids.txt"
+    res = _leakage(built["store"], out)
+    assert res.exit_code == 0, res.output
+    assert out.read_text().startswith("# kd leakage") and is_kd_file(out)
+
+
+def test_eval_files_are_guarded_before_the_work(built, tmp_path, monkeypatch):
+    from kd.apps.eval import run as E
+
+    def work(*a, **kw):
+        raise RuntimeError("the evaluation started")
+
+    monkeypatch.setattr(E, "_models", work)
+    for flag, out in (("--json", tmp_path / "r.json"), ("--markdown", tmp_path / "r.md"),
+                      ("--plot", tmp_path / "plots" / "sts_scatter.png")):
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(MINE)
+        where = str(out.parent if flag == "--plot" else out)
+        res = _cli("eval", "--store", str(built["store"]), flag, where, "--no-progress")
+        assert res.exit_code == 2 and "already exists" in res.output, res.output
+        res = _cli("eval", "--store", str(built["store"]), flag, where, "--overwrite", "--no-progress")
+        assert res.exit_code == 2 and "only replaces a file kd wrote" in res.output, res.output
+        assert out.read_text() == MINE
+        write_text(out, "{}", "kd eval")  # as a previous kd eval wrote it: --overwrite passes the gate
+        res = _cli("eval", "--store", str(built["store"]), flag, where, "--overwrite", "--no-progress")
+        assert isinstance(res.exception, RuntimeError), res.output
+
+
+def test_eval_writes_its_files_through_the_gate(tmp_path):
+    from kd.apps.eval.run import EvalConfig, EvalReport, write_outputs
+
+    cfg = EvalConfig(json_path=str(tmp_path / "new" / "r.json"), markdown_path=str(tmp_path / "r.md"))
+    write_outputs(EvalReport([], [], {}, {}), cfg)
+    assert is_kd_file(cfg.json_path) and is_kd_file(cfg.markdown_path)
+    assert not [p for p in tmp_path.rglob(".kd-tmp-*")]  # written whole, no temp file left
+
+
+def test_embed_overwrite_never_replaces_a_users_file(built, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("the market fell\nshares rose\n", encoding="utf-8")
+    out = tmp_path / "v.parquet"
+
+    def run(o: Path, *extra: str):
+        return _cli("embed", str(src), "--student", str(built["student"]), "--out", str(o), "--no-progress", *extra)
+
+    _guarded(run, out)
+
+
+def test_an_empty_or_unwritable_path_is_a_clear_error(built, tmp_path, monkeypatch):
+    from kd.apps.eval import run as E
+
+    monkeypatch.setattr(E, "_models", lambda *a, **kw: pytest.fail("the evaluation started"))
+    res = _cli("query", str(built["store"]), "SELECT 1", "--format", "csv", "--out", "")
+    assert res.exit_code == 2 and "--out is empty" in res.output and "contains the input" not in res.output
+    res = _cli("leakage", str(built["store"]), "--exclude-out", "")
+    assert res.exit_code == 2 and "--exclude-out is empty" in res.output
+    res = _cli("export", str(built["student"]), "--out", "")
+    assert res.exit_code == 2 and "--out is empty" in res.output
+    if Path("/proc/self").exists():
+        res = _cli("query", str(built["store"]), "SELECT 1", "--format", "csv", "--out", "/proc/x.csv")
+        assert res.exit_code == 2 and "cannot be written" in res.output and "fix:" in res.output, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        for flag in ("--plot", "--json"):  # refused before the work, not after it
+            res = _cli("eval", "--store", str(built["store"]), flag, "/proc/x", "--no-progress")
+            assert res.exit_code == 2 and "cannot be written" in res.output, res.output
+
+
+def test_a_file_without_its_sidecar_is_not_kds(tmp_path):
+    """A kd file is recognised by its sidecar; without one (a copy, a file kd did not write) it is not."""
+    out = tmp_path / "r.json"
+    write_text(out, "{}", "kd eval")
+    assert is_kd_file(out)
+    sidecar(out).unlink()
+    assert not is_kd_file(out)
+
+
+# --- folders: one export at a time, a killed one's leftovers need no --overwrite ---------------------------
+def _export(student: Path, out: Path, *extra: str):
+    return _cli("export", str(student), "--out", str(out), *extra)
+
+
+def test_a_second_export_into_the_same_folder_is_refused(built, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "exp"
+    with locked_output(out, "kd export"):  # an export at work in this folder
+        res = _export(built["student"], out)
+        assert res.exit_code == 2 and "another kd export is writing --out" in res.output, res.output
+    assert not out.exists()
+    res = _export(built["student"], out)
+    assert res.exit_code == 0, res.output
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no lock, no partial left
+
+
+def test_a_lock_held_by_another_process_refuses_and_dies_with_it(built, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "exp"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom kd.common.outputs import locked_output\n"
+         f"with locked_output({str(out)!r}, 'kd export'):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = _export(built["student"], out)
+        assert res.exit_code == 2 and "another kd export" in res.output, res.output
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # as kill -9 of a running export: its lock goes with it
+        holder.wait()
+    res = _export(built["student"], out)
+    assert res.exit_code == 0, res.output
+
+
+def test_a_killed_exports_partial_folder_needs_no_overwrite(built, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "exp"
+    for name in (".exp.kd-partial-999999", ".exp.kd-partial-old-999999"):  # what a kill -9 leaves behind
+        (tmp_path / name / "model").mkdir(parents=True)
+        (tmp_path / name / "model" / "half.bin").write_bytes(b"half")
+    (tmp_path / ".exp.kd-lock").write_text("")  # its lock file (the lock itself died with it)
+    res = _export(built["student"], out)
+    assert res.exit_code == 0, res.output
+    assert (out / "modules.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
+
+
+def test_a_finetune_folder_has_one_writer(tmp_path):
+    from kd.common.errors import InputError
+    from kd.common.outputs import FINETUNE
+    from kd.common.tasks import fresh_output
+
+    out = tmp_path / "ft"
+    with fresh_output(str(out), False, FINETUNE, []):
+        with pytest.raises(InputError, match="another kd finetune is writing"), \
+                fresh_output(str(out), False, FINETUNE, []):
+            pass
+        assert out.is_dir()  # the refused run never removed the running one's folder
+
+
+def test_eval_refuses_two_outputs_on_one_path(tmp_path):
+    """--json and --markdown on one file: the second write would silently replace the first report."""
+    from kd.apps.eval.run import EvalConfig, check_outputs
+
+    same = str(tmp_path / "r.json")
+    with pytest.raises(InputError, match="--markdown and --json name the same file"):
+        check_outputs(EvalConfig(teacher="x", json_path=same, markdown_path=same))
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_file_kd_did_not_write_is_refused_with_the_right_fix(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    with pytest.raises(InputError, match="kd did not write this file, so --overwrite will not replace it"):
+        claim_output(mine, "kd query", file=True, flag="--out")
+
+
+def test_export_overwrite_keeps_a_users_file_in_the_folder(built, tmp_path):
+    """--overwrite replaces an export, never notes a user put in it: refused, the old folder as it was."""
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "exp"
+    assert _export(built["student"], out).exit_code == 0
+    (out / "notes.txt").write_text(MINE)
+    before = sorted(p.name for p in out.iterdir())
+    res = _export(built["student"], out, "--overwrite")
+    assert res.exit_code == 2 and "kd export did not write" in res.output and "notes.txt" in res.output, res.output
+    assert (out / "notes.txt").read_text() == MINE and sorted(p.name for p in out.iterdir()) == before
+    (out / "notes.txt").unlink()
+    assert _export(built["student"], out, "--overwrite").exit_code == 0
+
+
+def test_an_export_is_readable_by_others_as_a_plain_file_is(built, tmp_path):
+    """safetensors wrote model.safetensors 0600: an export copied to a shared folder could not be served by
+    another user. Every exported file now has the mode open() gives under the umask."""
+    pytest.importorskip("sentence_transformers")
+    old = os.umask(0o022)
+    try:
+        res = _export(built["student"], tmp_path / "exp")
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "exp").rglob("*")
+             if p.is_file()}
+    assert "exp/model.safetensors" in modes and set(modes.values()) == {"0o644"}, modes

@@ -1,0 +1,358 @@
+"""student.trainer: exact resume (in-process crash and SIGKILL), DDP on CPU, never the teacher, CLI, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import training_runs
+from safetensors.numpy import load_file as load_np
+from safetensors.torch import load_file
+from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
+from student_stores import TEACHER, make_store
+from training_runs import SMALL, killed_run, train_cli
+from typer.testing import CliRunner
+
+from kd.cli import app
+from kd.storage.store import Store
+from kd.student import data as D
+from kd.student import setup as S
+from kd.student import trainer as T
+from kd.student.models import build_student, pca_embeddings
+
+ROOT = Path(__file__).resolve().parents[2]
+store_path = training_runs.store_path  # module fixture (this module's own): SMALL's 140-row store
+
+
+def _env() -> dict[str, str]:
+    # the caller's PYTHONPATH kept: it may name the checkout whose `kd` is under test (a worktree)
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    return os.environ | {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(store_path, tmp_path_factory) -> Path:
+    """An uninterrupted run of SMALL."""
+    return T.train(T.TrainConfig(str(store_path), str(tmp_path_factory.mktemp("ref") / "out"), **SMALL))
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys() and any(k.startswith("objectives.") for k in wa)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def _train_losses(path: Path) -> list[tuple[int, float]]:
+    recs = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in recs if "loss" in r]
+
+
+def test_reference_run_learns_and_writes_everything(reference):
+    info = json.loads((reference / "config.json").read_text())
+    assert info["steps"] == info["total_steps"] > 20
+    losses = [x for _, x in _train_losses(reference)]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+    vals = [json.loads(x)["val_loss"] for x in (reference / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in x]
+    assert len(vals) == 2 and vals[1] < vals[0]
+    assert info["best_val_loss"] == pytest.approx(min(vals))
+    for f in ("model.safetensors", "config.json", "training_args.json", "loss.png", "tokenizer/tokenizer.json"):
+        assert (reference / f).exists(), f
+    assert (reference / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((reference / "training_args.json").read_text())["objectives"] == SMALL["objectives"]
+
+
+def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real = D.train_batches
+    seen = {"n": 0}
+
+    def crashing(*a, **kw):
+        for b in real(*a, **kw):
+            seen["n"] += 1
+            if seen["n"] > 23:  # epoch 1 (epoch 0 has 16 steps), three steps after the checkpoint at step 20
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(T.D, "train_batches", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (ckpt["step"], ckpt["epoch"], ckpt["batch"]) == (20, 1, 4) and not (out / "config.json").exists()
+    monkeypatch.setattr(T.D, "train_batches", real)
+    T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+    _assert_same_weights(reference, out)
+    assert _train_losses(out) == _train_losses(reference)  # metrics after the checkpoint were replaced
+
+
+def _small_cli(store_path: Path, out: Path, *extra: str) -> list[str]:
+    """SMALL (the reference run) as a `kd train-student` process; `extra` flags last."""
+    return [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
+            "--embed-dim", "16", "--hidden-dim", "16", "--batch-size", "8", "--epochs", "2", "--val-percent", "10",
+            "--shuffle-buffer", "24", "--objective", "cosine", "--objective", "contrastive:0.1:negatives=16:dim=8",
+            "--no-bucket", *extra]
+
+
+def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--checkpoint-every", "1", "--no-progress")
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ckpt, deadline = out / "checkpoint.pt", time.time() + 120  # a loaded machine starts slowly
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if ckpt.exists():
+                step = torch.load(ckpt, weights_only=True)["step"]
+                if step >= 3:
+                    break
+            time.sleep(0.02)
+        killed = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, proc.stdout.read().decode()[-2000:]
+    step = torch.load(ckpt, weights_only=True)["step"]
+    assert 3 <= step < 26 and not (out / "config.json").exists()
+    res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    _assert_same_weights(reference, out)
+
+
+def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
+    # --checkpoint-every 1000: no periodic save in the run, so the checkpoint is the stop's own
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--log-every", "1", "--checkpoint-every", "1000", "--no-progress")
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 40
+    try:
+        while time.time() < deadline and proc.poll() is None and _logged_steps(out) < 3:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+    step = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    said = re.search(rf"stopped by SIGTERM after step {step} of (\d+): checkpoint saved", " ".join(output.split()))
+    assert said and 3 <= step < int(said[1]), output[-2000:]
+    assert f"resume: {shlex.join(['kd', *args[3:]])}" in " ".join(output.split()), output[-2000:]  # issue 49
+    assert _logged_steps(out) == step and not (out / "config.json").exists()  # nothing ran past the save
+    res = CliRunner().invoke(app, args[3:-1])
+    assert res.exit_code == 0, res.output
+    _assert_same_weights(reference, out)
+
+
+def _logged_steps(out: Path) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [json.loads(x)["step"] for x in lines if x.endswith("}") and '"loss"' in x]
+    return max(steps, default=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Run by each DDP rank. Before anything of kd is imported, importing transformers' model code (PreTrainedModel
+# lives in transformers.modeling_utils, every architecture in transformers.models.<name>.modeling_*) or
+# `pipeline` raises, so PreTrainedModel.from_pretrained and every AutoModel* cannot load anything.
+NO_TEACHER = r"""
+import importlib.abc, os, re, sys
+
+FORBIDDEN = re.compile(
+    r"^(pipeline(\.|$)|transformers\.modeling_utils$|transformers\.models\.(?!auto\.)[^.]+\.modeling_)")
+
+class Forbid(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if FORBIDDEN.match(name):
+            raise ImportError(f"teacher model code imported: {name}")
+
+sys.meta_path.insert(0, Forbid())
+from kd.student.trainer import TrainConfig, train
+train(TrainConfig(sys.argv[1], sys.argv[2], embed_dim=8, hidden_dim=8, epochs=2, batch_size=8, val_percent=10,
+                  shuffle_buffer=16, log_every=1, progress=False, device="cpu"))
+if os.environ.get("RANK", "0") == "0":
+    from kd import student
+    assert student.load(sys.argv[2]).encode(["the cat runs"]).shape == (1, 32)
+    bert = os.path.join(sys.argv[2], "bert-config")  # a config AutoModel resolves to BertModel
+    os.makedirs(bert)
+    open(os.path.join(bert, "config.json"), "w").write('{"model_type": "bert"}')
+    for name in ("PreTrainedModel", "BertModel", "AutoModel"):  # the guard works
+        try:
+            cls = getattr(__import__("transformers"), name)
+            cls.from_pretrained(bert)
+            raise SystemExit(f"{name} was usable")
+        except ImportError as e:
+            assert "teacher model code imported" in str(e), e
+print("NO TEACHER OK")
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """A store from the real precompute (its meta points at the teacher), trained by two gloo ranks."""
+    from conftest import WORDS, build_tiny_bert
+
+    from kd.pipeline.precompute import precompute
+
+    root = tmp_path_factory.mktemp("ddp")
+    teacher = build_tiny_bert(root / "teacher")
+    rng = np.random.default_rng(0)
+    (root / "in.txt").write_text("\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(120)))
+    precompute([str(root / "in.txt")], str(root / "store"), [f"tiny={teacher}"], shard_rows=60, progress=False)
+    shutil.rmtree(teacher)  # whatever the store's meta points at is gone
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", NO_TEACHER, str(root / "store"), str(root / "out")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+                                            "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(2)]
+    logs = [p.communicate(timeout=90)[0] for p in procs]
+    return root, [p.returncode for p in procs], logs
+
+
+def test_training_never_loads_the_teacher(ddp_run):
+    root, codes, logs = ddp_run
+    assert codes == [0, 0], "\n".join(x[-3000:] for x in logs)
+    assert all("NO TEACHER OK" in x for x in logs)
+    info = json.loads((root / "out" / "config.json").read_text())
+    assert info["target"] == ["tiny.mean"]  # the store's default_target without sentence-transformers pooling
+
+
+def test_ddp_world_size_two_on_cpu(ddp_run):
+    """Two real processes (gloo): each rank reads half of the shards, both take equal step counts."""
+    root, codes, logs = ddp_run
+    assert codes == [0, 0], "\n".join(x[-3000:] for x in logs)
+    store = Store.open(root / "store")
+    assert store.manifest.num_shards == 2
+    info = json.loads((root / "out" / "config.json").read_text())
+    data = D.DataConfig(str(root / "store"), ["tiny.mean"], "tiny", batch_size=8, val_percent=10, shuffle_buffer=16)
+    two, one = D.build_plan(store, data, world=2), D.build_plan(store, data, world=1)
+    assert info["world_size"] == 2 and info["steps"] == two.steps(0) + two.steps(1)
+    assert two.steps(0) <= 8 < one.steps(0)  # a rank sees one shard of 60 rows (minus held-out), not both
+    train = [json.loads(x) for x in (root / "out" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r["step"] for r in train] == list(range(1, info["steps"] + 1))
+    assert train[0]["rows"] == 16  # rows count both ranks' batches
+    vals = [json.loads(x)["val_loss"] for x in (root / "out" / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in x]
+    assert len(vals) == 2 and vals[1] < vals[0]
+
+
+def test_cli_defaults_on_a_tiny_store(store_path, tmp_path, monkeypatch):
+    """Defaults: bilstm, cosine to the default target, embeddings from the teacher; layers never read."""
+    read: set[str] = set()
+    orig = pq.ParquetFile.iter_batches
+
+    def spy(self, *a, columns=None, **kw):
+        read.update(columns or ["<all>"])
+        return orig(self, *a, columns=columns, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, ["train-student", "--shards", str(store_path), "--out", str(out), "--max-steps", "3",
+                                   "--batch-size", "8", "--hidden-dim", "16", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "student written to" in res.output
+    assert read == {"id", "text", "sentence"}
+    info = json.loads((out / "config.json").read_text())
+    assert info["student"]["arch"] == "bilstm" and info["objectives"] == ["cosine:1"]
+    assert info["target"] == [f"{TEACHER}.sentence"] and info["student"]["out_dim"] == 16
+    assert info["student"]["embed_dim"] == 16 and info["steps"] == 3
+    assert info["store_fingerprint"] == Store.open(store_path).manifest.fingerprint
+    teacher = load_np(str(store_path / "teachers" / TEACHER / "input_embeddings.safetensors"))["weight"]
+    emb = _weights(out)["student.embed.weight"].numpy()
+    rows = np.arange(len(teacher)) != 0  # the pad row is zeroed
+    assert np.abs(emb[rows] - teacher[rows]).max() < 0.01  # 3 small AdamW steps away from the teacher's table
+
+
+def test_pca_initialisation_to_a_narrower_student(store_path, tmp_path):
+    cfg = T.TrainConfig(str(store_path), str(tmp_path / "x"), embed_dim=6, hidden_dim=8)
+    s = T.setup(cfg)
+    student = build_student(s.student_cfg)
+    matrix = S.input_embeddings(s.store, TEACHER)
+    S.init_embeddings(student, matrix, 0)
+    expect = pca_embeddings(matrix, 6)
+    got = student.embed.weight.detach().numpy()
+    np.testing.assert_allclose(got[1:], expect[1:], rtol=1e-5, atol=1e-6)
+    assert s.student_cfg.embed_dim == 6 and s.student_cfg.vocab_size == matrix.shape[0]
+
+
+def test_early_stopping_stops_when_validation_stalls(store_path, tmp_path):
+    out = T.train(T.TrainConfig(str(store_path), str(tmp_path / "es"), embed_dim=8, hidden_dim=8, lr=0.0,
+                                eval_every=1, patience=2, epochs=5, batch_size=8, val_percent=10, progress=False))
+    info = json.loads((out / "config.json").read_text())
+    assert info["stopped_early"] and info["steps"] == 3 and info["best_step"] == 1
+
+
+def test_plateau_schedule_halves_the_rate_when_validation_stalls(store_path, tmp_path):
+    out = T.train(T.TrainConfig(str(store_path), str(tmp_path / "pl"), embed_dim=8, hidden_dim=8, lr=1e-6,
+                                schedule="plateau", warmup=2, eval_every=1, patience=0, max_steps=8, batch_size=8,
+                                val_percent=10, log_every=1, progress=False))
+    lrs = [json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
+    assert lrs[2] == pytest.approx(1e-6) and lrs[-1] <= 0.25e-6 * 1.001  # halved at least twice
+
+
+def test_pair_store_trains_both_sides(tmp_path):
+    path = make_store(tmp_path / "pairs", rows=60, shards=1, pairs=True, tmp=tmp_path)
+    out = T.train(T.TrainConfig(str(path), str(tmp_path / "p"), embed_dim=8, hidden_dim=8, max_steps=4,
+                                batch_size=8, objectives=["cosine", "mse:0.5"], progress=False))
+    info = json.loads((out / "config.json").read_text())
+    assert info["target"] == [f"{TEACHER}.sentence_a", f"{TEACHER}.sentence_b"] and info["steps"] == 4
+
+
+def test_cli_errors_are_clear(store_path, tmp_path):
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "a"), "--target", f"{TEACHER}.logits")
+    assert res.exit_code == 2 and "tiny.logits" in res.output and "tiny.sentence" in res.output
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "b"), "--objective", "pair")
+    assert res.exit_code == 2 and "pair store" in res.output
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "c"), "--objective", "nonsense")
+    assert res.exit_code == 2 and "unknown objective" in res.output
+    res = train_cli("--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"))
+    assert res.exit_code == 2 and "no kd store" in res.output
+
+
+def test_cli_errors_on_damaged_stores(tmp_path):
+    path = make_store(tmp_path / "s", rows=40, shards=2, tmp=tmp_path)
+    shard = path / "teachers" / TEACHER / "part-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:100])
+    res = train_cli("--shards", str(path), "--out", str(tmp_path / "a"))
+    assert res.exit_code == 2 and "part-00001.parquet" in res.output
+    for f in [path / "manifest.json", *(path / "manifests").iterdir()]:
+        f.write_text(f.read_text().replace('"format_version": 1', '"format_version": 99'))
+    res = train_cli("--shards", str(path), "--out", str(tmp_path / "b"))
+    assert res.exit_code == 2 and "format version 99" in res.output
+
+
+def test_resume_refuses_other_options(store_path, tmp_path, monkeypatch):
+    killed_run(store_path, tmp_path / "out", monkeypatch)
+    res = train_cli("--shards", str(store_path), "--out", str(tmp_path / "out"), "--lr", "0.5")
+    assert res.exit_code == 2 and "lr" in res.output and "--overwrite" in res.output
+
+
+def test_a_finished_student_folder_holds_no_pickle(reference):
+    assert not (reference / "checkpoint.pt").exists()
+    assert not [p for p in reference.rglob("*") if p.suffix in (".pt", ".pkl", ".bin", ".pickle")]
