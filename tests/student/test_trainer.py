@@ -356,3 +356,14 @@ def test_resume_refuses_other_options(store_path, tmp_path, monkeypatch):
 def test_a_finished_student_folder_holds_no_pickle(reference):
     assert not (reference / "checkpoint.pt").exists()
     assert not [p for p in reference.rglob("*") if p.suffix in (".pt", ".pkl", ".bin", ".pickle")]
+
+
+def test_training_says_what_it_does_before_its_first_step(store_path, tmp_path, capfd):
+    """The store's check, the start weights and the head's fit took 5-15 s before the bar's first line, silent
+    (issue 49's walk of `kd demo`: 11.5 s): a line says so before them, and when they are done."""
+    from kd.student.train_config import TrainConfig
+
+    T.train(TrainConfig(str(store_path), str(tmp_path / "s"), **(SMALL | {"progress": True, "max_steps": 2})))
+    err = capfd.readouterr().err
+    assert err.index("preparing the training") < err.index("preparing the training (the store, the student's start, "
+                                                           "its head): done") < err.index("train:"), err
