@@ -186,8 +186,12 @@ def _rebuild_record(loc: fs.Location, damaged: StoreError, report: RepairReport)
 
 
 def _parsed(loc: fs.Location, *parts: str) -> Manifest | None:
-    """The manifest or fragment at `parts`, or None where it is damaged."""
+    """The manifest or fragment at `parts`, or None where it is damaged or, as every reader sees it, a symlink
+    leading out of the store (whatever it leads to: read through the link, a fragment linked out once left --repair
+    finding nothing wrong with it and so no record to trust, while manifest.json was whole)."""
+    rel = "/".join(parts)
     try:
+        fs.member(loc, rel, loc.path(rel), rel)
         return Manifest.from_json(fs.read_bytes(loc, *parts), loc.path(*parts))
     except StoreError:
         return None

@@ -22,6 +22,8 @@ def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
     folders = {role: _folder(recipe, role, spec) for role, spec in specs.items()}
     kept = {role: _kept_layers(recipe, folder) for role, folder in folders.items()
             if "init" in recipe.outputs["start" if role == "start" else "teacher"]}
+    for stage in recipe.stages:
+        _check_static_width(recipe, stage, folders)
     counts: dict[str, int] = {}
     for stage in recipe.stages:  # in order: a stage's source is a role or an earlier stage
         if stage.options.get("arch") != "transformer-init":
@@ -40,6 +42,23 @@ def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
         elif stage.source in counts:
             source = counts[stage.source]
             counts[stage.name] = len(parse_layers(str(asked), source, at)) if asked is not None else source
+
+
+def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str]) -> None:
+    """A static stage's table is the PCA of its role's vocab output, the model's `mean` of each token (its
+    hidden_size wide), which PCA cannot widen: a wider embed_dim was refused only after the teacher's pass (the
+    fifth probe). Left out, the width is min(256, the teacher's): nothing to check."""
+    asked = stage.options.get("embed_dim")
+    if stage.options.get("arch") != "static" or asked is None or stage.source not in folders:
+        return
+    config = read_config(Path(folders[stage.source]) / "config.json", "point the role at a Hugging Face checkpoint "
+                         "folder")
+    width = config.get("hidden_size")
+    if isinstance(width, int) and not isinstance(width, bool) and asked > width:
+        raise InputError(f"stage {stage.name!r} asks for embed_dim {asked}, wider than the {stage.source}'s vocab "
+                         f"output ({width}), which a static student's table is reduced from",
+                         f"{recipe.path} [[stage]] {stage.name}: embed_dim",
+                         f"set embed_dim = {width} or less, or leave it out (min(256, the {stage.source}'s width))")
 
 
 def _folder(recipe: R.Recipe, role: str, spec: str) -> str:

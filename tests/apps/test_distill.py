@@ -103,17 +103,19 @@ def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
 
 
 def test_a_stage_option_train_student_refuses_is_named_in_the_recipe(tmp_path, tiny_teacher, corpus):
-    """A static stage wider than its 32-wide teacher: refused at the stage, naming the recipe's stage and key (it
-    named --embed-dim, a flag the recipe's user never wrote; with no embed_dim the width is the teacher's)."""
-    stages = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\nmax_steps = 2\nembed_dim = 64\n'
-    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, outputs='[outputs]\nteacher = ["mean", "vocab"]\n')
+    """An option only training can refuse (a least-squares head where the BiLSTM's 32-wide output is the 32-wide
+    teacher's, so there is no head): named at the recipe's stage and key, not as the train-student flag the
+    recipe's user never wrote."""
+    stages = ('[[stage]]\nname = "s"\nfrom = "teacher"\narch = "bilstm"\nhidden_dim = 16\nmax_steps = 2\n'
+              'head_init = "lstsq"\n')
+    recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages)
     res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "out", recipe), "--no-leakage"])
     text = " ".join(res.output.split())
-    assert res.exit_code == 2 and f"where: {recipe} [[stage]] s: embed_dim" in text, res.output
-    assert "--embed-dim 32 or less" in text, res.output
+    assert res.exit_code == 2 and f"where: {recipe} [[stage]] s: head_init (train-student's --head-init)" in text, \
+        res.output
 
 
-@pytest.mark.parametrize("case", ["keep_layers", "init_layers", "later_init_layers", "start_folder"])
+@pytest.mark.parametrize("case", ["keep_layers", "init_layers", "later_init_layers", "start_folder", "static_width"])
 def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, tmp_path, tiny_teacher, corpus,
                                                                          monkeypatch):
     """The layers a recipe names exist in its 2-layer start model and its model folders exist: found before any
@@ -131,6 +133,7 @@ def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, t
         "init_layers": ("[[stage]] two: init_layers", "init layers 0,7, which the run does not store"),
         "later_init_layers": ("[[stage]] one: init_layers", "layers are numbered 0..1"),
         "start_folder": ("(start), or --start", "the start model: unknown teacher"),
+        "static_width": ("[[stage]] s: embed_dim", "embed_dim 64, wider than the teacher's vocab output (32)"),
     }[case]
     if case == "keep_layers":
         outputs = '[outputs]\nteacher = ["mean"]\nstart = ["init"]\nkeep_layers = "0,9"\n'
@@ -138,6 +141,9 @@ def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, t
         stages = stages.replace('init_layers = "0,1"', 'init_layers = "0,7"')
     elif case == "later_init_layers":
         stages = stages.replace('init_layers = "1"', 'init_layers = "5"')
+    elif case == "static_width":  # the static table is the PCA of the teacher's 32-wide vocab output
+        stages = '[[stage]]\nname = "s"\nfrom = "teacher"\narch = "static"\nembed_dim = 64\n' + stages
+        outputs = '[outputs]\nteacher = ["mean", "vocab"]\nstart = ["init"]\nkeep_layers = "0,1"\n'
     else:
         start = tmp_path / "no-such-model"
     recipe = write_recipe(tmp_path / "r.toml", tiny_teacher, stages, start=start, outputs=outputs)
