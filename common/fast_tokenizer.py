@@ -3,7 +3,7 @@ called directly (a warm precompute never imports transformers, ~0.6 s of a small
 `__call__` and `pad` cost more than a small student's forward).
 
 Every path from text to a model goes through `FastTokenizer.encode` and `common.padding.pad_rows`: the teacher
-pass (pipeline/batches), a student's training batches (student/data), its `encode` (student/saved), its
+pass (pipeline/teacher/batches), a student's training batches (student/data), its `encode` (student/saved), its
 sentence-transformers module (student/st_module) and the exported ONNX encoder (student/exporters/onnx_graph).
 So a tokenizer saved with padding_side="left" or truncation_side="left" gives a student the same ids in training
 and at inference (tests/student/test_tokenizer_path.py); which side a batch pads on is common/padding.py's to say.

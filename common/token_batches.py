@@ -9,7 +9,7 @@ teacher pass and by a student's `encode`, CPU and GPU alike).
 - `scatter_batches` runs the batches and writes each result back at its rows, so the output is in input order
   whatever the batching (`run_batches`: one output, no batch in flight); `run_sorted` is the whole loop (sort,
   cut, run, scatter). Every forward pass over rows of mixed lengths runs through them: the teacher pass
-  (pipeline/batches), a student's `encode` (student/saved), the ONNX encoder (student/exporters/onnx_graph) and
+  (pipeline/teacher/batches), a student's `encode` (student/saved), the ONNX encoder (student/exporters/onnx_graph) and
   the fine-tuned models' predictions (common/finetune).
 """
 

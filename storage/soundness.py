@@ -254,7 +254,7 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
 
 VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
 # The content checks' version: bump when they change, so every store state is checked again by the new ones.
-CHECKS = 2
+CHECKS = 3
 VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
 
 

@@ -133,15 +133,18 @@ def own_tokenizer(store: Store, cfg: TrainConfig, init_info: dict[str, Any] | No
 
 
 def _table_width(store: Store, teacher: str, cfg: TrainConfig, emb: np.ndarray | None) -> tuple[int, int] | None:
-    """(rows, width) of the matrix the student's first table starts from: a static student's is the teacher's
-    vocab output when stored (PCA cannot widen it: a wider --embed-dim is refused here, before any model is
-    built), any other's the teacher's input embeddings (None: neither)."""
-    if cfg.arch == "static" and cfg.init_embeddings in (EmbeddingInit.auto, EmbeddingInit.vocab) and not cfg.init \
+    """(rows, width) of the matrix the student's first table starts from: the teacher's vocab output where
+    `initial_student` takes it (a static student's by default, any arch's with --init-embeddings vocab; PCA cannot
+    widen it: a wider --embed-dim is refused here, before any model is built), else the teacher's input embeddings
+    (None: neither)."""
+    from_vocab = cfg.init_embeddings is EmbeddingInit.vocab or (cfg.arch == "static" and
+                                                                cfg.init_embeddings is EmbeddingInit.auto)
+    if from_vocab and not cfg.init and cfg.arch != "transformer-init" and store.loc.is_local \
             and f"{teacher_table(teacher)}/vocab.safetensors" in store.manifest.extras.get("files", {}):
         width = int(store.table(teacher_table(teacher)).meta.get("dim") or 0)
         if cfg.embed_dim is not None and not 1 <= cfg.embed_dim <= width:
             raise InputError(f"--embed-dim {cfg.embed_dim} is wider than teacher {teacher!r}'s vocab output ({width}), "
-                             "which a static student's table is reduced from", "--embed-dim",
+                             "which the student's table is reduced from", "--embed-dim",
                              f"pass --embed-dim {width} or less (left out: min({ARCH_EMBED_DIM['static']}, "
                              "the teacher's width))")
         return (emb.shape[0] if emb is not None else 0, width)

@@ -342,10 +342,12 @@ def train(cfg: TrainConfig) -> Path:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        out = Path(cfg.out)
+        if d.main and _HELD_LOCKS:  # only what this run wrote under its lock: never another run's files
+            _clean_after_a_full_disk(out)
         raise KdError(f"the disk is full: {e.strerror} while writing {e.filename or 'the output'}", str(cfg.out),
-                      "free some space (or use --out on another disk) and rerun: training "
-                      + _after_a_full_disk(Path(cfg.out), d) + "; no student was written (config.json marks a "
-                      "finished one)") from e
+                      "free some space (or use --out on another disk) and " + _rerun_after_a_full_disk(out, cfg)
+                      ) from e
     finally:
         if fresh and d.main and _HELD_LOCKS:  # only a run that held the folder's lock: a refused second run
             _remove_if_nothing_kept(Path(cfg.out))  # must never remove the folder the first one is writing
@@ -354,16 +356,23 @@ def train(cfg: TrainConfig) -> Path:
         shutdown(d)
 
 
-def _after_a_full_disk(out: Path, d: Dist) -> str:
-    """Leave what a rerun can use, and say what the rerun will do. Before the first checkpoint nothing can be
-    resumed, and this run's metrics and best weights alone would make the rerun ask for --overwrite."""
+def _clean_after_a_full_disk(out: Path) -> None:
+    """Temp files go; before the first checkpoint this run's metrics and best weights go too: nothing there can be
+    resumed, and alone they made the rerun ask for --overwrite (issue 48's probe). Called under the folder's lock,
+    past the claim, which refuses a folder holding another run's metrics."""
     _remove_temps(out)
-    if (out / CHECKPOINT).exists():
-        return "resumes from the last checkpoint"
-    if d.main and not (out / "config.json").exists():
-        for name in (METRICS, BEST, CURVE):  # this run's: the claim refuses a folder holding another run's
+    if not (out / CHECKPOINT).exists() and not (out / "config.json").exists():
+        for name in (METRICS, BEST, CURVE):
             (out / name).unlink(missing_ok=True)
-    return "starts again (it stopped before its first checkpoint)"
+
+
+def _rerun_after_a_full_disk(out: Path, cfg: TrainConfig) -> str:
+    """What the same command does once there is space (the fix of the full-disk error)."""
+    if (out / "config.json").exists():  # the disk filled after the student (its curve or card)
+        return "rerun: the student itself was written (config.json); only its loss curve or model card may be missing"
+    if (out / CHECKPOINT).exists() and cfg.resume and not cfg.overwrite:
+        return "rerun: training resumes from the last checkpoint; no student was written"
+    return "rerun: training starts again (it stopped before its first checkpoint); no student was written"
 
 
 def _remove_if_nothing_kept(out: Path) -> None:

@@ -45,12 +45,14 @@ def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
 
 
 def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str]) -> None:
-    """A static stage's table is the PCA of its role's vocab output, the model's `mean` of each token (its
-    hidden_size wide), which PCA cannot widen: a wider embed_dim was refused only after the teacher's pass (the
-    fifth probe). Left out, the width is min(256, the teacher's): nothing to check."""
-    asked = stage.options.get("embed_dim")
-    if stage.options.get("arch") != "static" or asked is None or stage.source not in folders:
-        return
+    """A static stage's table (any stage's with init_embeddings = "vocab") is the PCA of its role's vocab output, the
+    model's `mean` of each token (hidden_size wide), which PCA cannot widen: a wider embed_dim was refused only after
+    the teacher's pass (the fifth probe). Left out, the width is min(N, the teacher's): nothing to check."""
+    asked, start = stage.options.get("embed_dim"), stage.options.get("init_embeddings", "auto")
+    from_vocab = start == "vocab" or (stage.options.get("arch") == "static" and start == "auto")
+    role_outputs = recipe.outputs["start" if stage.source == "start" else "teacher"]
+    if not from_vocab or asked is None or stage.source not in folders or "vocab" not in role_outputs:
+        return  # the student's table does not start from the vocab output: train-student says what does not fit
     config = read_config(Path(folders[stage.source]) / "config.json", "point the role at a Hugging Face checkpoint "
                          "folder")
     width = config.get("hidden_size")

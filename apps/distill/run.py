@@ -407,7 +407,8 @@ def _in_the_recipe(run: _Run, stage: R.Stage, e: InputError) -> InputError:
     if key is None:
         return e
     name = run.recipe.stages[0].name if stage.name == R.BASELINE else stage.name  # the baseline is the first, untrained
-    return InputError(e.what, f"{run.recipe.path} [[stage]] {name}: {key} (train-student's {e.where})", e.fix)
+    return InputError(e.what, f"{run.recipe.path} [[stage]] {name}: {key} (train-student's {e.where})",
+                      f"set {key} in the recipe's stage (where the fix says {e.where}): {e.fix}")
 
 
 def _choose(run: _Run) -> None:

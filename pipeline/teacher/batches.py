@@ -159,7 +159,7 @@ def _compute_device(teacher: Teacher) -> str:
     return "cuda" if (teacher.backend.device or "cpu").startswith("cuda") else "cpu"
 def input_embeddings(teacher: Teacher) -> np.ndarray:
     """The word-embedding matrix [vocab, dim] float32: students can start from its PCA. A teacher loaded without its
-    model reads it from the checkpoint's .safetensors tensor recorded as equal to it (pipeline/fidelity_cache), as
+    model reads it from the checkpoint's .safetensors tensor recorded as equal to it (backends/fidelity_cache), as
     numpy (torch only for a bf16/fp16 tensor, which numpy cannot hold)."""
     if teacher.model is None and teacher.embedding:
         from safetensors import safe_open

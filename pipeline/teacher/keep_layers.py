@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+from kd.common.bert_config import BERT_SHAPED
 from kd.common.errors import InputError
 from kd.common.layers import keep_layers
 from kd.pipeline.teacher.model import Teacher
@@ -29,9 +30,10 @@ def init_files(teacher: Teacher, layers: list[int]) -> dict[str, bytes]:
     from safetensors.torch import save
 
     base = teacher.reference_model().base_model
-    if getattr(base.config, "model_type", "") not in ("bert", "roberta", "xlm-roberta", "mpnet"):
-        raise InputError(f"teacher {teacher.name!r} is a {base.config.model_type} model; the init output "
-                         "supports BERT-style encoders", "--outputs init", "drop init from --outputs")
+    if getattr(base.config, "model_type", "") not in BERT_SHAPED:
+        raise InputError(f"teacher {teacher.name!r} is a {base.config.model_type} model; the init output supports "
+                         f"the encoders a transformer-init student starts from ({', '.join(BERT_SHAPED)})",
+                         "--outputs init", "drop init from --outputs (or start from a BERT-style model, e.g. minilm)")
     # the embeddings and the kept layers, nothing else of the teacher (no pooler, no task head)
     state = {k: v for k, v in keep_layers(base.state_dict(), layers).items()
              if k.startswith(("embeddings.", "encoder.layer."))}

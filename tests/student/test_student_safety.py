@@ -261,6 +261,7 @@ def test_disk_full_while_saving_the_student_is_a_clear_error(store_path, tmp_pat
     monkeypatch.setattr(os, "fsync", full_disk)
     res = train_cli("--shards", str(store_path), "--out", str(out), *_small_args())
     assert res.exit_code == 2 and "disk is full" in res.output, res.output
+    assert "training resumes from the last checkpoint" in " ".join(res.output.split()), res.output
     assert not (out / "model.safetensors").exists() and not (out / "config.json").exists()
     assert not list(out.glob("*.tmp*"))
     monkeypatch.setattr(os, "fsync", real_fsync)
