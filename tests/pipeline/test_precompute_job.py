@@ -78,7 +78,7 @@ def test_the_local_order_is_shard_by_shard_and_covers_only_owned_shards():
     assert (left.rows, left.skipped) == (30, 2)
 
 
-PRECOMPUTE = ("job", "plan", "shards", "local_engine", "ray_engine", "precompute")
+PRECOMPUTE = ("job", "engines/plan", "engines/shards", "engines/local", "engines/ray_pool", "precompute")
 
 
 def test_precompute_modules_import_no_private_names_from_each_other():
