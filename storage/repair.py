@@ -46,7 +46,9 @@ SET_ASIDE = ".damaged"
 @dataclass
 class RepairReport:
     dropped: list[tuple[str, int, str]] = field(default_factory=list)  # (table, shard, why)
-    files: list[tuple[str, str]] = field(default_factory=list)  # (file or folder set aside, why)
+    # (file or folder set aside, why, what brings it back): what precompute wrote comes back by its rerun; a fragment
+    # whose records manifest.json holds, or a link out of the store (locks/), needs nothing
+    files: list[tuple[str, str, str]] = field(default_factory=list)
     indexes: list[tuple[str, str]] = field(default_factory=list)  # (index name, why)
     manifest_rebuilt: bool = False
 
@@ -178,7 +180,8 @@ def _rebuild_record(loc: fs.Location, damaged: StoreError, report: RepairReport)
             merge([main, *(m for m in parsed.values() if m is not None)], loc.root)
             for n in bad:
                 _set_aside(loc, f"{FRAGMENTS}/{n}")
-                report.files.append((f"{FRAGMENTS}/{n}", "damaged; manifest.json holds its records"))
+                report.files.append((f"{FRAGMENTS}/{n}", "damaged; manifest.json holds its records",
+                                     "nothing to re-run: its writer starts a new one on its next run"))
             return
     raise StoreError(f"--repair cannot rebuild this store's record: {damaged.what}", damaged.where,
                      "neither manifest.json nor the fragments in manifests/ hold a record that can be trusted: "
@@ -255,7 +258,7 @@ def _damaged_files(loc: fs.Location, m: Manifest, drop: _Drop, aside: set[str], 
     for unit, why in sorted(bad.items()):
         drop.files |= {rel for rel in known if file_unit(rel) == unit}
         aside.add(unit)
-        report.files.append((unit, why))
+        report.files.append((unit, why, RERUN))
 
 
 def _content_problem(loc: fs.Location, m: Manifest, rel: str) -> str | None:
@@ -330,7 +333,8 @@ def _links_aside(loc: fs.Location, report: RepairReport) -> None:
         link = os.path.join(loc.root, rel)
         if os.path.islink(link):  # (removed with a record above)
             os.unlink(link)
-            report.files.append((rel, f"a symlink leading out of the store, to {target}"))
+            report.files.append((rel, f"a symlink leading out of the store, to {target}",
+                                 "nothing to re-run: kd makes what it keeps there again when it needs it"))
 
 
 def _link_aside(loc: fs.Location, rel: str) -> None:
@@ -348,10 +352,12 @@ def _link_aside(loc: fs.Location, rel: str) -> None:
             return
 
 
+RERUN = "re-run the kd precompute command that wrote it to restore it"
+
+
 def describe(report: RepairReport) -> list[str]:
     lines = [f"dropped shard {k} of {name}: {why}" for name, k, why in sorted(report.dropped)]
-    lines += [f"set aside {unit} ({why}): re-run the kd precompute command that wrote it to restore it"
-              for unit, why in report.files]
+    lines += [f"set aside {unit} ({why}): {after}" for unit, why, after in report.files]
     lines += [f"dropped index {name} ({why}): rebuild it with kd index" for name, why in report.indexes]
     if report.manifest_rebuilt:
         lines.append("manifest.json rebuilt from manifests/")

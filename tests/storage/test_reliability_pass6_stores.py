@@ -246,6 +246,7 @@ def test_a_manifest_linked_out_of_the_store_is_refused_and_repaired(store, tmp_p
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
     said = "manifest.json rebuilt" if record == "manifest.json" else "damaged; manifest.json holds its records"
     assert res.exit_code == 0 and said in " ".join(res.output.split()), res.output
+    assert "re-run the kd precompute" not in res.output, res.output  # nothing of the store's data was lost
     assert not (store / rel).is_symlink() and elsewhere.exists()
     assert validate(store).exit_code == 0 and query(store).exit_code == 0
 
@@ -263,6 +264,7 @@ def test_a_lock_folder_linked_to_dev_null_is_noted_refused_by_writers_and_set_as
     refused(CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]), "locks")
     res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
     assert "set aside locks" in " ".join(res.output.split()), res.output
+    assert "re-run the kd precompute" not in res.output, res.output  # no precompute writes locks/: kd makes it again
     assert CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]).exit_code == 0
     assert validate(store).exit_code == 0
 
