@@ -33,46 +33,65 @@ def _suite_cache() -> None:
 _suite_cache()
 
 # A test that runs long (a whole distill, a subprocess killed and resumed) printed nothing under `pytest -q` for
-# minutes (issue 49: no silence over ~10 s): each test's setup, call and teardown say every HEARTBEAT_S seconds
-# that it is still running, and which one; so does the collection (1,600 tests: 15 s, longer on a loaded core).
-# 8 s, not 10: a beat lands late on a loaded machine, and the promise is no silence over 10 s.
+# minutes (issue 49: no silence over ~10 s). One thread for the session says which test (or the collection) is still
+# running whenever nothing was written for HEARTBEAT_S seconds. Silence is measured from the last output, not from
+# each test's start: a beat timed per test left 10.2 s between one test's dot and the next test's first beat in the
+# walk of the test command; and pytest writes a dot without flushing, so into a pipe (CI, a log) it waited there.
 HEARTBEAT_S = 8.0
 
 
-@contextlib.contextmanager
-def _beating(config: pytest.Config, what: str):
-    """Say every HEARTBEAT_S seconds that `what` is still running, on the terminal, until the block ends."""
-    fd = _terminal_fd(config)
-    stop = threading.Event()
+class _Heartbeat:
+    def __init__(self, fd: int, writer: object) -> None:
+        self.fd, self.writer, self.what = fd, writer, "the collection of the tests"
+        self.since = self.last = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kd-test-heartbeat", daemon=True)
 
-    def beat() -> None:
-        start = time.monotonic()
-        while not stop.wait(HEARTBEAT_S):
-            line = f"\n  still running {what} ({time.monotonic() - start:.0f} s)\n"
-            with contextlib.suppress(OSError):
-                os.write(fd, line.encode())
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            now = time.monotonic()
+            if now - self.last >= HEARTBEAT_S:
+                with contextlib.suppress(OSError):
+                    os.write(self.fd, f"\n  still running {self.what} ({now - self.since:.0f} s)\n".encode())
+                self.last = now
 
-    thread = threading.Thread(target=beat, name="kd-test-heartbeat", daemon=True)
+    def running(self, what: str) -> None:
+        self.what, self.since = what, time.monotonic()
+
+    def wrote(self) -> None:
+        self.last = time.monotonic()
+
+
+_BEAT: list[_Heartbeat] = []  # the session's, once started
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    fd = _terminal_fd(session.config)
     if fd is not None:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        if thread.is_alive():
-            thread.join()
+        _BEAT.append(_Heartbeat(fd, session.config.get_terminal_writer()))
+        _BEAT[0].thread.start()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    with _beating(item.config, item.nodeid):
-        yield
+    if _BEAT:
+        _BEAT[0].running(item.nodeid)
+    yield
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_collection(session: pytest.Session):
-    with _beating(session.config, "the collection of the tests"):
-        yield
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _BEAT:  # after the terminal reporter wrote the test's dot
+        _BEAT[0].writer.flush()
+        _BEAT[0].wrote()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _BEAT:
+        beat = _BEAT.pop()
+        beat.stop.set()
+        beat.thread.join()
 
 
 def _terminal_fd(config: pytest.Config) -> int | None:
