@@ -45,6 +45,12 @@ def bert_config_problem(cfg: Any) -> str | None:
     return None
 
 
+def init_type_problem(cfg: dict[str, Any]) -> str | None:
+    """What is wrong with the model type of a teacher's `init` output config (`BERT_SHAPED`; None: nothing)."""
+    kind = cfg.get("model_type")
+    return None if kind in BERT_SHAPED else f"it is a {kind!r} model's, whose layers a BertModel cannot take"
+
+
 def init_weights_problem(cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> str | None:
     """What is wrong with the tensors (name -> shape) of a teacher's `init` output against its config, which
     `bert_config_problem` passed: exactly the tensors of the transformer-init student's BertModel (student.

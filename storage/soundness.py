@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kd.common.bert_config import bert_config_problem, init_weights_problem
+from kd.common.bert_config import bert_config_problem, init_type_problem, init_weights_problem
 from kd.common.cache import cache_dir
 from kd.common.errors import KdError, StoreError
 from kd.common.finite import OUT_OF_RANGE
@@ -254,7 +254,7 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
 
 VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
 # The content checks' version: bump when they change, so every store state is checked again by the new ones.
-CHECKS = 3
+CHECKS = 4
 VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
 
 
@@ -346,11 +346,12 @@ def tokenizer_json_problem(data: bytes) -> str | None:
 
 def init_config_problem(data: bytes) -> str | None:
     """What is wrong with a teacher's `init` output config.json (`common.bert_config`: a transformer-init student
-    is built from its sizes), parse errors included."""
+    is built from its sizes, of a model type it takes), parse errors included."""
     try:
-        return bert_config_problem(parse_json(data, "", "", StoreError))
+        cfg = parse_json(data, "", "", StoreError)
     except StoreError as e:
         return e.what
+    return bert_config_problem(cfg) or init_type_problem(cfg)  # validate refused no type training refused (probe 7)
 
 
 def init_weights_file_problem(read: Callable[[str], bytes], folder: str, data: bytes) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from kd.common.bert_config import BERT_SHAPED, bert_config_problem
+from kd.common.bert_config import bert_config_problem, init_type_problem
 from kd.common.errors import StoreError
 from kd.common.parsing import read_config
 
@@ -49,8 +49,8 @@ def bert_config(folder: Path) -> dict:
     fix = file_repair(str(folder.parent.parent.parent))  # the store holding teachers/<name>/init-*/
     cfg = read_config(path, fix, StoreError)
     why = bert_config_problem(cfg)
-    if why is None and cfg.get("model_type") not in BERT_SHAPED:  # an MPNet one, written before kd refused them
-        why = f"it is a {cfg.get('model_type')} model's, whose layers a BertModel cannot take"
+    if why is None and init_type_problem(cfg):  # an MPNet one, written before kd refused them
+        why = init_type_problem(cfg)
         fix = "start from a BERT-style model's init output (e.g. minilm's): kd precompute <same inputs> -t minilm " \
               "--outputs init --add-to STORE"
     if why is not None:

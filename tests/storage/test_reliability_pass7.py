@@ -94,3 +94,21 @@ def test_a_baseline_dir_whose_weights_are_not_a_token_table_is_refused_when_name
         assert res.exit_code == 0 and "model2vec" in res.output, res.output
     else:
         refused(res, said, str(folder))
+
+
+@pytest.mark.parametrize("kind", ["evil", "mpnet"])
+def test_an_init_output_of_a_type_no_student_takes_is_reported_refused_and_repaired(tmp_path, tiny_teacher, sentences,
+                                                                                    kind):
+    """The last probe: validate passed an init config whose model_type training refuses (an MPNet one, as kd wrote
+    before it refused them, or a forged type)."""
+    store = init_store(tmp_path, tiny_teacher, sentences)
+    (rel,) = [p.relative_to(store).as_posix() for p in store.glob("teachers/tiny/init-*/config.json")]
+    rewrite_file(store, rel, json.dumps(json.loads((store / rel).read_text()) | {"model_type": kind}).encode())
+    said = f"it is a '{kind}' model's, whose layers a BertModel cannot take"
+    res = validate(store)
+    assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
+    refused(CliRunner().invoke(app, ["train-student", "-s", str(store), "-o", str(tmp_path / "s"), "--arch",
+                                     "transformer-init", "--max-steps", "1", "--no-progress"]), said)
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert f"set aside {rel.rsplit('/', 1)[0]}" in " ".join(res.output.split()), res.output
+    assert validate(store).exit_code == 0
