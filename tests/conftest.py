@@ -68,7 +68,8 @@ _BEAT: list[_Heartbeat] = []  # the session's, once started
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     fd = _terminal_fd(session.config)
-    if fd is not None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")  # none in an xdist worker, say
+    if fd is not None and reporter is not None:
         _BEAT.append(_Heartbeat(fd, session.config.get_terminal_writer()))
         _BEAT[0].thread.start()
 
