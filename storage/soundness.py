@@ -364,8 +364,8 @@ def init_weights_file_problem(read: Callable[[str], bytes], folder: str, data: b
         cfg = parse_json(read(f"{folder}/config.json"), "", "", StoreError)
     except (StoreError, KdError, OSError):
         return None
-    if bert_config_problem(cfg) is not None:
-        return None
+    if bert_config_problem(cfg) is not None or init_type_problem(cfg) is not None:
+        return None  # the config's own check reports it
     try:
         shapes = {k: v.shape for k, v in load(data).items()}
     except SafetensorError as e:

@@ -49,8 +49,7 @@ def bert_config(folder: Path) -> dict:
     fix = file_repair(str(folder.parent.parent.parent))  # the store holding teachers/<name>/init-*/
     cfg = read_config(path, fix, StoreError)
     why = bert_config_problem(cfg)
-    if why is None and init_type_problem(cfg):  # an MPNet one, written before kd refused them
-        why = init_type_problem(cfg)
+    if why is None and (why := init_type_problem(cfg)):  # an MPNet one, written before kd refused them
         fix = "start from a BERT-style model's init output (e.g. minilm's): kd precompute <same inputs> -t minilm " \
               "--outputs init --add-to STORE"
     if why is not None:
