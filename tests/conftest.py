@@ -17,12 +17,17 @@ os.environ.setdefault("KD_CPU_BF16", "0")
 
 def _suite_cache() -> None:
     """`--backend auto` (the default) exports teachers into KD_CACHE: the suite exports into a folder of its own,
-    never ~/.cache/kd; the unpacked mpnet there is linked in (unpacking it again takes a minute)."""
+    never ~/.cache/kd; the unpacked mpnet there is linked in (unpacking it again takes a minute). The folder goes
+    when the session's process exits: left behind, every run kept ~140 MB of exports in /tmp, and a machine's
+    disk filled up with them (a CI run then failed its set-up with ENOSPC)."""
     if "KD_CACHE" in os.environ:
         return
+    import atexit
+    import shutil
     import tempfile
 
     cache = Path(tempfile.mkdtemp(prefix="kd-test-cache-"))
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)  # rmtree unlinks the mpnet link, never its target
     mpnet = Path.home() / ".cache" / "kd" / "teachers" / "all-mpnet-base-v2"
     if mpnet.is_dir():
         (cache / "teachers").mkdir()

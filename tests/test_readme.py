@@ -64,3 +64,21 @@ def test_the_python_blocks_use_public_names():
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
                     and isinstance(node.value.value, ast.Name) and node.value.value.id == "kd":
                 assert node.value.attr == "student" and node.attr in public["student"], ast.unparse(node)
+
+
+def test_the_test_command_leaves_no_cache_behind(tmp_path):
+    """The suite's own KD_CACHE (teachers exported by `--backend auto`) is removed when its process exits: each run
+    left ~140 MB in the temp folder before, and a machine's disk filled up with them."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KD_CACHE"} | {"TMPDIR": str(tmp_path)}
+    code = ("import os, sys; sys.path.insert(0, 'tests'); import conftest; "
+            "c = os.environ['KD_CACHE']; open(os.path.join(c, 'export.bin'), 'wb').write(b'x' * 1000); print(c)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=README.parent, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    cache = Path(done.stdout.strip().splitlines()[-1])
+    assert cache.parent == tmp_path and cache.name.startswith("kd-test-cache-")
+    assert not cache.exists() and not list(tmp_path.iterdir())
