@@ -21,6 +21,7 @@ from kd.common.options import bounded, check_ranges, check_types, one_value_as_s
 from kd.common.options import flag as option_flag
 from kd.pipeline import inputs as inp
 from kd.pipeline import ray_probe
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher
 
 if TYPE_CHECKING:
     from kd.storage.schema import VectorDType
@@ -49,6 +50,7 @@ class PrecomputeJob:
                                                              ".parquet (none with --add-to)")
     # None from Python callers with add_to: the store it names
     out: str = option(None, short="-o", help="Store folder or pyarrow filesystem URI")
+    # as given (a Python caller may pass TeacherSpec values): `specs` holds them parsed, what the steps after read
     teachers: tuple[str, ...] = option(("minilm",), flag="--teacher", short="-t",
                                        help="minilm | mpnet | bert-base | DIR | NAME=DIR")
     # row outputs and/or vocab, init; None: the teacher's defaults
@@ -106,6 +108,9 @@ class PrecomputeJob:
                                            "options are reused; its rows are not encoded again")
     # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
     ray: RayOptions | None = field(init=False, default=None, repr=False)
+    # the teachers parsed once (a TeacherRef given, already found on this machine, is kept: loading it finds nothing
+    # again)
+    specs: tuple[TeacherSpec | TeacherRef, ...] = field(init=False, default=(), repr=False)
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
@@ -116,6 +121,9 @@ class PrecomputeJob:
             object.__setattr__(self, name, None if value is None else tuple(value))
         object.__setattr__(self, "out", self._out())
         object.__setattr__(self, "ray", self.check())
+        object.__setattr__(self, "specs", tuple(t if isinstance(t, TeacherRef) else parse_teacher(t)
+                                                for t in self.teachers))
+        object.__setattr__(self, "teachers", tuple(str(s) for s in self.specs))
 
     def check(self) -> RayOptions | None:
         """Refuse unusable options, in this order: numeric bounds, the device (local engine: Ray workers check

@@ -41,14 +41,20 @@ from kd.pipeline.backends import runtime as backends
 from kd.pipeline.engines import local as local_engine
 from kd.pipeline.engines import ray_pool as ray_engine
 from kd.pipeline.engines.plan import ShardPlan, writer_rank
-from kd.pipeline.engines.shards import PrecomputeSummary, Prepared, remove_own_temps, write_init, write_vocab
+from kd.pipeline.engines.shards import (
+    PrecomputeSummary,
+    Prepared,
+    remove_own_temps,
+    stored_backend,
+    write_init,
+    write_vocab,
+)
 from kd.pipeline.grow import adopt_store_inputs, check_same_inputs
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.reuse import open_sources
 from kd.pipeline.rows import RowCounts, build_texts
 from kd.pipeline.segment import segment as split_sentences
 from kd.pipeline.teacher.model import Output, Teacher
-from kd.pipeline.teacher.resolve import resolve_teacher
 from kd.storage import fs
 from kd.storage.manifest import Manifest, check_plan_sound
 from kd.storage.schema import concat_shards
@@ -162,7 +168,7 @@ def _load_teachers(job: PrecomputeJob, existing: Manifest | None) -> list[Teache
     load = job.load_options()
     if job.engine == "ray":
         load = ray_engine.driver_load(load)
-    loaded = [backends.load(t, **load, stored=stored_backend(existing, t)) for t in job.teachers]
+    loaded = [backends.load(t, **load, stored=stored_backend(existing, t.name)) for t in job.specs]
     names = [t.name for t in loaded]
     if len(set(names)) != len(names):
         raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
@@ -183,13 +189,6 @@ def check_same_tokenizers(store: Store, teachers: list[Teacher], where: str) -> 
                              "not what this run computes", where,
                              "run the teacher that wrote the store (kd info shows its source), or name this one "
                              "differently, or write a new store")
-
-
-def stored_backend(existing: Manifest | None, spec: str) -> str | None:
-    """The backend the store holds teacher `spec`'s table with (None: not in the store). Stores from before
-    `backend` was recorded ran torch."""
-    rec = existing.tables.get(f"teachers/{resolve_teacher(spec).name}") if existing is not None else None
-    return rec.meta.get("backend", "torch") if rec is not None and rec.meta else None
 
 
 def teacher_outputs(t: Teacher, asked: list[str] | None) -> list[Output]:

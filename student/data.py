@@ -37,7 +37,7 @@ from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
 from kd.storage.store import Store
-from kd.student.target import combine
+from kd.student.target import column_key, combine, key_parts
 from kd.student.train_config import BASE_DEFAULTS
 
 # Golden-ratio multiplier (Knuth): spreads consecutive or clustered ids evenly over the 100 buckets.
@@ -87,7 +87,7 @@ def available_columns(store: Store) -> list[str]:
     """Every "<teacher>.<column>" a store offers (vector columns only), plus "label" when present."""
     out = []
     for teacher in sorted(store.manifest.teachers()):
-        out += [f"{teacher}.{c}" for c in store.table(teacher_table(teacher)).columns
+        out += [column_key(teacher, c) for c in store.table(teacher_table(teacher)).columns
                 if c not in ("id", "n_tokens", "truncated") and not is_scale_column(c)]
     if LABEL in store.table("texts").columns:
         out.append(LABEL)
@@ -116,7 +116,7 @@ def resolve_columns(store: Store, specs: list[str],
                 )
             label = True
             continue
-        teacher, _, col = spec.partition(".")
+        teacher, col = key_parts(spec)
         rec = store.manifest.tables.get(teacher_table(teacher))
         if not col or rec is None or col not in rec.columns:
             raise InputError(
@@ -344,7 +344,7 @@ def _zip_chunk(store: Store, cols: Columns, k: int, parts: dict[str, pa.RecordBa
             row = int(np.nonzero(other != ids)[0][0])
             raise _misaligned(store, k, t, f"has other ids than 'texts' (first difference at chunk row {row})")
         for c in names:
-            chunk[f"{teacher}.{c}"] = table_vectors(parts[t], c, _shard_path(store, t, k))
+            chunk[column_key(teacher, c)] = table_vectors(parts[t], c, _shard_path(store, t, k))
     for key, members in cols.combined.items():
         chunk[key] = combine([chunk[m] for m, _ in members], [share for _, share in members])
     for key in cols.parts_only:

@@ -14,6 +14,7 @@ from pathlib import Path
 from kd.storage import fs
 from kd.student.exporters.st_fit import export_note, gap
 from kd.student.models import StudentConfig
+from kd.student.target import key_parts
 
 CARD = "README.md"
 
@@ -27,13 +28,18 @@ def write_model_card(folder: str | os.PathLike, eval_table_markdown: str | None 
     return path / CARD
 
 
+def _teachers(targets: list[str]) -> str:
+    """The teachers of a saved student's target batch keys, each once."""
+    return ", ".join(dict.fromkeys(key_parts(t)[0] for t in targets))
+
+
 def model_card(name: str, info: dict, eval_table_markdown: str | None = None) -> str:
     """The card's Markdown text."""
     cfg = info["student"]
     targets = info.get("target") or []
     targets = [targets] if isinstance(targets, str) else list(targets)  # one per target teacher
     target = ", ".join(targets) or "(none: trained on labels or pairs only)"
-    teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see objectives"
+    teacher = _teachers(targets) or "see objectives"
     objectives = ", ".join(str(o) for o in info.get("objectives") or []) or "cosine"
     st_load = ('from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer("{name}-st")'
                if gap(StudentConfig.from_dict(cfg)) is None else
@@ -104,7 +110,7 @@ def export_card(folder: Path, source: Path) -> None:
     cfg = info["student"]
     targets = info.get("target") or []
     targets = [targets] if isinstance(targets, str) else list(targets)
-    teacher = ", ".join(dict.fromkeys(t.split(".", 1)[0] for t in targets)) or "see the student's card"
+    teacher = _teachers(targets) or "see the student's card"
     onnx = (folder / "kd_onnx.json").is_file()
     said = None if onnx else export_note(StudentConfig.from_dict(cfg))
     note = "" if said is None else f"\n{said[0].upper()}{said[1:]}\n"  # what kd export printed

@@ -67,6 +67,32 @@ class Target:
         return cls(tuple(Part(t, column, float(w)) for t, w in zip(teachers, ws, strict=True)))
 
 
+def column_key(teacher: str, column: str) -> str:
+    """The batch key of a teacher's stored column, "mpnet.sentence": how batches, objectives and a saved student's
+    config name it. Made here and read by `key_parts` only."""
+    return f"{teacher}.{column}"
+
+
+def key_parts(key: str) -> tuple[str, str]:
+    """(teacher, column) of a batch key. A column has no '.', so the last one splits: a store whose teacher name
+    holds one (kd refuses such names since; a store written before them still reads) is read right."""
+    teacher, _, column = key.rpartition(".")
+    return teacher, column
+
+
+def parse_part(text: str, where: str = "--target", weight: float = 1.0) -> Part:
+    """"mpnet" | "mpnet.sentence" -> Part: one teacher's output as a user names it (--target, an objective's
+    `target=` option)."""
+    teacher, _, column = text.strip().partition(".")
+    if not teacher:
+        raise InputError(f"the target {text!r} names no teacher", where,
+                         "write TEACHER[.COLUMN][:WEIGHT], several joined by commas: mpnet:0.7,minilm:0.3")
+    if teacher == ENSEMBLE:
+        raise InputError(f"{ENSEMBLE!r} is kd's name for a combined target, not a teacher", where,
+                         "name the stored teachers: mpnet:0.7,minilm:0.3")
+    return Part(teacher, column or None, weight)
+
+
 def parse_target(text: str | None, where: str = "--target") -> Target | None:
     """"mpnet.sentence" | "mpnet:0.7,minilm.sentence:0.3" -> Target (None: no target given)."""
     if text is None:
@@ -74,14 +100,10 @@ def parse_target(text: str | None, where: str = "--target") -> Target | None:
     parts = []
     for item in text.split(","):
         ref, sep, weight = item.strip().partition(":")
-        teacher, _, column = ref.strip().partition(".")
-        if not teacher:
+        if not ref.strip():
             raise InputError(f"the target {text!r} has an empty part", where,
                              "write TEACHER[.COLUMN][:WEIGHT], several joined by commas: mpnet:0.7,minilm:0.3")
-        if teacher == ENSEMBLE:
-            raise InputError(f"{ENSEMBLE!r} is kd's name for a combined target, not a teacher", where,
-                             "name the stored teachers: mpnet:0.7,minilm:0.3")
-        parts.append(Part(teacher, column or None, _weight(weight, sep, item, where)))
+        parts.append(parse_part(ref, where, _weight(weight, sep, item, where)))
     refs = [p.ref for p in parts]
     if len(set(refs)) < len(refs):
         raise InputError(f"the target {text!r} names a teacher output twice", where, "name each once, with its weight")

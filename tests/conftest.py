@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,33 +38,30 @@ def _suite_cache() -> None:
 _suite_cache()
 
 # A test that runs long (a whole distill, a subprocess killed and resumed) printed nothing under `pytest -q` for
-# minutes (issue 49: no silence over ~10 s). One thread for the session says which test (or the collection) is still
-# running whenever nothing was written for HEARTBEAT_S seconds. Silence is measured from the last output, not from
-# each test's start: a beat timed per test left 10.2 s between one test's dot and the next test's first beat in the
-# walk of the test command; and pytest writes a dot without flushing, so into a pipe (CI, a log) it waited there.
+# minutes (issue 49: no silence over ~10 s). A helper process for the session (tests/heartbeat.py) says which test (or
+# the collection, or the session's end) is still running whenever nothing was written for HEARTBEAT_S seconds.
+# Silence is measured from the last output, not from each test's start: a beat timed per test left 10.2 s between one
+# test's dot and the next test's first beat; pytest writes a dot without flushing, so into a pipe (CI, a log) it
+# waited there; and a thread of the session, which needs the GIL, missed beats while a call held it (17.7 s).
 HEARTBEAT_S = 8.0
 
 
 class _Heartbeat:
     def __init__(self, fd: int, writer: object) -> None:
-        self.fd, self.writer, self.what = fd, writer, "the collection of the tests"
-        self.since = self.last = time.monotonic()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="kd-test-heartbeat", daemon=True)
+        self.writer = writer
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("heartbeat.py")), str(HEARTBEAT_S)],
+                                     stdin=subprocess.PIPE, stdout=fd)
 
-    def _run(self) -> None:
-        while not self.stop.wait(0.5):
-            now = time.monotonic()
-            if now - self.last >= HEARTBEAT_S:
-                with contextlib.suppress(OSError):
-                    os.write(self.fd, f"\n  still running {self.what} ({now - self.since:.0f} s)\n".encode())
-                self.last = now
+    def _say(self, line: str) -> None:
+        with contextlib.suppress(OSError):  # the helper gone: the session goes on without beats
+            self.proc.stdin.write(f"{line}\n".encode())
+            self.proc.stdin.flush()
 
     def running(self, what: str) -> None:
-        self.what, self.since = what, time.monotonic()
+        self._say(f"run {what}")
 
     def wrote(self) -> None:
-        self.last = time.monotonic()
+        self._say("wrote")
 
 
 _BEAT: list[_Heartbeat] = []  # the session's, once started
@@ -76,7 +73,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")  # none in an xdist worker, say
     if fd is not None and reporter is not None:
         _BEAT.append(_Heartbeat(fd, session.config.get_terminal_writer()))
-        _BEAT[0].thread.start()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -94,10 +90,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    while _BEAT:
-        beat = _BEAT.pop()
-        beat.stop.set()
-        beat.thread.join()
+    """The helper beats on through the summary and the interpreter's exit (14 s in one walk); it leaves when this
+    process has gone."""
+    if _BEAT:
+        _BEAT[0].running("the end of the session")
 
 
 def _terminal_fd(config: pytest.Config) -> int | None:

@@ -130,6 +130,7 @@ class _Calibration:
         self.cal = _Run(replace(run.cfg, inputs=[str(sample)], out=str(tmp / "run"), store=None, text_column=None,
                                 segment="none", sample=None, exclude_leakage=False, progress=False), run.recipe)
         self.cal.out.mkdir()
+        self.cal.refs = run.refs  # the same models, found once by the run's check
 
     @functools.cached_property
     def precompute(self) -> dict[str, PlannedStep]:
@@ -197,7 +198,7 @@ def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
 
     t = time.perf_counter()
     opts = {k: v for k, v in corpus_options(run.cfg).items() if k not in ("shard_rows", "progress")}
-    table, _ = corpus_rows(PrecomputeJob(run.cfg.inputs, str(tmp / "none"), [run.teacher_spec("teacher")], **opts))
+    table, _ = corpus_rows(PrecomputeJob(run.cfg.inputs, str(tmp / "none"), [run.teacher("teacher")], **opts))
     read_s = time.perf_counter() - t
     texts = table.column("text").to_pylist()
     every = max(1, len(texts) // SAMPLE_ROWS)
@@ -304,7 +305,7 @@ def _vocab_cached(cal: _Run) -> bool:
     from kd.pipeline.teacher.resolve import resolve_teacher
     from kd.pipeline.teacher.vocab import cached_for
 
-    return cached_for(weights_sha256(resolve_teacher(cal.teacher_spec("teacher")).path))
+    return cached_for(weights_sha256(resolve_teacher(cal.teacher("teacher")).path))
 
 
 def _mean_tokens(store_path: Path, teacher: str) -> float:
@@ -397,9 +398,9 @@ def _evaluate(cal: _Run, encode_rate: float, name: str) -> PlannedStep:
     sets = suite_text_sets()
     n = sum(map(len, sets))
     secs, notes = n / encode_rate, []
-    roles = ["teacher"] + (["start"] if cal.specs["start"] and cal.specs["start"] != cal.specs["teacher"] else [])
+    roles = ["teacher"] + (["start"] if cal.other_start() else [])
     for role in roles:
-        cache = TeacherCache(cal.teacher_spec(role), None)
+        cache = TeacherCache(cal.teacher(role), None)
         todo = sum(len(texts) for texts in sets if cache.vectors(texts) is None)
         if todo:
             load_s, rate = _reference_rate(cal, role)
@@ -416,7 +417,7 @@ def _reference_rate(cal: _Run, role: str) -> tuple[float, float]:
     texts = Path(cal.cfg.inputs[0]).read_text(encoding="utf-8").splitlines()[:256]
     with picked_threads(None):  # as kd eval does
         t = time.perf_counter()
-        model = teacher_model(cal.teacher_spec(role))
+        model = teacher_model(cal.teacher(role))
         model.encode(texts[:16])  # loads, and warms up
         load_s = time.perf_counter() - t
         t = time.perf_counter()

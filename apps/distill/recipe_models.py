@@ -14,12 +14,14 @@ from kd.apps.distill import recipe as R
 from kd.common.errors import InputError, KdError
 from kd.common.layers import parse_layers
 from kd.common.parsing import read_config
-from kd.pipeline.teacher.resolve import resolve_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 
 
-def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
-    """`specs`: each role's teacher spec as precompute takes it (NAME=SPEC or a packaged name)."""
-    folders = {role: _folder(recipe, role, spec) for role, spec in specs.items()}
+def check_models(recipe: R.Recipe, specs: dict[str, TeacherSpec]) -> dict[str, TeacherRef]:
+    """The recipe against the models of `specs` (each role's teacher, as the run parsed it); the resolved models,
+    which the run loads from here on (each is found once)."""
+    refs = {role: _resolved(recipe, role, spec) for role, spec in specs.items()}
+    folders = {role: ref.path for role, ref in refs.items()}
     kept = {role: _kept_layers(recipe, folder) for role, folder in folders.items()
             if "init" in recipe.outputs["start" if role == "start" else "teacher"]}
     for stage in recipe.stages:
@@ -42,6 +44,7 @@ def check_models(recipe: R.Recipe, specs: dict[str, str]) -> None:
         elif stage.source in counts:
             source = counts[stage.source]
             counts[stage.name] = len(parse_layers(str(asked), source, at)) if asked is not None else source
+    return refs
 
 
 def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str]) -> None:
@@ -63,11 +66,11 @@ def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str
                          f"set embed_dim = {width} or less, or leave it out (min(256, the {stage.source}'s width))")
 
 
-def _folder(recipe: R.Recipe, role: str, spec: str) -> str:
-    """The role's model folder; a refusal names the role and the recipe, not only `--teacher` (the start model of
+def _resolved(recipe: R.Recipe, role: str, spec: TeacherSpec) -> TeacherRef:
+    """The role's model found; a refusal names the role and the recipe, not only `--teacher` (the start model of
     a recipe is no --teacher of the user's)."""
     try:
-        return resolve_teacher(spec).path
+        return resolve_teacher(spec)
     except KdError as e:
         flag = "--start" if role == "start" else "--teacher"
         raise InputError(f"the {role} model: {e.what}", f"{recipe.path} ({role}), or {flag}; {e.where}",

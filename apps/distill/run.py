@@ -34,6 +34,7 @@ from kd.apps.distill.recipe_models import check_models
 from kd.common import progress
 from kd.common.errors import InputError, KdError
 from kd.common.outputs import claim_output, write_text
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher
 from kd.student.target import Target
 
 STATE = "distill.json"
@@ -92,8 +93,14 @@ class _Run:
         # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the
         # others of a combined target (student.target) are "teacher2", "teacher3", ...
         self.teacher_roles = ["teacher", *(f"teacher{i}" for i in range(2, len(teachers) + 1))]
-        self.specs = dict(zip(self.teacher_roles, teachers)) | {"start": cfg.start or recipe.start}
-        self.names = {role: _table_name(spec, role) for role, spec in self.specs.items() if spec}
+        given = dict(zip(self.teacher_roles, teachers)) | {"start": cfg.start or recipe.start}
+        # each parsed once, here, and passed on as values: a packaged teacher keeps its name (mpnet, minilm), a
+        # folder is named by its role (its table in the store: teacher, teacher2, start)
+        self.specs: dict[str, TeacherSpec | None] = {
+            role: parse_teacher(text, role, "--start" if role == "start" else "--teacher") if text else None
+            for role, text in given.items()}
+        self.names = {role: spec.name for role, spec in self.specs.items() if spec}
+        self.refs: dict[str, TeacherRef] = {}  # each role's model found, by check_models
         self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)
         self._keys: dict[str, str] = {}
 
@@ -108,13 +115,18 @@ class _Run:
         """What precompute stores for a role (every teacher of a combined target stores the teacher's outputs)."""
         return self.recipe.outputs["start" if role == "start" else "teacher"]
 
-    def teacher_spec(self, role: str) -> str:
-        spec, name = self.specs[role], self.names[role]
-        return spec if spec == name else f"{name}={spec}"
-
     def check_models(self) -> None:
         """The recipe against the models it names, before any loads (apps.distill.recipe_models)."""
-        check_models(self.recipe, {role: self.teacher_spec(role) for role, spec in self.specs.items() if spec})
+        self.refs = check_models(self.recipe, {role: spec for role, spec in self.specs.items() if spec})
+
+    def teacher(self, role: str) -> TeacherRef | TeacherSpec:
+        """The role's model as the steps load it: found once (check_models), else as given."""
+        return self.refs.get(role) or self.specs[role]
+
+    def other_start(self) -> bool:
+        """The recipe starts students from a model other than the teacher (its own sentence encoder)."""
+        start = self.specs["start"]
+        return start is not None and start.source != self.specs["teacher"].source
 
     def stage_dir(self, name: str) -> Path:
         return self.out / "stages" / name
@@ -195,13 +207,6 @@ def _weights(cfg: DistillConfig, recipe: R.Recipe, teachers: int) -> tuple[float
         raise InputError(f"--weights {cfg.weights!r} is not a list of numbers", "--weights",
                          "write one number per teacher, comma-separated: --weights 0.7,0.3") from None
     return R.check_weights(values, teachers, "--weights")
-
-
-def _table_name(spec: str, role: str) -> str:
-    """A packaged teacher keeps its name (mpnet, minilm); a folder is named by its role."""
-    from kd.pipeline.teacher.resolve import HF_NAMES
-
-    return spec if spec in ("minilm", "mpnet", *HF_NAMES) else role
 
 
 def distill(cfg: DistillConfig) -> DistillResult:
@@ -336,7 +341,7 @@ def corpus_header(run: _Run) -> dict[str, Any]:
     from kd.pipeline.job import PrecomputeJob
     from kd.pipeline.precompute import inputs_header
 
-    job = PrecomputeJob(run.cfg.inputs, str(run.store), [run.teacher_spec("teacher")], **corpus_options(run.cfg))
+    job = PrecomputeJob(run.cfg.inputs, str(run.store), [run.teacher("teacher")], **corpus_options(run.cfg))
     return inputs_header(expand_inputs(run.cfg.inputs), job.input_options(job.columns()))
 
 
@@ -348,14 +353,14 @@ def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
     keep = run.recipe.keep_layers if "init" in outputs else None
     opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
     roles = run.teacher_roles if role == "teacher" else [role]  # the teachers of a combined target in one pass
-    return precompute(run.cfg.inputs, str(run.store), [run.teacher_spec(r) for r in roles], outputs=outputs, **opts)
+    return precompute(run.cfg.inputs, str(run.store), [run.teacher(r) for r in roles], outputs=outputs, **opts)
 
 
 def teacher_weights(run: _Run):  # -> apps.distill.teacher_weights.WeightChoice
     """The teachers' weights that score best on STS-B dev, from each one's dev vectors (cached per machine)."""
     from kd.apps.distill import teacher_weights as W
 
-    specs = {run.names[r]: run.teacher_spec(r) for r in run.teacher_roles}
+    specs = {run.names[r]: run.teacher(r) for r in run.teacher_roles}
     cos, gold = W.dev_cosines(lambda name, texts: W.cached_vectors(specs[name], run.recipe.target, texts,
                                                                    run.cfg.progress), list(specs))
     return W.choose(list(specs), cos, gold)
@@ -474,8 +479,8 @@ def _evaluate(run: _Run) -> None:
                      json_path=str(run.out / "report.json"), markdown_path=str(run.out / "report.md"), overwrite=True,
                      **common)
     report = evaluate(cfg)
-    if run.specs["start"] and run.specs["start"] != run.specs["teacher"]:
-        start = evaluate(EvalConfig(teacher=run.specs["start"], **common)).models[0]
+    if run.other_start():
+        start = evaluate(EvalConfig(teacher=str(run.specs["start"]), **common)).models[0]
         start.name, start.kind = f"{start.name} (start)", "start model"
         report.models.insert(1, start)
         write_outputs(report, cfg)
@@ -511,8 +516,8 @@ def _model_card(run: _Run, table: str, measured_by: str) -> None:
 
     choice = json.loads((run.out / "choice.json").read_text())
     stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
-    start = run.specs["start"]
-    teacher = run.specs["teacher"] if len(run.teacher_roles) == 1 else run.target()  # several: their weights too
+    start = run.specs["start"].source if run.specs["start"] else None
+    teacher = run.specs["teacher"].source if len(run.teacher_roles) == 1 else run.target()  # several: their weights
     text = Template(CARD.read_text(encoding="utf-8")).substitute(
         name=f"kd-{run.recipe.name}", recipe=run.recipe.name, teacher=teacher,
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,

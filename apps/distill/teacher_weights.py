@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec
 from kd.student.target import Target
 
 STEPS = 10  # weights are multiples of 1/STEPS
@@ -79,7 +80,7 @@ def dev_cosines(vectors: Callable[[str, list[str]], np.ndarray], names: list[str
     return np.stack(out), np.asarray(dev.scores, dtype=np.float64)
 
 
-def cached_vectors(spec: str, target: str, texts: list[str], progress: bool = True) -> np.ndarray:
+def cached_vectors(spec: TeacherSpec | TeacherRef, target: str, texts: list[str], progress: bool = True) -> np.ndarray:
     """A teacher's `target` vectors of `texts`: from the per-machine eval cache, else computed (fp32 torch, what
     `kd eval` runs) and cached."""
     from kd.apps.eval.cache import TeacherCache

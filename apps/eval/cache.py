@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from kd.common.cache import cache_dir
+from kd.pipeline.teacher.resolve import TeacherSpec, resolve_teacher
 from kd.storage import fs
 
 FORMAT = 1
@@ -63,7 +64,7 @@ class TeacherCache:
     """Vectors (and speed) of one teacher checkpoint's `target` output; the key is computed on first use, since
     hashing the weights reads them (~0.3 s for MiniLM, ~1.5 s for mpnet)."""
 
-    def __init__(self, spec: str, target: str | None, folder: Path | None = None) -> None:
+    def __init__(self, spec: str | TeacherSpec, target: str | None, folder: Path | None = None) -> None:
         self.spec, self.target = spec, target
         self.folder = folder or cache_dir() / "eval"
 
@@ -71,8 +72,6 @@ class TeacherCache:
     def key(self) -> dict[str, Any]:
         from kd.pipeline.backends.fidelity_cache import other_files_sha256
         from kd.pipeline.teacher.model import read_st_pooling, weights_sha256
-        from kd.pipeline.teacher.resolve import resolve_teacher
-
         path = resolve_teacher(self.spec).path
         output = self.target or ("sentence" if read_st_pooling(path) is not None else "mean")  # as teacher_model
         return {"format": FORMAT, "weights_sha256": weights_sha256(path), "files_sha256": other_files_sha256(path),

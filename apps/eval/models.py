@@ -18,6 +18,7 @@ import numpy as np
 from kd.apps.eval.speed import SizeResult, model_size
 from kd.common.errors import InputError
 from kd.common.inputs import require_regular_file
+from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher
 
 EncodeFn = Callable[[list[str]], np.ndarray]
 
@@ -71,8 +72,9 @@ class EvalModel:
         return model_size(self.loaded.files, self.loaded.module)
 
 
-def teacher_model(spec: str, target: str | None = None, name: str | None = None) -> EvalModel:
+def teacher_model(spec: str | TeacherSpec, target: str | None = None, name: str | None = None) -> EvalModel:
     """A teacher checkpoint (alias, directory or NAME=PATH) giving its `target` output."""
+    spec = parse_teacher(spec)
 
     def load() -> Loaded:
         from kd.pipeline.teacher.model import load_teacher
@@ -81,17 +83,11 @@ def teacher_model(spec: str, target: str | None = None, name: str | None = None)
         out = target or ("sentence" if t.st is not None else "mean")
         outputs = [o for o in t.available() if o.value == out]
         if not outputs:
-            raise InputError(f"teacher {t.name} has no output {out!r}", spec,
+            raise InputError(f"teacher {t.name} has no output {out!r}", str(spec),
                              f"pick one of: {', '.join(o.value for o in t.available())}")
         return Loaded(lambda texts: t.encode(texts, outputs)[out], t.model, [Path(t.ref.path)])
 
-    return EvalModel(name or _teacher_name(spec), Kind.teacher, load)
-
-
-def _teacher_name(spec: str) -> str:
-    if "=" in spec:
-        return spec.split("=", 1)[0]
-    return Path(spec.rstrip("/")).name or spec
+    return EvalModel(name or spec.name, Kind.teacher, load)
 
 
 def student_model(folder: str | Path, name: str | None = None) -> EvalModel:

@@ -38,6 +38,7 @@ from kd.apps.eval.store_teacher import StoreTeacher
 from kd.common.errors import InputError
 from kd.common.outputs import claim_output, write_text
 from kd.common.progress import Bar, showing
+from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher, resolve_teacher
 
 
 @dataclass(frozen=True)
@@ -247,12 +248,11 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
     store, teacher = None, None
     if cfg.store:
         store = StoreTeacher.open(cfg.store, cfg.teacher, cfg.target)
-        spec = str(store.meta.get("source") or store.name)
-        spec, target = f"{store.name}={spec}" if "=" not in spec else spec, store.target
+        spec, target = TeacherSpec(store.name, str(store.meta.get("source") or store.name)), store.target
         teacher = teacher_model(spec, target, store.name)
         info["teacher"] = f"{store.name} (store {cfg.store}, column {store.target})"
     elif cfg.teacher:
-        spec, target = cfg.teacher, cfg.target
+        spec, target = parse_teacher(cfg.teacher), cfg.target
         teacher = teacher_model(spec, target)
         info["teacher"] = f"{teacher.name} (run from {cfg.teacher})"
     else:  # gold-label tasks need no teacher (agreement and neighbours do: `_teacher_measures`)
@@ -277,10 +277,7 @@ def _models(cfg: EvalConfig) -> tuple[_Teacher, list[EvalModel], dict[str, Any]]
         info["baseline"] = "model2vec skipped: it is distilled from the teacher (pass --teacher, or --baseline-dir)"
     elif cfg.baseline and model2vec_available():
         try:  # resolve the checkpoint folder without loading the teacher's weights
-            from kd.pipeline.teacher.resolve import resolve_teacher
-
-            src = store.meta.get("source") if store else cfg.teacher
-            base = model2vec_baseline(resolve_teacher(str(src).split("=")[-1]).path)
+            base = model2vec_baseline(resolve_teacher(spec).path)
             _ = base.loaded  # distil now, so that a failure drops this optional row instead of the run
             others.append(base)
         except Exception as e:  # any failure of the optional baseline is reported, not fatal

@@ -48,7 +48,7 @@ from kd.pipeline.backends import choice as backend_choice
 from kd.pipeline.backends import fidelity_cache, signal_stack
 from kd.pipeline.backends.calibration import FIDELITY_ROWS, fidelity_sentences
 from kd.pipeline.teacher.model import Precision, Teacher, load_teacher, weights_sha256
-from kd.pipeline.teacher.resolve import TeacherRef, resolve_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 from kd.storage import fs
 
 
@@ -136,19 +136,20 @@ def _ort():
     return _require(Backend.onnx)
 
 
-def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quantize = Quantize.none, *,
+def load(spec: str | TeacherSpec | TeacherRef, backend: str | Backend = Backend.torch,
+         quantize: str | Quantize = Quantize.none, *,
          device: str | None = None, precision: str | Precision = Precision.auto, max_length: int | None = None,
          threads: int | None = None, allow_low_fidelity: bool = False, engine: str = "local",
          stored: str | None = None) -> Teacher:
     """A teacher whose forward pass runs on `backend`; the torch backend is plain `load_teacher`; `auto` is
     resolved by `backend_choice.choose` (`stored`: the backend the store holds this teacher with)."""
     b, q = check_options(backend, quantize, precision, device)
+    ref = resolve_teacher(spec)  # once: the auto choice's retries and the torch fallback load this ref
     if b is Backend.auto:
-        return _load_auto(spec, q, device, Precision(precision), max_length, threads, allow_low_fidelity, engine,
+        return _load_auto(ref, q, device, Precision(precision), max_length, threads, allow_low_fidelity, engine,
                           stored)
     if b is Backend.torch:
-        return load_teacher(spec, device, Precision(precision), max_length)
-    ref = resolve_teacher(spec)
+        return load_teacher(ref, device, Precision(precision), max_length)
     sha = weights_sha256(ref.path)
     compute = _backend_precision(b, Precision(precision))
     teacher = _from_cache(ref, sha, b, q, compute, max_length, threads, device)
@@ -171,7 +172,7 @@ def load(spec: str, backend: str | Backend = Backend.torch, quantize: str | Quan
     return teacher
 
 
-def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_length: int | None,
+def _load_auto(ref: TeacherRef, q: Quantize, device: str | None, p: Precision, max_length: int | None,
                threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
     """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
     # --engine ray: the driver's copy runs on its CPU, and its choice is what CPU workers get (ray_engine.auto_choices)
@@ -179,17 +180,17 @@ def _load_auto(spec: str, q: Quantize, device: str | None, p: Precision, max_len
     choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), stored=stored)
     options = dict(device=device, precision=p, max_length=max_length, threads=threads)
     try:
-        teacher = load(spec, choice.backend, choice.quantize, allow_low_fidelity=allow_low_fidelity, **options)
+        teacher = load(ref, choice.backend, choice.quantize, allow_low_fidelity=allow_low_fidelity, **options)
     except LowFidelity as e:
         if stored is not None:  # the store holds this backend: switching would mix two in one table
             raise
         choice = backend_choice.fallback(choice, e.what)
-        teacher = load(spec, Backend.torch, Quantize.none, **options)
+        teacher = load(ref, Backend.torch, Quantize.none, **options)
     teacher.choice = choice.record()
     return teacher
 
 
-def load_decided(spec: str, record: dict, *, where: str, device: str | None = None,
+def load_decided(spec: TeacherSpec, record: dict, *, where: str, device: str | None = None,
                  precision: str | Precision = Precision.auto, max_length: int | None = None,
                  threads: int | None = None, allow_low_fidelity: bool = False) -> Teacher:
     """A teacher on the backend an auto decision taken elsewhere named (`record`: `Choice.record()`; the Ray

@@ -69,9 +69,11 @@ from kd.pipeline.engines.shards import (
     encode_shard,
     remove_own_temps,
     save_teacher_files,
+    stored_backend,
 )
 from kd.pipeline.job import START_FIX, RayOptions, require_ray
 from kd.pipeline.teacher.model import Output
+from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher
 from kd.storage import fs
 from kd.storage.alignment import misaligned, shard_digest, table_digest
 from kd.storage.manifest import Manifest, ShardRecord, same_settings
@@ -159,7 +161,7 @@ def read_texts(loc: fs.Location, rec: ShardRecord, k: int) -> pa.Table:
 class UnitWorker:
     """A Ray actor (wrapped with ray.remote by the driver): encodes units of one teacher at a time."""
 
-    def __init__(self, root: str, specs: dict[str, str], outputs: dict[str, list[str]], load: dict, pairs: bool,
+    def __init__(self, root: str, specs: dict[str, TeacherSpec], outputs: dict[str, list[str]], load: dict, pairs: bool,
                  dtype: str, batch_tokens: int | None, threads: int | None) -> None:
         import torch
 
@@ -200,7 +202,7 @@ class UnitWorker:
                 "sha256": fs.sha256(data), "ids": table_digest(table), "truncated": truncated, "meta": meta}
 
 
-def load_unit_teacher(spec: str, name: str, load: dict) -> Any:
+def load_unit_teacher(spec: TeacherSpec, name: str, load: dict) -> Any:
     """A worker's teacher: with --backend auto, the backend the driver decided for it (`load["choices"]`), and no
     other; else as the options say."""
     load = dict(load)
@@ -402,7 +404,7 @@ def plan_pool(ctx: Prepared, cpus: float, gpus: float, opts: RayOptions) -> tupl
     if ctx.job.backend != "auto":
         return plan_workers(cpus, gpus, opts, ctx.job.backend), None
     driver = {t.name: t.choice for t in ctx.teachers}
-    stored = {t.name: _stored_backend(ctx, t.name) for t in ctx.teachers}
+    stored = {t.name: stored_backend(ctx.existing, t.name) for t in ctx.teachers}
     on_gpu = opts.device == "cuda" or (opts.device is None and gpus > 0)
     choices = auto_choices(driver, stored, on_gpu, ctx.job.precision, ctx.job.quantize)
     exported = sorted({c["backend"] for c in choices.values()} - {"torch"})
@@ -436,11 +438,6 @@ def _cuda_choices(stored: dict[str, str | None], precision: str, quantize: str) 
             for n, s in stored.items()}
 
 
-def _stored_backend(ctx: Prepared, name: str) -> str | None:
-    rec = ctx.existing.tables.get(f"teachers/{name}") if ctx.existing else None
-    return rec.meta.get("backend", "torch") if rec is not None and rec.meta else None
-
-
 def _worker_args(ctx: Prepared, wp: WorkerPlan, choices: dict[str, dict] | None) -> tuple:
     """UnitWorker's arguments: the store (its URI when remote: each node resolves it), the teachers, how to load
     them on the worker's device, and how to encode."""
@@ -448,7 +445,7 @@ def _worker_args(ctx: Prepared, wp: WorkerPlan, choices: dict[str, dict] | None)
     worker_load = {**load, "device": wp.device, "threads": load.get("threads") or wp.threads,
                    "backend": ctx.job.backend, **({"choices": choices} if choices else {})}
     root = ctx.writer.loc.root if ctx.writer.loc.is_local else ctx.job.out
-    specs = dict(zip(ctx.names, ctx.job.teachers))
+    specs = {n: parse_teacher(t) for n, t in zip(ctx.names, ctx.job.specs)}  # each node finds its own files
     outputs = {n: [o.value for o in v] for n, v in ctx.outputs.items()}
     return root, specs, outputs, worker_load, ctx.pairs, ctx.job.vdtype.value, ctx.job.batch_tokens, wp.threads
 

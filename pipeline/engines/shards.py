@@ -129,6 +129,13 @@ def declare_teacher(ctx: Prepared, t: Teacher, meta: dict) -> None:
     ctx.writer.declare(name, "teacher", columns(t, ctx.outputs[t.name], ctx.pairs, ctx.job.vdtype), meta)
 
 
+def stored_backend(existing: Manifest | None, name: str) -> str | None:
+    """The backend the store holds teacher `name`'s table with (None: not in the store). Stores from before
+    `backend` was recorded ran torch."""
+    rec = existing.tables.get(f"teachers/{name}") if existing is not None else None
+    return rec.meta.get("backend", "torch") if rec is not None and rec.meta else None
+
+
 def columns(t: Teacher, outputs: list[Output], pairs: bool, dtype: VectorDType) -> dict[str, str]:
     """The column types of table teachers/<name>: one vector column per output (and side of a pair)."""
     shapes = {Output.cls: (t.dim,), Output.mean: (t.dim,), Output.sentence: (t.dim,),

@@ -31,7 +31,7 @@ from kd.common.hardware import native_bf16, resolve_device
 from kd.common.parsing import check_model_folder, read_config
 from kd.common.progress import step
 from kd.common.quiet import hush_libraries
-from kd.pipeline.teacher.resolve import TeacherRef, resolve_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 
 if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
     import torch
@@ -337,13 +337,13 @@ def model_class(has_head: bool) -> type:
     return AutoModelForSequenceClassification if has_head else AutoModel
 
 
-def load_teacher(spec: str | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
+def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
     from safetensors import SafetensorError
 
-    ref = spec if isinstance(spec, TeacherRef) else resolve_teacher(spec)
+    ref = resolve_teacher(spec)
     dev = resolve_device(device)
     cfg = _config(ref)
     try:

@@ -28,8 +28,24 @@ from kd.common.progress import step
 from kd.storage.names import check_name
 
 HF_NAMES = {"bert-base": "bert-base-uncased", "bert-base-uncased": "bert-base-uncased"}
+# Names a teacher keeps as its table name wherever it is used: the packaged teachers and the Hugging Face ids kd knows.
+KNOWN_NAMES = ("minilm", "mpnet", *HF_NAMES)
 ACCEPTED = ("minilm, mpnet, bert-base (bert-base-uncased from the Hugging Face cache), a checkpoint folder "
             "(config.json + weights), a model id in the Hugging Face cache, or NAME=any of these")
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """A --teacher as given, parsed once where it enters kd (nothing read yet): the name of its table in the store
+    and what to load. It travels as this value; `resolve_teacher` finds its checkpoint on the machine that loads it
+    (a Ray worker's packaged MiniLM lies elsewhere than the driver's)."""
+
+    name: str  # table name in the store
+    source: str  # what to load: a packaged name, a folder, a Hugging Face id
+
+    def __str__(self) -> str:
+        """The --teacher that parses back into this spec: NAME=SOURCE unless the name is the source's own."""
+        return self.source if self.name == _own_name(self.source) else f"{self.name}={self.source}"
 
 
 @dataclass(frozen=True)
@@ -38,17 +54,47 @@ class TeacherRef:
     path: str  # local checkpoint directory
     source: str  # what the user asked for
 
+    @property
+    def spec(self) -> TeacherSpec:
+        """What was asked for, without this machine's path: what a Ray worker resolves on its own node."""
+        return TeacherSpec(self.name, self.source)
 
-def resolve_teacher(spec: str) -> TeacherRef:
-    name, _, target = spec.partition("=") if "=" in spec else ("", "", spec)
-    name = name or _default_name(target)
+    def __str__(self) -> str:
+        return str(self.spec)
+
+
+def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = None,
+                  where: str = "--teacher") -> TeacherSpec:
+    """`NAME=SOURCE` or `SOURCE` -> TeacherSpec (a spec or a ref passes through as its spec). A source without a
+    name keeps a known name (minilm, mpnet, bert-base); any other takes `unnamed` where given (kd distill names a
+    folder by its role: teacher, start) or else its folder's name."""
+    if isinstance(text, TeacherRef | TeacherSpec):
+        return text if isinstance(text, TeacherSpec) else text.spec
+    if not isinstance(text, str | os.PathLike):  # a Python caller's teachers=[5]
+        raise InputError(f"a teacher must be a string, not {text!r} ({type(text).__name__})", where,
+                         f"pass {where} minilm, mpnet, a checkpoint folder or NAME=FOLDER")
+    text = os.fspath(text)
+    name, _, source = text.partition("=") if "=" in text else ("", "", text)
+    name = name or (unnamed if unnamed and source not in KNOWN_NAMES else _own_name(source))
     try:
         check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".
     except KdError as e:
-        raise KdError(e.what, f"--teacher {spec}", f"name it: --teacher NAME={target} ({e.fix})") from None
-    path = _resolve_path(target)
+        raise KdError(e.what, f"{where} {text}", f"name it: {where} NAME={source} ({e.fix})") from None
+    if "." in name:  # "m.v2.mean" would be teacher "m": training read a store of teacher m.v2 as a KeyError
+        raise InputError(f"the teacher name {name!r} holds a '.', which separates a teacher from its column "
+                         "(--target mpnet.sentence)", f"{where} {text}",
+                         f"name it without one: {where} {name.replace('.', '-')}={source}")
+    return TeacherSpec(name, source)
+
+
+def resolve_teacher(spec: str | TeacherSpec | TeacherRef) -> TeacherRef:
+    """The checkpoint folder of `spec` on this machine (a ref is already resolved); refuses pickled weights."""
+    if isinstance(spec, TeacherRef):
+        return spec
+    parsed = parse_teacher(spec)
+    path = _resolve_path(parsed.source)
     _refuse_pickled_weights(path)
-    return TeacherRef(name, path, target)
+    return TeacherRef(parsed.name, path, parsed.source)
 
 
 # What torch.load would unpickle: transformers falls back to such a file (pytorch_model.bin) where a checkpoint
@@ -70,10 +116,12 @@ def _refuse_pickled_weights(path: str) -> None:
                          "AutoModel.from_pretrained(DIR).save_pretrained(DIR) writes model.safetensors")
 
 
-def _default_name(target: str) -> str:
-    if target in ("minilm", "mpnet", "bert-base"):
-        return target
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(target.rstrip("/")).name) or "teacher"
+def _own_name(source: str) -> str:
+    """A source's table name when none is given: a known name itself, else its last path part, made a name (no
+    '.': it separates a teacher from its column)."""
+    if source in KNOWN_NAMES:
+        return source
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source.rstrip("/")).name) or "teacher"
 
 
 def _resolve_path(target: str) -> str:

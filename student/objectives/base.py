@@ -25,7 +25,7 @@ from kd.common.errors import KdError
 from kd.storage.int8 import is_scale_column
 from kd.storage.manifest import Manifest, teacher_table
 from kd.student.models import StudentConfig, StudentOutput
-from kd.student.target import COLUMN, ENSEMBLE, Target, parse_target
+from kd.student.target import COLUMN, ENSEMBLE, Part, Target, column_key, key_parts, parse_target
 
 Out = StudentOutput | tuple[StudentOutput, StudentOutput]
 Batch = dict[str, Tensor]
@@ -196,15 +196,15 @@ class Context:
             return ctx
         if spec.combined:
             return ctx.with_ensemble(spec)
-        return ctx.with_target(spec.parts[0].ref)
+        return ctx.with_target(spec.parts[0])
 
     def with_ensemble(self, spec: Target) -> Context:
         """This context aiming at several teachers' vectors as one (student.target): a pseudo-teacher ENSEMBLE whose
         column is as wide as the parts together; each part is checked as a single target would be."""
-        parts = [self.with_target(p.ref).embedding_target() for p in spec.parts]
+        parts = [self.with_target(p).embedding_target() for p in spec.parts]
         sides = [f"{COLUMN}_a", f"{COLUMN}_b"] if self.pairs else [COLUMN]
         width = sum(self.shape(keys[0])[0] for keys in parts)
-        ensemble = {f"{ENSEMBLE}.{side}": tuple((keys[i], share) for keys, share in zip(parts, spec.shares()))
+        ensemble = {column_key(ENSEMBLE, side): tuple((keys[i], share) for keys, share in zip(parts, spec.shares()))
                     for i, side in enumerate(sides)}
         return dataclasses.replace(self, shapes=self.shapes | {ENSEMBLE: {side: (width,) for side in sides}},
                                    meta=self.meta | {ENSEMBLE: {}}, target_teacher=ENSEMBLE, target_column=COLUMN,
@@ -213,16 +213,15 @@ class Context:
     def part_teacher(self, key: str) -> str:
         """The stored teacher behind a batch key: its own, or a combined target's first part's."""
         parts = self.ensemble.get(key)
-        return (parts[0][0] if parts else key).split(".", 1)[0]
+        return key_parts(parts[0][0] if parts else key)[0]
 
-    def with_target(self, target: str) -> Context:
-        """This context aiming at another "<teacher>[.<column>]" (an objective's own `target=` option)."""
-        teacher, _, column = target.partition(".")
-        if teacher not in self.shapes or teacher == ENSEMBLE:
+    def with_target(self, part: Part) -> Context:
+        """This context aiming at one teacher's output (--target's, or an objective's own `target=` option)."""
+        if part.teacher not in self.shapes or part.teacher == ENSEMBLE:
             stored = sorted(set(self.shapes) - {ENSEMBLE})
-            raise KdError(f"teacher {teacher!r} is not in the store", f"target {target!r}",
+            raise KdError(f"teacher {part.teacher!r} is not in the store", f"target {part.ref!r}",
                           f"teachers in the store: {stored or 'none (run kd precompute)'}")
-        return dataclasses.replace(self, target_teacher=teacher, target_column=column or None)
+        return dataclasses.replace(self, target_teacher=part.teacher, target_column=part.column)
 
     # -- columns -----------------------------------------------------------------------------------
 
@@ -230,15 +229,16 @@ class Context:
         """Batch keys for `column` of `teacher` ([_a, _b] in pair stores when per_side), None if absent."""
         names = [f"{column}_a", f"{column}_b"] if self.pairs and per_side else [column]
         if all(n in self.shapes.get(teacher, {}) for n in names):
-            return [f"{teacher}.{n}" for n in names]
+            return [column_key(teacher, n) for n in names]
         return None
 
     def shape(self, key: str) -> tuple[int, ...]:
-        teacher, column = key.split(".", 1)
+        teacher, column = key_parts(key)
         return self.shapes[teacher][column]
 
     def available(self) -> list[str]:
-        return [f"{t}.{c}" for t, cols in self.shapes.items() for c in cols if c.split("_")[0] in _VECTOR_COLUMNS]
+        return [column_key(t, c) for t, cols in self.shapes.items() for c in cols
+                if c.split("_")[0] in _VECTOR_COLUMNS]
 
     def pick_teacher(self, column: str, per_side: bool, preferred: str | None, what: str) -> str:
         """`preferred` (an option) > the target's teacher if it has `column` > the first teacher that does."""

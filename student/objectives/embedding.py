@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, Out, sides
+from kd.student.target import parse_part
 
 
 def cosine_loss(s: Tensor, t: Tensor) -> Tensor:
@@ -36,7 +37,8 @@ class _Match(Objective):
     def build(cls, ctx: Context, weight: float, target: str | None = None) -> _Match:
         """`target` ("<teacher>[.<column>]") overrides --target for this objective alone, so one student can
         match several teachers at once: `--objective cosine --objective cosine:0.5:target=minilm.sentence`."""
-        keys = (ctx.with_target(target) if target else ctx).embedding_target()
+        keys = (ctx.with_target(parse_part(target, f"the objective option target={target}")) if target
+                else ctx).embedding_target()
         return cls(weight, keys, ctx.student.out_dim, ctx.shape(keys[0])[0])
 
     def distance(self, s: Tensor, t: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from kd.student.objectives.base import (
     label_loss,
     labelled_rows,
 )
+from kd.student.target import column_key
 
 
 class LogitsMode(str, Enum):
@@ -59,7 +60,7 @@ def annealing_weight(progress: float) -> float:
 
 
 def _num_logits(ctx: Context, teacher: str) -> int:
-    return ctx.shape(f"{teacher}.logits")[0]
+    return ctx.shape(column_key(teacher, "logits"))[0]
 
 
 class Logits(Objective):

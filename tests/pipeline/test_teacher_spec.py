@@ -1,0 +1,102 @@
+"""A --teacher is parsed once where it enters kd (`TeacherSpec`: table name + source) and travels as that value
+(issue 52): its text form parses back into the same value, every command names a teacher by the one rule, and a
+distill run keeps the name a user gave (NAME=FOLDER), which its string-rebuilding predecessor lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kd.apps.distill.config import DistillConfig
+from kd.apps.distill.run import _Run
+from kd.apps.eval.models import teacher_model
+from kd.common.errors import KdError
+from kd.pipeline.backends import runtime as backends
+from kd.pipeline.job import PrecomputeJob
+from kd.pipeline.teacher import resolve
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher, resolve_teacher
+from kd.student.target import column_key, key_parts
+
+GIVEN = ["minilm", "mpnet", "bert-base", "bert-base-uncased", "/data/ckpt/My Model/", "x=/data/ckpt/b",
+         "teacher=/data/b", "mine=minilm", "sentence-transformers/all-MiniLM-L6-v2"]
+
+
+@pytest.mark.parametrize("text", GIVEN)
+@pytest.mark.parametrize("unnamed", [None, "teacher", "start"])
+def test_a_spec_s_text_parses_back_into_the_same_spec(text, unnamed):
+    spec = parse_teacher(text, unnamed)
+    assert parse_teacher(str(spec)) == spec
+    assert parse_teacher(spec) is spec
+
+
+def test_the_one_naming_rule():
+    assert parse_teacher("minilm") == TeacherSpec("minilm", "minilm")
+    assert parse_teacher("bert-base", "teacher").name == "bert-base"  # a known name is kept by every command
+    assert parse_teacher("/data/ckpt/My Model/").name == "My-Model"  # a folder: its name, made a table name
+    assert parse_teacher("/data/ckpt/My Model/", "teacher").name == "teacher"  # kd distill: the role
+    assert parse_teacher("x=/data/b", "teacher") == TeacherSpec("x", "/data/b")  # the user's name wins
+    assert str(TeacherSpec("teacher", "/data/b")) == "teacher=/data/b" and str(TeacherSpec("b", "/data/b")) == "/data/b"
+
+
+@pytest.mark.parametrize("text", ["a/b=minilm", "..=minilm", "x y=minilm"])
+def test_a_bad_name_is_refused_when_the_job_is_built(text, tmp_path):
+    with pytest.raises(KdError) as e:
+        PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [text])
+    assert f"--teacher {text}" in str(e.value) and "NAME=minilm" in str(e.value)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_teacher_that_is_no_string_is_kd_s_error(tmp_path):
+    with pytest.raises(KdError, match="a teacher must be a string, not 5"):
+        PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [5])
+
+
+def test_the_job_carries_the_parsed_values(tmp_path, tiny_teacher):
+    spec = TeacherSpec("tiny", str(tiny_teacher))
+    job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [spec, "minilm", Path(tiny_teacher)])
+    assert job.specs == (spec, TeacherSpec("minilm", "minilm"), TeacherSpec(tiny_teacher.name, str(tiny_teacher)))
+    assert job.teachers == (f"tiny={tiny_teacher}", "minilm", str(tiny_teacher))  # the record: what parses back
+
+
+def test_resolving_keeps_the_spec_and_a_ref_is_resolved_once(tiny_teacher):
+    ref = resolve_teacher(TeacherSpec("tiny", str(tiny_teacher)))
+    assert (ref.name, ref.path, ref.source) == ("tiny", str(tiny_teacher), str(tiny_teacher))
+    assert resolve_teacher(ref) is ref and ref.spec == TeacherSpec("tiny", str(tiny_teacher))
+
+
+def test_distill_keeps_a_teacher_s_given_name(tmp_path, tiny_teacher):
+    """`kd distill --teacher mine=FOLDER`: the store's table is `mine`, and the models check finds the folder
+    (the spec rebuilt as "teacher=mine=FOLDER" was an unknown teacher before)."""
+    cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="static",
+                        teacher=f"mine={tiny_teacher},{tiny_teacher}", progress=False)
+    run = _Run(cfg, cfg.plan())
+    assert run.names == {"teacher": "mine", "teacher2": "teacher2"}
+    assert run.specs["teacher2"] == TeacherSpec("teacher2", str(tiny_teacher))
+    run.check_models()
+    assert run.teacher("teacher") == TeacherRef("mine", str(tiny_teacher), str(tiny_teacher))
+
+
+def test_a_found_teacher_is_not_looked_for_again(tmp_path, tiny_teacher, monkeypatch):
+    """The run's check finds each model once; the precompute job and the load take that ref as it is."""
+    ref = resolve_teacher(f"tiny={tiny_teacher}")
+    monkeypatch.setattr(resolve, "_resolve_path", lambda source: pytest.fail(f"{source} looked for again"))
+    job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [ref])
+    assert job.specs == (ref,) and job.teachers == (f"tiny={tiny_teacher}",)
+    assert backends.load(job.specs[0], "torch", precision="fp32").ref is ref
+
+
+def test_eval_names_a_teacher_by_the_same_rule(tiny_teacher):
+    assert teacher_model(str(tiny_teacher)).name == tiny_teacher.name
+    assert teacher_model(f"t={tiny_teacher}").name == "t"
+    assert teacher_model(TeacherSpec("x", str(tiny_teacher))).name == "x"
+
+
+def test_a_teacher_name_holds_no_dot():
+    """'.' separates a teacher from its column (--target mpnet.sentence): a store of teacher "m.v2" trained into a
+    KeyError traceback. A given name with one is refused; a folder's name loses it."""
+    with pytest.raises(KdError, match="holds a '.'") as e:
+        parse_teacher("m.v2=/data/b")
+    assert "--teacher m-v2=/data/b" in str(e.value)
+    assert parse_teacher("/models/all-MiniLM-L6-v2.1").name == "all-MiniLM-L6-v2-1"
+    assert key_parts("m.v2.sentence") == ("m.v2", "sentence") == key_parts(column_key("m.v2", "sentence"))
