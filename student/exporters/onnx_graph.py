@@ -64,6 +64,7 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
                               dynamic_shapes=axes, optimize=True, verbose=False,
                               external_data=False)  # one file: students are far below ONNX's 2 GB limit
         _require_dynamic_axes(fp32)
+        _drop_stack_traces(fp32)
         if quantize == "int8":
             quantize_int8(fp32, work / ONNX)
             fp32.unlink()
@@ -87,6 +88,30 @@ def _forget_rnn_dispatch() -> None:
     it and baked the example's length (5) into the graph (torch 2.13, tests/student/test_export_formats.py)."""
     for op in (torch.ops.aten.lstm.input, torch.ops.aten.gru.input):
         getattr(op, "_dispatch_cache", {}).clear()
+
+
+# torch's exporter writes, on every node, the Python stack that made it: file paths of kd and torch where they are
+# installed, so one student exported from two clones gave two graphs (the byte-identity check of issue 52).
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def _drop_stack_traces(path: Path) -> None:
+    """The graph without the exporter's per-node stack traces (nodes of loop bodies included)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def clean(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            kept = [p for p in node.metadata_props if p.key != STACK_TRACE]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    clean(sub)
+
+    clean(model.graph)
+    onnx.save(model, str(path))
 
 
 def _require_dynamic_axes(path: Path) -> None:
