@@ -26,6 +26,15 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_si
 BERT_SHAPED = ("bert", "roberta", "xlm-roberta")
 
 
+def size_problem(key: str, value: Any) -> str | None:
+    """What is wrong with `value` as the config size `key` (SIZES; None: nothing): the one bound both a student's
+    and a teacher's config are held to before anything is built from them."""
+    least, most = SIZES[key]
+    if isinstance(value, int) and not isinstance(value, bool) and least <= value <= most:
+        return None
+    return f"{key} is {value!r}, not a whole number from {least:,} to {most:,}"
+
+
 def bert_config_problem(cfg: Any) -> str | None:
     """What is wrong with a parsed BERT config kd would build a model from (None: nothing)."""
     if not isinstance(cfg, dict):
@@ -35,10 +44,10 @@ def bert_config_problem(cfg: Any) -> str | None:
     missing = [k for k in REQUIRED if k not in cfg]
     if missing:
         return f"the config lacks {', '.join(missing)}"
-    for key, (least, most) in SIZES.items():
-        value = cfg.get(key, least)
-        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
-            return f"the config's {key} is {value!r}, not a whole number from {least:,} to {most:,}"
+    for key, (least, _) in SIZES.items():
+        problem = size_problem(key, cfg.get(key, least))
+        if problem:
+            return f"the config's {problem}"
     if cfg["hidden_size"] % cfg["num_attention_heads"]:
         return (f"the config's hidden_size {cfg['hidden_size']} is not a multiple of its num_attention_heads "
                 f"{cfg['num_attention_heads']}")

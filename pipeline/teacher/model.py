@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kd.common.attention import varying_shape_attention
-from kd.common.bert_config import SIZES
+from kd.common.bert_config import SIZES, size_problem
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.hardware import native_bf16, resolve_device
@@ -377,12 +377,12 @@ def _config(ref: TeacherRef) -> Any:
     except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})", where,
                       "point --teacher at a Hugging Face checkpoint folder with a valid config.json") from e
-    for key, (least, most) in SIZES.items():
-        value = getattr(cfg, key, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most):
-            raise KdError(f"the teacher's config.json says {key} = {value!r}: not a whole number from {least:,} to "
-                          f"{most:,}", where, "point --teacher at the checkpoint as it was saved (its config.json is "
-                          "damaged)")
+    for key in SIZES:
+        value = getattr(cfg, key, None)  # a size a model type does not have is no problem
+        problem = size_problem(key, value) if value is not None else None
+        if problem:
+            raise KdError(f"the teacher's config.json's {problem}", where,
+                          "point --teacher at the checkpoint as it was saved (its config.json is damaged)")
     return cfg
 
 
