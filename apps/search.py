@@ -17,18 +17,18 @@ from typing import Any
 
 import numpy as np
 
+from kd import student
 from kd.apps.search_config import SearchConfig
 from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
+from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
 from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")
 
 
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
-    from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
-
     # a teacher of the store by name, or by the spec it was precomputed from (e.g. its path)
     by_source = [t for t in store.manifest.teachers() if store.table(f"teachers/{t}").meta.get("source") == teacher]
     name = teacher if teacher in store.manifest.teachers() else (by_source[0] if len(by_source) == 1 else None)
@@ -50,8 +50,6 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -
 
 
 def _student_vector(student_dir: str, text: str) -> np.ndarray:
-    from kd import student
-
     return np.asarray(student.load(student_dir).encode([text]))[0]
 
 

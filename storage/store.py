@@ -37,6 +37,7 @@ from kd.storage.manifest import (
 )
 from kd.storage.schema import concat_shards, tensors_problem
 from kd.storage.soundness import require_sound_content, require_sound_manifest, shard_problems
+from kd.storage.tokenizer_files import load_tokenizer
 
 if TYPE_CHECKING:  # imported where used: pyarrow.dataset (and pandas with it) costs ~0.3 s, writers never need it
     import pyarrow.dataset as ds
@@ -328,7 +329,6 @@ class Store:
     def load_tokenizer(self, teacher: str):
         """The teacher's tokenizer, its files checked against the manifest first; a damaged one is a
         StoreError naming the file and the repair."""
-        from kd.storage.tokenizer_files import load_tokenizer
 
         self.verify_folder("tokenizers", teacher)
         return load_tokenizer(self.tokenizer_dir(teacher), file_repair(self.root), StoreError)

@@ -19,6 +19,7 @@ from kd.storage.alignment import ids_digest
 from kd.storage.index_files import is_stale, list_indexes, load_index, rebuild_fix
 from kd.storage.manifest import teacher_table
 from kd.storage.names import links_out
+from kd.storage.repair import describe, repair
 from kd.storage.soundness import (
     id_problems,
     manifest_problems,
@@ -224,8 +225,6 @@ def validate_store(cfg: ValidateConfig) -> Validation:
     """`kd validate`: repair first when asked (storage.repair), then re-check every shard (`check`)."""
     repaired = []
     if cfg.repair:
-        from kd.storage.repair import describe, repair
-
         repaired = describe(repair(cfg.store))
     store, problems = check(cfg.store)
     return Validation(store, problems, repaired, stale_indexes(store) + lock_links(store))

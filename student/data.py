@@ -36,7 +36,8 @@ from kd.common.padding import pad_rows
 from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
 from kd.storage.schema import table_vectors, with_scales
-from kd.storage.store import Store
+from kd.storage.store import Store, file_repair
+from kd.storage.tokenizer_files import load_tokenizer
 from kd.student.target import column_key, combine, key_parts
 from kd.student.train_config import BASE_DEFAULTS
 
@@ -473,9 +474,6 @@ class Tokenize:
     @property
     def tokenizer(self):
         if self._tok is None:  # loaded lazily: each DataLoader worker loads its own copy
-            from kd.storage.store import file_repair
-            from kd.storage.tokenizer_files import load_tokenizer
-
             self._tok = load_tokenizer(self.dir, file_repair(os.path.dirname(os.path.dirname(self.dir))))
         return self._tok
 

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.finite import non_finite_rows
+from kd.common.inputs import ColumnSpec, read_inputs
 from kd.common.options import with_options
 from kd.common.outputs import claim_output, write_file
 from kd.common.progress import Bar
@@ -118,7 +119,6 @@ def read_texts(path: str, text_column: str | None = None) -> list[str]:
     Read by `common.inputs` (what precompute uses): non-UTF-8 bytes, malformed JSON lines and missing
     columns are errors naming the file and line.
     """
-    from kd.common.inputs import ColumnSpec, read_inputs
 
     p = Path(path)
     if not p.exists():

@@ -41,6 +41,8 @@ from kd.common.progress import Bar
 from kd.common.token_batches import default_batch_tokens, run_sorted
 from kd.storage import fs
 from kd.storage.names import links_out
+from kd.storage.tokenizer_files import load_tokenizer  # a tokenizer only: students never load model classes
+from kd.student.model_card import write_model_card  # README.md: teacher, store, objectives, how to load
 from kd.student.models import Arch, Student, StudentConfig, build_student
 
 FORMAT = "kd-student"
@@ -94,7 +96,6 @@ def save_student(dir: str | os.PathLike, model: Student, objectives: Sequence[nn
         **(info or {}),
     }
     _atomic_json(out / CONFIG, config)
-    from kd.student.model_card import write_model_card  # README.md: teacher, store, objectives, how to load
 
     write_model_card(out)
     return out
@@ -382,7 +383,6 @@ def student_tokenizer(p: Path, info: dict[str, Any]):
     """The student folder's tokenizer, its files checked against the sha256 config.json records (students
     written before kd recorded them load unchecked): a tokenizer/ swapped or damaged would map every text to
     other embedding rows without any error."""
-    from kd.storage.tokenizer_files import load_tokenizer  # a tokenizer only: students never load model classes
 
     folder = p / TOKENIZER
     if not folder.is_dir():

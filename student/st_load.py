@@ -132,7 +132,7 @@ def _is_dotted(ref: str) -> bool:
 def _module_class(ref: str) -> type:
     """kd's class from kd; a sentence-transformers class from its installed package."""
     if ref == KD_MODULE:
-        from kd.student.st_module import KdTokenEncoder
+        from kd.student.st_module import KdTokenEncoder  # lazy: sentence-transformers (seconds), for kd's own module
 
         return KdTokenEncoder
     module, _, name = ref.rpartition(".")

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from kd.common.bert_config import bert_config_problem, init_type_problem
-from kd.common.errors import StoreError
+from kd.common.errors import KdError, StoreError
 from kd.common.parsing import read_config
 
 
@@ -28,8 +28,6 @@ class TransformerInitEncoder(nn.Module):
         from transformers import BertConfig, BertModel
 
         if not cfg.bert:
-            from kd.common.errors import KdError
-
             raise KdError("a transformer-init student needs the teacher's stored config", "student config",
                           "train it from a store with the init output (kd precompute --outputs init)")
         # The word embeddings live in Student.embed: built with a 1-row table, which keeps the module's structure
@@ -43,7 +41,7 @@ class TransformerInitEncoder(nn.Module):
 
 def bert_config(folder: Path) -> dict:
     """The stored BERT config (teacher's, with num_hidden_layers = k), minus kd's own keys."""
-    from kd.storage.store import file_repair  # (storage loads pyarrow: only where a store's init output is read)
+    from kd.storage.store import file_repair  # lazy: pyarrow, only where a store's init output is read
 
     path = folder / "config.json"
     fix = file_repair(str(folder.parent.parent.parent))  # the store holding teachers/<name>/init-*/
@@ -70,7 +68,5 @@ def load_init_weights(student: nn.Module, folder: Path) -> None:
     missing, unexpected = student.encoder.bert.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("embeddings.word_embeddings")]
     if missing or unexpected:
-        from kd.common.errors import KdError
-
         raise KdError(f"the stored init weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})",
                       str(folder), "re-run kd precompute --outputs init with this kd version")

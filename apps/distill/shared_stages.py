@@ -24,6 +24,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from kd.storage.manifest import teacher_table
+from kd.storage.store import Store
+
 # TrainConfig fields that do not change the weights: where the stage is written and how a run reports and resumes.
 NOT_IN_KEY = ("out", "progress", "resume", "overwrite")
 
@@ -49,8 +52,6 @@ def runtime() -> dict[str, Any]:
 
 def store_tables(store: Path, models: list[str]) -> dict[str, Any]:
     """What a stage reads from the store: each model's table record and per-model files (init layers, vocab)."""
-    from kd.storage.manifest import teacher_table
-    from kd.storage.store import Store
 
     m = Store.open(store).manifest
     files = m.extras.get("files", {})

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kd.apps.eval import tasks
+from kd.apps.eval.cache import TeacherCache
+from kd.apps.eval.metrics import rowwise_cosine
+from kd.apps.eval.models import teacher_model
+from kd.common import progress as P
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec
 from kd.student.target import Target
 
@@ -67,8 +72,6 @@ def choose(names: list[str], cosines: np.ndarray, gold: np.ndarray) -> WeightCho
 def dev_cosines(vectors: Callable[[str, list[str]], np.ndarray], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each teacher's cosine of every STS-B dev pair ([teachers, pairs]) and the gold scores; `vectors(name, texts)`
     gives a teacher's vectors of unique texts."""
-    from kd.apps.eval import tasks
-    from kd.apps.eval.metrics import rowwise_cosine
 
     dev = tasks.load_stsb("dev")
     texts = list(dict.fromkeys([*dev.a, *dev.b]))
@@ -83,9 +86,6 @@ def dev_cosines(vectors: Callable[[str, list[str]], np.ndarray], names: list[str
 def cached_vectors(spec: TeacherSpec | TeacherRef, target: str, texts: list[str], progress: bool = True) -> np.ndarray:
     """A teacher's `target` vectors of `texts`: from the per-machine eval cache, else computed (fp32 torch, what
     `kd eval` runs) and cached."""
-    from kd.apps.eval.cache import TeacherCache
-    from kd.apps.eval.models import teacher_model
-    from kd.common import progress as P
 
     cache = TeacherCache(spec, target)
     got = cache.vectors(texts)

@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 
 from kd.common.cache import cache_dir
+from kd.common.hardware import cpu_signature, resolve_device
+from kd.pipeline.backends.fidelity_cache import other_files_sha256
+from kd.pipeline.teacher.model import read_st_pooling, weights_sha256
 from kd.pipeline.teacher.resolve import TeacherSpec, resolve_teacher
 from kd.storage import fs
 
@@ -49,7 +52,6 @@ def device_signature() -> str:
     """Where the eval teacher runs (`load_teacher`'s default device): fp32 kernels differ between CPUs and GPUs."""
     import torch
 
-    from kd.common.hardware import cpu_signature, resolve_device
 
     dev = resolve_device(None)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_signature()
@@ -70,8 +72,6 @@ class TeacherCache:
 
     @cached_property
     def key(self) -> dict[str, Any]:
-        from kd.pipeline.backends.fidelity_cache import other_files_sha256
-        from kd.pipeline.teacher.model import read_st_pooling, weights_sha256
         path = resolve_teacher(self.spec).path
         output = self.target or ("sentence" if read_st_pooling(path) is not None else "mean")  # as teacher_model
         return {"format": FORMAT, "weights_sha256": weights_sha256(path), "files_sha256": other_files_sha256(path),

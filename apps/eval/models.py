@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from kd import student
 from kd.apps.eval.speed import SizeResult, model_size
+from kd.common.cache import cache_dir
 from kd.common.errors import InputError
 from kd.common.inputs import require_regular_file
+from kd.pipeline.teacher.model import load_teacher
 from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher
 
 EncodeFn = Callable[[list[str]], np.ndarray]
@@ -77,8 +80,6 @@ def teacher_model(spec: str | TeacherSpec, target: str | None = None, name: str 
     spec = parse_teacher(spec)
 
     def load() -> Loaded:
-        from kd.pipeline.teacher.model import load_teacher
-
         t = load_teacher(spec)
         out = target or ("sentence" if t.st is not None else "mean")
         outputs = [o for o in t.available() if o.value == out]
@@ -94,8 +95,7 @@ def student_model(folder: str | Path, name: str | None = None) -> EvalModel:
     """A student saved by `kd train-student` (student.saved)."""
 
     def load() -> Loaded:
-        from kd import student
-        from kd.student.saved import CONFIG, TOKENIZER, WEIGHTS
+        from kd.student.saved import CONFIG, TOKENIZER, WEIGHTS  # lazy: torch; kd eval imports none before a model
 
         s = student.load(folder)
         files = [Path(folder) / f for f in (WEIGHTS, CONFIG, TOKENIZER)]
@@ -122,7 +122,6 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
 
         from model2vec import StaticModel
 
-        from kd.common.cache import cache_dir
 
         key = hashlib.sha256(f"{Path(teacher_dir).resolve()}:{pca_dims}".encode()).hexdigest()[:16]
         folder = cache_dir() / "model2vec" / key
@@ -141,8 +140,8 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
 def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
     """A model2vec model saved by `StaticModel.save_pretrained` (e.g. distilled in another venv)."""
 
-    from kd.student.saved import check_received
-    from kd.student.st_load import check_listing
+    from kd.student.saved import check_received  # lazy: torch, as above
+    from kd.student.st_load import check_listing  # lazy: torch, as above
 
     # model2vec reads its configs whole and follows links: the folder is checked as a received export is, when it
     # is named (before any model loads), so a broken one stops the run rather than leaving a cell "not measured"

@@ -24,6 +24,7 @@ import numpy as np
 from kd.apps.eval import metrics, suite_tasks, tasks
 from kd.apps.eval.cache import TeacherCache, texts_sha256
 from kd.apps.eval.config import DEFAULT_MEASURES, SUITE, EvalConfig, Measure, expand_measures  # noqa: F401
+from kd.apps.eval.corpus import demo_sentences
 from kd.apps.eval.models import (
     EvalModel,
     model2vec_available,
@@ -32,7 +33,7 @@ from kd.apps.eval.models import (
     student_model,
     teacher_model,
 )
-from kd.apps.eval.plots import PLOT_FILES
+from kd.apps.eval.plots import PLOT_FILES, write_plots
 from kd.apps.eval.speed import SizeResult, SpeedResult, measure_speed, picked_threads, speed_texts
 from kd.apps.eval.store_teacher import StoreTeacher
 from kd.common.errors import InputError
@@ -353,8 +354,6 @@ def write_outputs(report: EvalReport, cfg: EvalConfig) -> None:
     if cfg.markdown_path:
         write_text(cfg.markdown_path, report.markdown(), "kd eval", "--markdown")
     if cfg.plot_dir:
-        from kd.apps.eval.plots import write_plots
-
         report.info["plots"] = [str(p) for p in write_plots(report, Path(cfg.plot_dir))]
 
 
@@ -437,7 +436,6 @@ def _agreement_texts(cfg: EvalConfig, teacher: _Teacher, bars: _Bars) -> tuple[l
     if teacher.store is not None:
         texts, tv = teacher.store.sample(cfg.agreement_rows)
         return texts, tv, f"{len(texts)} rows of the store (of {teacher.store.num_rows})"
-    from kd.apps.eval.corpus import demo_sentences
 
     if cfg.agreement_texts:
         try:

@@ -20,7 +20,7 @@ import torch
 from kd.common.errors import KdError
 from kd.common.onnx_int8 import has_external_data, quantize_int8
 from kd.common.quiet import quiet
-from kd.pipeline.backends import signal_stack
+from kd.pipeline.backends import signal_stack, smooth_quant
 from kd.pipeline.backends.calibration import CALIBRATION_ROWS, calibration_sentences
 from kd.pipeline.teacher.model import Teacher
 
@@ -129,7 +129,6 @@ def smooth_onnx(teacher: Teacher, path: Path, inputs: list[str]) -> dict:
     sentences disjoint from the fidelity sample, so the fidelity measured after loading is not flattered."""
     import onnx
 
-    from kd.pipeline.backends import smooth_quant
 
     feeds = _calibration_feeds(teacher, inputs)
     model = onnx.load(str(path))

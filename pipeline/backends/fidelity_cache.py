@@ -35,6 +35,7 @@ import numpy as np
 
 from kd.common import hardware
 from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
+from kd.pipeline.teacher.batches import input_embeddings
 from kd.pipeline.teacher.model import Teacher, read_st_pooling
 from kd.pipeline.teacher.resolve import TeacherRef
 from kd.storage import fs
@@ -138,7 +139,6 @@ def embedding_source(teacher: Teacher) -> dict | None:
     (weights in .bin files, or no equal tensor: the model is then loaded when the embeddings are written)."""
     from safetensors import safe_open
 
-    from kd.pipeline.teacher.batches import input_embeddings
 
     ref = input_embeddings(teacher)
     for name in sorted(f for f in os.listdir(teacher.ref.path) if f.endswith(".safetensors")):

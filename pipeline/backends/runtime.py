@@ -47,6 +47,7 @@ from kd.common.progress import step
 from kd.pipeline.backends import choice as backend_choice
 from kd.pipeline.backends import fidelity_cache, signal_stack
 from kd.pipeline.backends.calibration import FIDELITY_ROWS, fidelity_sentences
+from kd.pipeline.teacher.batches import encode_all
 from kd.pipeline.teacher.model import Precision, Teacher, load_teacher, weights_sha256
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 from kd.storage import fs
@@ -403,7 +404,7 @@ def exported(teacher: Teacher, b: Backend, q: Quantize) -> Path:
 def _export(teacher: Teacher, b: Backend, q: Quantize, tmp: Path) -> dict:
     """Write the graph for (b, q) into `tmp` (backends/export.py: imported here, so a warm run never loads torch's
     exporters); returns its spec entries."""
-    from kd.pipeline.backends import export
+    from kd.pipeline.backends import export  # lazy: torch; a cached export runs without it (warm precompute)
 
     _ort() if b is Backend.onnx else _require(Backend.openvino)
     int8 = None if q is Quantize.none else ("dynamic" if b is Backend.onnx else int8_method(b, q))
@@ -452,7 +453,6 @@ def fidelity_texts(teacher: Teacher) -> list:
 
 def fidelity(teacher: Teacher, texts: list | None = None) -> dict:
     """{column: {min_cosine, mean_cosine, sample_rows}} of the teacher's backend against torch fp32."""
-    from kd.pipeline.teacher.batches import encode_all
 
     texts = fidelity_texts(teacher) if texts is None else texts
     outputs = teacher.available()

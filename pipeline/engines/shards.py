@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from kd.common.errors import StoreError
+from kd.common.layers import parse_layers
 from kd.common.progress import Bar
 from kd.pipeline.engines.plan import ShardPlan
 from kd.pipeline.grow import teacher_differences
@@ -31,6 +32,7 @@ from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.reuse import ReuseSource
 from kd.pipeline.rows import RowCounts
 from kd.pipeline.teacher.batches import Tokenized, forward_all, input_embeddings, tokenize
+from kd.pipeline.teacher.keep_layers import folder_name, init_files
 from kd.pipeline.teacher.model import Output, Teacher
 from kd.pipeline.teacher.partial import Partial
 from kd.storage import fs
@@ -248,8 +250,6 @@ def save_teacher_files(writer: StoreWriter, t: Teacher) -> list[str]:
 
 def write_init(writer: StoreWriter, t: Teacher, keep_layers: str | None) -> bool:
     """Write teachers/<name>/init-<layers>/ (embeddings + kept layers, config) once, checksummed."""
-    from kd.common.layers import parse_layers
-    from kd.pipeline.teacher.keep_layers import folder_name, init_files
 
     layers = parse_layers(keep_layers, t.num_layers, "--keep-layers")
     base = f"teachers/{t.name}/{folder_name(layers)}"
@@ -262,6 +262,7 @@ def write_init(writer: StoreWriter, t: Teacher, keep_layers: str | None) -> bool
 
 def write_vocab(writer: StoreWriter, t: Teacher, progress: bool) -> bool:
     """Write teachers/<name>/vocab.safetensors once (with its sha256 in the manifest); False if present."""
+    # lazy: torch, which a precompute on a cached ONNX/OpenVINO export never imports
     from kd.pipeline.teacher.vocab import VOCAB_FILE, cached_vocab_bytes, keep_in_cache, vocab_bytes
 
     rel = f"teachers/{t.name}/{VOCAB_FILE}"

@@ -31,7 +31,9 @@ from kd.common.hardware import native_bf16, resolve_device
 from kd.common.parsing import check_model_folder, read_config
 from kd.common.progress import step
 from kd.common.quiet import hush_libraries
+from kd.pipeline.teacher.batches import encode_all
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
+from kd.storage.tokenizer_files import load_tokenizer
 
 if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
     import torch
@@ -173,8 +175,6 @@ class Teacher:
         """The transformers tokenizer (loaded from `tokenizer_folder` on first use when the teacher came from the
         cache record: vocab and init outputs need it, rows do not)."""
         if self.tokenizer is None:
-            from kd.storage.tokenizer_files import load_tokenizer
-
             self.tokenizer = load_tokenizer(self.tokenizer_folder, "delete the export cache folder holding it (the "
                                             "next run measures the backend again), or point KD_CACHE elsewhere")
         return self.tokenizer
@@ -297,7 +297,6 @@ class Teacher:
         self, texts: list, outputs: list[Output] | None = None, batch_tokens: int | None = None
     ) -> dict[str, np.ndarray]:
         """Convenience for evaluation and search: encode texts (or (a, b) pairs) in input order."""
-        from kd.pipeline.teacher.batches import encode_all
 
         return encode_all(self, texts, outputs or self.default_outputs(), batch_tokens)[0]
 
@@ -405,7 +404,6 @@ def _teacher(ref: TeacherRef, cfg: Any, model: torch.nn.Module | None, architect
              dtype: torch.dtype | None, max_length: int | None, **extra: Any) -> Teacher:
     """A Teacher from the checkpoint's config and tokenizer (max length: the tokenizer's, the position
     embeddings' and sentence-transformers' limits, then --max-length)."""
-    from kd.storage.tokenizer_files import load_tokenizer
 
     tok = load_tokenizer(ref.path, "the directory must hold the teacher's tokenizer files, undamaged: copy or "
                          "download the checkpoint again")

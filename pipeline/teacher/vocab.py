@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from kd.common.cache import cache_dir
+from kd.common.errors import StoreError
 from kd.pipeline.teacher.model import Output, Teacher
 from kd.storage import fs
 
@@ -67,7 +68,6 @@ def vocab_bytes(teacher: Teacher, on_batch: Callable[[int], None] | None = None)
     """The vocab file's content (safetensors); refuses non-finite vectors like every other output."""
     from safetensors.numpy import save
 
-    from kd.common.errors import StoreError
 
     vecs = vocab_vectors(teacher, on_batch=on_batch)
     bad = np.nonzero(~np.isfinite(vecs).all(1))[0]

@@ -35,6 +35,7 @@ from kd.common.quiet import quiet
 from kd.common.token_batches import CPU_BATCH_TOKENS, run_sorted
 from kd.student.exporters.folder import export_folder
 from kd.student.models import RecurrentEncoder, Student
+from kd.student.saved import load
 
 ONNX, SPEC = "model.onnx", "kd_onnx.json"
 OPSET = 18
@@ -44,7 +45,6 @@ def export_onnx(student_dir: str | os.PathLike, out: str | os.PathLike, overwrit
                 quantize: str = "none") -> Path:
     """Write `out` as an ONNX folder (graph, tokenizer, kd_onnx.json) reproducing the student's encode;
     `quantize="int8"`: the matrix products with int8 weights (common/onnx_int8.py; the token table stays fp32)."""
-    from kd.student.saved import load
 
     with export_folder(out, student_dir, overwrite) as (target, scratch):
         st = load(student_dir)

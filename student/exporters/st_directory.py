@@ -106,7 +106,7 @@ def _dense(model: Student) -> nn.Module | None:
 
 
 def _custom_modules(st: LoadedStudent) -> list[nn.Module]:
-    from kd.student.st_module import KdTokenEncoder
+    from kd.student.st_module import KdTokenEncoder  # lazy: sentence-transformers (seconds), for kd's own module
 
     enc = KdTokenEncoder(st.config.to_dict(), pool=st.config.pooling.value == "attentive", tokenizer=st.tokenizer)
     state = {k: v for k, v in st.model.state_dict().items() if not k.startswith("head.")}

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kd.common.errors import KdError
 from kd.student.objectives.base import Batch, Context, Objective, ObjectiveName, Out, sides
 
 
@@ -52,8 +53,6 @@ class Relational(Objective):
     def __init__(self, weight: float, columns: list[str], mode: str, tau: float) -> None:
         super().__init__(weight, columns)
         if mode not in ("mse", "kl"):
-            from kd.common.errors import KdError
-
             raise KdError(f"unknown relational mode {mode!r}", "--objective relational:mode=...", "use mse or kl")
         self.mode, self.tau = mode, tau
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import build_tiny_bert
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 
+import kd.apps.eval.models as eval_models
 import kd.apps.eval.run as kd_eval
-import kd.pipeline.teacher.model as pipeline_teacher
 from kd.apps.eval import metrics, tasks
 from kd.apps.eval.cache import TeacherCache
 from kd.apps.eval.models import EvalModel, Kind, Loaded, teacher_model
@@ -33,15 +33,15 @@ def kd_cache(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def loads(monkeypatch) -> list[str]:
-    """Every teacher load of an evaluation, counted (models.teacher_model calls pipeline.teacher.model.load_teacher)."""
+    """Every teacher load of an evaluation, counted (apps.eval.models.teacher_model calls load_teacher)."""
     seen: list[str] = []
-    real = pipeline_teacher.load_teacher
+    real = eval_models.load_teacher
 
     def counted(spec, *args, **kwargs):
         seen.append(str(spec))
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline_teacher, "load_teacher", counted)
+    monkeypatch.setattr(eval_models, "load_teacher", counted)
     return seen
 
 

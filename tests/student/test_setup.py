@@ -11,6 +11,7 @@ import safetensors.numpy
 from conftest import precompute_news
 from single_thread import one_thread  # noqa: F401  (autouse: tiny models run faster on one thread)
 
+import kd.storage.store as store_module
 import kd.storage.tokenizer_files as tokenizer_files
 from kd.pipeline.precompute import precompute
 from kd.storage import fs
@@ -48,8 +49,9 @@ def reads(monkeypatch) -> Counter:
 
     monkeypatch.setattr(Store, "open", classmethod(count(lambda cls, uri, **kw: "Store.open", real_open)))
     monkeypatch.setattr(fs, "read_bytes", count(lambda loc, *parts: "/".join(parts), real_bytes))
-    monkeypatch.setattr(tokenizer_files, "load_tokenizer",
-                        count(lambda folder, *a, **kw: f"tokenizer {Path(folder).parent.name}", real_tok))
+    tokenizer = count(lambda folder, *a, **kw: f"tokenizer {Path(folder).parent.name}", real_tok)
+    for user in (tokenizer_files, store_module, saved):  # where it is defined, and the two modules that call it
+        monkeypatch.setattr(user, "load_tokenizer", tokenizer)
     monkeypatch.setattr(safetensors.numpy, "load_file", count(lambda p, *a, **kw: Path(p).name, real_st))
     config = count(lambda p: f"config.json of {Path(p).name}", real_cfg)
     monkeypatch.setattr(saved, "read_config", config)
