@@ -92,7 +92,12 @@ def _hold(seconds):  # libc's sleep called through PyDLL keeps the GIL, as a lon
 
 def test_holds_the_gil():
     atexit.register(_hold, 11)  # and the interpreter's exit, after pytest's summary
+    atexit.register(_let_go)  # (runs first) the session's objects freed before its libraries' teardown
     _hold(11)
+
+def _let_go():
+    import conftest
+    conftest._BEAT[0].proc.stdin.close()
 '''
 
 
