@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError, located
 from kd.common.outputs import claim_output, temp_path, write_file
-from kd.common.stop import Stopped
+from kd.common.stop import Stopped, StopRequest, Terminated
 from kd.storage.int8 import scale_column
 from kd.storage.manifest import Manifest
 from kd.storage.schema import is_int8, vector_shape
@@ -280,17 +280,25 @@ def _interruptible(cons: list[duckdb.DuckDBPyConnection], work: Callable[[], T])
         finally:
             finished.set()
 
-    threading.Thread(target=run, name="kd-query", daemon=True).start()
+    thread, started = threading.Thread(target=run, name="kd-query", daemon=True), False
     try:
+        # a signal while the thread starts is held (StopRequest) and raised once `started` says whether there is
+        # a query to stop: a KeyboardInterrupt inside Thread.start() (it waits for the thread to run) left the
+        # query running unseen, and the process aborted at exit
+        with StopRequest() as held:
+            thread.start()
+            started = True
+        if held.signum is not None:
+            raise Terminated() if held.signum == signal.SIGTERM else KeyboardInterrupt()
         while not finished.wait(0.1):
             pass
-    except KeyboardInterrupt:
-        while True:  # again until the work ends: an interrupt between two of its statements stops neither
+    except KeyboardInterrupt as e:
+        while started:  # again until the work ends: an interrupt between two of its statements stops neither
             for con in cons:
                 con.interrupt()
             if finished.wait(0.1):
                 break
-        raise Stopped(signal.SIGINT, "the query was interrupted; nothing was written") from None
+        raise Stopped(getattr(e, "signum", signal.SIGINT), "the query was interrupted; nothing was written") from None
     if "error" in done:
         raise done["error"]
     return done["value"]
