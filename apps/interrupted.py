@@ -11,6 +11,7 @@ end, so nothing half-written is left and the same command starts over.
 from __future__ import annotations
 
 import shlex
+import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,8 +54,6 @@ def resume_command(command: str, argv: Sequence[str]) -> str:
 def interrupted(command: str, params: dict[str, Any], signum: int, argv: Sequence[str]) -> Stopped:
     """The Stopped a Ctrl-C (signum SIGINT) or SIGTERM inside `kd <command>` amounts to: what was kept, and how
     to resume (`argv`: the command line after `kd`, `params`: its parsed options, for the paths)."""
-    import signal
-
     kept, resumes = _KEPT.get(command, _NOTHING)
     fix = "run the same command again to resume" if resumes else "run the same command again"
     return Stopped(signum, f"kd {command} stopped by {signal.Signals(signum).name}: {kept(params)}", None,

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from kd.common.errors import KdError
 from kd.common.padding import pad_rows
@@ -66,8 +67,6 @@ class FastTokenizer:
 
     @classmethod
     def from_transformers(cls, tok: Any, where: str) -> FastTokenizer:
-        from tokenizers import Tokenizer
-
         if not getattr(tok, "is_fast", False):
             raise KdError(f"the tokenizer ({type(tok).__name__}) has no fast (Rust) version", where,
                           "save the checkpoint with a tokenizer.json (transformers converts most tokenizers: "
@@ -79,8 +78,6 @@ class FastTokenizer:
 
     @classmethod
     def from_file(cls, path: str, settings: TokenizerSettings) -> FastTokenizer:
-        from tokenizers import Tokenizer
-
         return cls(Tokenizer.from_file(path), settings)
 
     @property

@@ -5,6 +5,7 @@ output (common.outputs.locked_output) hold theirs through `try_lock`."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from typing import IO
 
@@ -15,8 +16,6 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False) -> I
 
     `unlinked_on_release`: the lock's holders delete the file when they let go, so a file we opened may be
     unlinked before our flock lands; a lock on an unlinked inode guards nothing, so we check and try again."""
-    import fcntl
-
     while True:
         f = open(path, "a+")  # noqa: SIM115 - held by the caller
         try:

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
@@ -130,8 +131,6 @@ def _check_parents(out: Path, flag: str) -> None:
 def _can_create_in(folder: Path) -> bool:
     """Whether a file can be made in `folder`: os.access answers yes to root for /proc or a read-only mount.
     TemporaryFile is an unnamed O_TMPFILE on Linux, so the probe leaves nothing behind."""
-    import tempfile
-
     try:
         with tempfile.TemporaryFile(dir=folder):
             return True

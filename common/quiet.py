@@ -74,7 +74,7 @@ def _hush_imported() -> None:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import disable_progress_bars  # lazy: only where a library imported it
 
         disable_progress_bars()
 
@@ -92,6 +92,6 @@ def _loud_imported() -> None:
         hf_logging.set_verbosity_warning()
         hf_logging.enable_progress_bar()
     if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import enable_progress_bars
+        from huggingface_hub.utils import enable_progress_bars  # lazy: only where a library imported it
 
         enable_progress_bars()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -205,8 +206,6 @@ def _lock(con: duckdb.DuckDBPyConnection, writable: str | None) -> None:
 def _status(con: duckdb.DuckDBPyConnection, store: Store) -> None:
     """A `kd_status` table (table, shards committed, shards expected, complete), and a warning on stderr when
     any table is incomplete: a query then answers from the committed part only."""
-    import sys
-
     n = store.manifest.num_shards
     rows = [(t, len(r.shards), n, len(r.shards) == n) for t, r in sorted(store.manifest.tables.items())]
     con.execute("CREATE TABLE kd_status (tbl VARCHAR, shards_committed INTEGER, shards_expected INTEGER, "

@@ -27,6 +27,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import pyarrow as pa
@@ -150,8 +151,6 @@ def inputs_header(files: list[str], options: dict) -> dict:
 
 
 def package_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for pkg in ("kd", "torch", "transformers", "tokenizers", "pyarrow", "spacy"):
         try:

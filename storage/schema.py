@@ -17,6 +17,7 @@ from enum import Enum
 
 import numpy as np
 import pyarrow as pa
+from safetensors.numpy import load
 
 from kd.common.finite import MAX_ABS, OUT_OF_RANGE
 from kd.storage.int8 import dequantize, quantize, scale_column
@@ -206,8 +207,6 @@ def tensors_problem(data: bytes) -> str | None:
     not safetensors, or a float tensor holding NaN/Inf or values past MAX_ABS (named); None when sound. Its
     checksum may hold (a forged record): one NaN there spreads through a student's every weight from its first
     step."""
-    from safetensors.numpy import load
-
     try:
         tensors = load(data)
     except Exception as e:  # safetensors raises its own error type for a bad header

@@ -30,6 +30,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from safetensors import SafetensorError
+from safetensors.numpy import load
+from tokenizers import Tokenizer
 
 from kd.common.bert_config import bert_config_problem, init_type_problem, init_weights_problem
 from kd.common.cache import cache_dir
@@ -325,7 +328,6 @@ def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, da
             return init_weights_file_problem(read, "/".join(parts[:3]), data)
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
-    from safetensors.numpy import load
 
     rec = m.tables.get(teacher_table(parts[1]))
     tensors = load(data)
@@ -357,8 +359,6 @@ def init_config_problem(data: bytes) -> str | None:
 def init_weights_file_problem(read: Callable[[str], bytes], folder: str, data: bytes) -> str | None:
     """What is wrong with an init output's model.safetensors (bytes `data`) against its config.json (a config
     that is itself refused is reported by its own check)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
 
     try:
         cfg = parse_json(read(f"{folder}/config.json"), "", "", StoreError)
@@ -383,7 +383,6 @@ def _tokenizer_size(m: Manifest, read: Callable[[str], bytes], folder: str | Non
     rel = f"{folder}/tokenizer.json"
     if not folder or rel not in m.extras.get("files", {}):
         return None
-    from tokenizers import Tokenizer
 
     try:
         return Tokenizer.from_str(read(rel).decode()).get_vocab_size(with_added_tokens=True)

@@ -10,12 +10,15 @@ few collectives the loop needs.
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from kd.common.errors import InputError
 from kd.common.hardware import resolve_device
@@ -41,8 +44,6 @@ def init_dist(device: str) -> Dist:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1:
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
         return Dist(dist.get_rank(), dist.get_world_size(), dev)
@@ -72,8 +73,6 @@ def _check_one_gpu_per_rank(device: str) -> None:
 def shutdown(d: Dist) -> None:
     """Destroy the process group (if this process made one); safe after a failure."""
     if d.world > 1:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -87,10 +86,6 @@ def wrap(model: nn.Module, d: Dist) -> nn.Module:
     # rank exactly; broadcasting a bank of all N rows each step would cost N x m floats per step, and
     # would overwrite the other ranks' updates if a bank were ever updated from one rank's rows only.
     # Every student and objective parameter takes part in every loss: no search for unused parameters.
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
     no_sync = ({"forward_sync_buffers": False}  # torch >= 2.13 name (still syncs once at init: banks start equal)
                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
                else {"broadcast_buffers": False})
@@ -99,8 +94,6 @@ def wrap(model: nn.Module, d: Dist) -> nn.Module:
 
 def barrier(d: Dist) -> None:
     if d.world > 1:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -108,7 +101,6 @@ def gather(obj: Any, d: Dist) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank."""
     if d.world == 1:
         return [obj]
-    import torch.distributed as dist
 
     out: list[Any] = [None] * d.world
     dist.all_gather_object(out, obj)
@@ -119,7 +111,6 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     """Element-wise sum over ranks."""
     if d.world == 1:
         return values
-    import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)  # gloo and nccl (values are tiny; CPU tensors are fine for gloo)
@@ -133,8 +124,6 @@ def gather_rows(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
       every tensor is zero-padded to the largest, gathered with all_gather, and cut back.
     - No gradient flows through the result (it feeds memory-bank updates only).
     """
-    import torch.distributed as dist
-
     if not tensors or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return tensors
     world, dev = dist.get_world_size(), tensors[0].device

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load
 from torch import nn
 
 from kd.common.errors import InputError, KdError, StoreError
@@ -189,8 +190,6 @@ def input_embeddings(store: Store, teacher: str, wanted: bool = True) -> np.ndar
     """The teacher's input-embedding matrix [vocab, dim], its file read once and checked against the
     manifest (checked even when not `wanted`: a damaged store stops either way); None when the store has
     none, or is not on a local disk."""
-    from safetensors.numpy import load
-
     rel = store.table(f"teachers/{teacher}").meta.get("input_embeddings")
     matrix = None
     if wanted and rel and store.loc.is_local:
@@ -393,8 +392,6 @@ def init_embeddings(student: Student, matrix: np.ndarray, seed: int) -> None:
 
 def vocab_matrix(store: Store, teacher: str) -> np.ndarray | None:
     """The teacher's `vocab` output ([vocab, dim]), read once and checked against its manifest checksum."""
-    from safetensors.numpy import load
-
     rel = f"teachers/{teacher}/vocab.safetensors"
     if rel not in store.manifest.extras.get("files", {}) or not store.loc.is_local:
         return None

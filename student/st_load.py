@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
 from kd.common.parsing import has_auto_map, read_config, read_json
@@ -59,8 +61,6 @@ def load_exported(path: str | os.PathLike, device: str = "cpu"):
 
 def _load_module(root: Path, entry: dict[str, Any]) -> Any:
     """One module, built by its class's own `load` from local files, without remote code."""
-    from safetensors import SafetensorError
-
     try:
         return _module_class(entry["type"]).load(str(root), subfolder=entry["path"], local_files_only=True,
                                                  trust_remote_code=False)

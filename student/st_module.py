@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from sentence_transformers.base.modules.input_module import InputModule
 from torch import nn
+from transformers import AutoTokenizer
 
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.padding import pad_rows
@@ -78,8 +79,6 @@ class KdTokenEncoder(InputModule):
     def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
              cache_folder: str | None = None, revision: str | None = None, local_files_only: bool = False,
              **kwargs) -> KdTokenEncoder:
-        from transformers import AutoTokenizer  # a tokenizer only; the weights are safetensors
-
         hub = {"subfolder": subfolder, "token": token, "cache_folder": cache_folder, "revision": revision,
                "local_files_only": local_files_only}
         config = cls.load_config(model_name_or_path, **hub)

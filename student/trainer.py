@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from kd.common.attention import varying_shape_attention
@@ -610,8 +611,6 @@ def _finish(run: _Run, st: TrainState) -> None:
 
 
 def _load_best(model: Distiller, path: Path) -> None:
-    from safetensors.torch import load_file
-
     best = load_file(str(path))
     model.student.load_state_dict({k[8:]: v for k, v in best.items() if k.startswith("student.")})
     for i, obj in enumerate(model.objectives):

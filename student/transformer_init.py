@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from kd.common.bert_config import bert_config_problem, init_type_problem
@@ -60,8 +61,6 @@ def bert_config(folder: Path) -> dict:
 
 def load_init_weights(student: nn.Module, folder: Path) -> None:
     """Copy the stored embeddings and kept layers into a transformer-init student."""
-    from safetensors.torch import load_file
-
     state = load_file(str(folder / "model.safetensors"))
     with torch.no_grad():
         student.embed.weight.copy_(state.pop("embeddings.word_embeddings.weight"))

@@ -26,6 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from kd.apps.distill import recipe as R
 from kd.apps.distill.run import (
     DistillConfig,
@@ -92,9 +95,7 @@ class Plan:
     def seconds(self) -> float:
         return sum(s.seconds for s in self.steps)
 
-    def table(self):  # -> rich.table.Table
-        from rich.table import Table
-
+    def table(self) -> Table:
         t = Table(title=f"kd distill: recipe {self.recipe.name}, {self.rows:,} rows "
                         f"(calibrated in {self.calibration_seconds:.0f} s)")
         for col in ("step", "estimate", "what"):
@@ -108,8 +109,6 @@ class Plan:
 
     def __str__(self) -> str:
         """The table as plain text, so `print(kd.distill(..., dry_run=True))` shows the plan, not an object."""
-        from rich.console import Console
-
         console = Console(width=120, record=True, file=io.StringIO())
         console.print(self.table())
         return console.export_text()

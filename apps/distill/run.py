@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from string import Template
 from typing import Any
 
 from kd.apps import leakage
@@ -498,8 +499,6 @@ def _sts_report(run: _Run) -> None:
 
 
 def _model_card(run: _Run, table: str, measured_by: str) -> None:
-    from string import Template
-
     choice = json.loads((run.out / "choice.json").read_text())
     stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
     start = run.specs["start"].source if run.specs["start"] else None

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
 
 from kd.common.cache import cache_dir
 from kd.common.hardware import cpu_signature, resolve_device
@@ -82,8 +84,6 @@ class TeacherCache:
 
     def vectors(self, texts: list[str]) -> np.ndarray | None:
         """The cached vectors of exactly `texts`, or None (absent, damaged or made for another key)."""
-        from safetensors import SafetensorError
-
         want = {**self.key, "texts_sha256": texts_sha256(texts)}
         try:
             data = self._path("vectors", want, ".safetensors").read_bytes()
@@ -92,8 +92,6 @@ class TeacherCache:
             return None
 
     def put_vectors(self, texts: list[str], vecs: np.ndarray) -> None:
-        from safetensors.numpy import save
-
         want = {**self.key, "texts_sha256": texts_sha256(texts)}
         arr = np.ascontiguousarray(vecs, dtype=np.float32)
         meta = {"key": json.dumps(want, sort_keys=True), "sha256": hashlib.sha256(arr.tobytes()).hexdigest()}
@@ -121,8 +119,6 @@ class TeacherCache:
 
 def _verified(data: bytes, want: dict, rows: int) -> np.ndarray | None:
     """The vectors of a cache file when its key is `want` and its bytes hash to the recorded sha256."""
-    from safetensors.numpy import load
-
     (n,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + n])["__metadata__"]
     if meta["key"] != json.dumps(want, sort_keys=True):

@@ -8,6 +8,7 @@ come from `apps.eval.metrics_cluster.pair_f1` as fractions.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -299,8 +300,6 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def matrix_pearson(x: np.ndarray, gold: np.ndarray) -> float:
     """Lee-style document similarity: Pearson ×100 between the cosine matrix of x and the gold matrix,
     over the upper triangle (each pair once, the diagonal left out). NaN for constant similarities."""
-    import warnings
-
     from scipy.stats import pearsonr
 
     gold = np.asarray(gold, dtype=np.float64)

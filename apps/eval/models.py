@@ -8,12 +8,15 @@ Models load lazily, so a teacher whose numbers all come from the store is never 
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from kd import student
 from kd.apps.eval.speed import SizeResult, model_size
@@ -105,8 +108,6 @@ def student_model(folder: str | Path, name: str | None = None) -> EvalModel:
 
 
 def model2vec_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("model2vec") is not None
 
 
@@ -118,10 +119,7 @@ def model2vec_baseline(teacher_dir: str | Path, pca_dims: int = 256) -> EvalMode
     """
 
     def load() -> Loaded:
-        import hashlib
-
         from model2vec import StaticModel
-
 
         key = hashlib.sha256(f"{Path(teacher_dir).resolve()}:{pca_dims}".encode()).hexdigest()[:16]
         folder = cache_dir() / "model2vec" / key
@@ -151,7 +149,6 @@ def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
 
     def load() -> Loaded:
         from model2vec import StaticModel
-        from safetensors import SafetensorError
 
         try:
             m = StaticModel.from_pretrained(str(folder))
@@ -171,7 +168,6 @@ def _check_model2vec_files(folder: Path) -> None:
     (issue 48's probe). Its own table of layouts says which files those are."""
     try:
         from model2vec.persistence.datamodels import FOLDER_LAYOUTS
-        from safetensors import SafetensorError, safe_open
     except ImportError:  # no model2vec here: loading says so; another version's layout: `load` maps its errors
         return
     layout = next((lay for lay in (x.with_parent(folder) for x in FOLDER_LAYOUTS) if lay.is_valid()), None)

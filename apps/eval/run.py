@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Group
+from rich.table import Table
 
 from kd.apps.eval import metrics, suite_tasks, tasks
 from kd.apps.eval.cache import TeacherCache, texts_sha256
@@ -143,8 +145,6 @@ class EvalReport:
         """The table; where it does not fit `width` columns (an 80-column terminal), several tables, each with the
         model and kind columns and as many measures as fit, headers one word a line: rich would otherwise cut
         every cell to "8…". Widths are computed here and no cell wraps, so rich has nothing left to shrink."""
-        from rich.console import Group
-        from rich.table import Table
 
         rows = [[m.name, m.kind, *[self.cell(m, c) for c in self.columns]] for m in self.models]
         heads = ["model", "kind", *[c.header for c in self.columns]]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
 EncodeFn = Callable[[list[str]], np.ndarray]
 
@@ -141,8 +142,6 @@ def safetensors_param_counts(folder: str | Path) -> tuple[int, int]:
 
     The token table is the 2-D tensor with "embed" in its name that has the most rows.
     """
-    from safetensors import safe_open
-
     total, emb_rows, emb = 0, -1, 0
     for f in sorted(Path(folder).rglob("*.safetensors")):
         with safe_open(str(f), framework="numpy") as st:

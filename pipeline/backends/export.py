@@ -11,6 +11,7 @@ quantizer, OpenVINO's converter and NNCF are imported by this module alone, and 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,6 @@ def write_graph(teacher: Teacher, runtime: str, int8: str | None, tmp: Path) -> 
     """Write the graph for `runtime` (onnx | openvino) into `tmp`; `int8`: None (fp32 graph), `dynamic` (ONNX
     Runtime), `static` or `weights` (OpenVINO, `backends.int8_method`). Returns the spec entries (file, inputs,
     outputs, versions)."""
-    from importlib.metadata import version
-
     inputs = [n for n in INPUTS if n in teacher.tokenizer.model_input_names]
     outputs = [f"hidden_{i}" for i in range(teacher.num_layers + 1)] + (["logits"] if teacher.has_head else [])
     texts = ["the cat sat on the mat", "a dog"]

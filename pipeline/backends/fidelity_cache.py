@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from kd.common import hardware
 from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
@@ -137,8 +138,6 @@ def teacher_from_record(ref: TeacherRef, folder: Path, rec: dict) -> Teacher:
 def embedding_source(teacher: Teacher) -> dict | None:
     """{file, key} of the checkpoint tensor equal (bit for bit) to the teacher's input embeddings, or None
     (weights in .bin files, or no equal tensor: the model is then loaded when the embeddings are written)."""
-    from safetensors import safe_open
-
 
     ref = input_embeddings(teacher)
     for name in sorted(f for f in os.listdir(teacher.ref.path) if f.endswith(".safetensors")):

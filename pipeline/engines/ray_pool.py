@@ -46,6 +46,8 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -253,8 +255,6 @@ def _connect(ray: Any, address: str | None) -> tuple[bool, Any]:
 
 def _start_reaper() -> Any:
     """Start ray_reaper.py for the local runtime about to start (None where there is no /proc)."""
-    import subprocess
-    import sys
 
     if not os.path.isdir("/proc"):
         return None
@@ -269,7 +269,6 @@ def _stop_reaper(reaper: Any, wait_s: float = 10.0) -> None:
     """Close the reaper's pipe (it ends what is left of the local runtime) and wait for it to finish."""
     if reaper is None:
         return
-    import subprocess
 
     reaper.stdin.close()
     try:

@@ -22,6 +22,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
+from safetensors.numpy import save
 
 from kd.common.errors import StoreError
 from kd.common.layers import parse_layers
@@ -230,8 +231,6 @@ def save_teacher_files(writer: StoreWriter, t: Teacher) -> list[str]:
 
     Written when absent: on the first run, and on the run after `kd validate --repair` set a damaged
     one aside (a tokenizer as a whole folder). Returns the files written."""
-    from safetensors.numpy import save
-
     files: dict[str, bytes] = {}
     if not fs.exists(writer.loc, "tokenizers", t.name, "tokenizer_config.json"):
         with contextlib.ExitStack() as stack:

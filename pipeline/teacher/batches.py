@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from safetensors import safe_open
 
 from kd.common.hardware import cpu_signature
 from kd.common.token_batches import default_batch_tokens, plan_batches, scatter_batches
@@ -162,8 +163,6 @@ def input_embeddings(teacher: Teacher) -> np.ndarray:
     model reads it from the checkpoint's .safetensors tensor recorded as equal to it (backends/fidelity_cache), as
     numpy (torch only for a bf16/fp16 tensor, which numpy cannot hold)."""
     if teacher.model is None and teacher.embedding:
-        from safetensors import safe_open
-
         path, key = f"{teacher.ref.path}/{teacher.embedding['file']}", teacher.embedding["key"]
         with safe_open(path, "np") as f:
             dtype = f.get_slice(key).get_dtype()

@@ -22,6 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from safetensors import SafetensorError
 
 from kd.common.attention import varying_shape_attention
 from kd.common.bert_config import SIZES, size_problem
@@ -340,8 +341,6 @@ def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
     search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
-    from safetensors import SafetensorError
-
     ref = resolve_teacher(spec)
     dev = resolve_device(device)
     cfg = _config(ref)

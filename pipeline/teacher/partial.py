@@ -25,6 +25,8 @@ import time
 from collections.abc import Mapping
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
 
 from kd.storage import fs
 
@@ -57,8 +59,6 @@ class Partial:
     def restore(self) -> dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]:
         """What the parts kept, per side (its suffix: "" or "_a"/"_b"): (row indices, {output: vectors of those
         rows}). Parts of another key, or damaged ones, are removed and nothing is kept."""
-        from safetensors import SafetensorError
-        from safetensors.numpy import load
 
         names = sorted(n for n in _listing(self.folder) if n.startswith("part-") and n.endswith(".safetensors"))
         kept: dict[str, list[np.ndarray]] = {}
@@ -94,8 +94,6 @@ class Partial:
 
     def flush(self) -> None:
         """Write the batches finished since the last part as one more part (temp file, fsync, rename)."""
-        from safetensors.numpy import save
-
         self.last = time.monotonic()
         if not self.pending:
             return

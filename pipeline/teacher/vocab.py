@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.numpy import load, save
 
 from kd.common.cache import cache_dir
 from kd.common.errors import StoreError
@@ -66,8 +67,6 @@ def vocab_vectors(teacher: Teacher, batch: int = 1024, on_batch: Callable[[int],
 
 def vocab_bytes(teacher: Teacher, on_batch: Callable[[int], None] | None = None) -> bytes:
     """The vocab file's content (safetensors); refuses non-finite vectors like every other output."""
-    from safetensors.numpy import save
-
 
     vecs = vocab_vectors(teacher, on_batch=on_batch)
     bad = np.nonzero(~np.isfinite(vecs).all(1))[0]
@@ -90,8 +89,6 @@ def cached_path(teacher: Teacher) -> Path:
 
 def cached_vocab_bytes(teacher: Teacher) -> bytes | None:
     """The vocab file's content from the kd cache, when one was computed for exactly this teacher and is sound."""
-    from safetensors.numpy import load
-
     path = cached_path(teacher)
     try:
         data = path.read_bytes()

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from kd.common.errors import KdError
@@ -151,8 +152,6 @@ def _static_modules(st: LoadedStudent) -> list[nn.Module]:
 def _offset_tokenizer(st: LoadedStudent):
     """The student's tokenizer with one new token inserted before every text in place of the special
     tokens, truncated to leave room for it; returns it and the special token ids it stands for."""
-    from tokenizers import Tokenizer
-
     spec = json.loads(st.tokenizer.backend_tokenizer.to_str())
     norm = spec.get("normalizer") or {}
     if spec["model"].get("type") != "WordPiece" or norm.get("type") != "BertNormalizer" or not norm.get("clean_text"):
