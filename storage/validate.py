@@ -42,8 +42,9 @@ class Problem:
         return f"{self.file}: {self.what}"
 
 
-def validate(store: Store) -> list[Problem]:
-    """Every problem of the store (empty: sound). A stale index is not one (`stale_indexes`)."""
+def validate(store: Store, links: list[tuple[str, str]] | None = None) -> list[Problem]:
+    """Every problem of the store (empty: sound). A stale index is not one (`stale_indexes`). `links`: the store's
+    links out (`store_links`), where the caller walked the store for them already."""
     m = store.manifest
     missing = []
     for name in _tables(store):
@@ -53,7 +54,7 @@ def validate(store: Store) -> list[Problem]:
     plan = [Problem(store.loc.path("manifest.json"), what) for what in manifest_problems(m)]
     found = plan + missing + content_problems(store) + _check_teacher_files(store) + _check_indexes(store)
     named = {p.file for p in found}  # a linked shard is already reported as one
-    return found + [p for p in _check_links(store) if p.file not in named]
+    return found + [p for p in _check_links(store, links) if p.file not in named]
 
 
 def content_problems(store: Store) -> list[Problem]:
@@ -113,25 +114,26 @@ def _check_teacher_files(store: Store) -> list[Problem]:
     return out
 
 
-def _check_links(store: Store) -> list[Problem]:
+def store_links(store: Store) -> list[tuple[str, str]]:
+    """(path in the store, target) of every symlink leading out of a local store: one walk (`names.links_out`)."""
+    return list(links_out(store.root)) if store.loc.is_local else []
+
+
+def _check_links(store: Store, links: list[tuple[str, str]] | None = None) -> list[Problem]:
     """Symlinks leading out of the store (a local one), wherever they are, but in `locks/` (`lock_links`): readers
     refuse such a record or shard, writers never write through one, --repair sets the link aside."""
-    if not store.loc.is_local:
-        return []
     return [Problem(store.loc.path(rel), f"a symlink leading out of the store (to {target})")
-            for rel, target in links_out(store.root) if not _in_locks(rel)]
+            for rel, target in (store_links(store) if links is None else links) if not _in_locks(rel)]
 
 
-def lock_links(store: Store) -> list[Problem]:
+def lock_links(store: Store, links: list[tuple[str, str]] | None = None) -> list[Problem]:
     """`locks/` (or a lock in it) linked out of the store, e.g. to /dev/null: no reader takes a lock, so every reader
     accepts the store, and validate notes it without failing; every writer refuses it in its own words, and
     --repair removes the link (the fourth probe's writers failed on it in Python's words; the fifth saw validate
     refuse what the readers accepted)."""
-    if not store.loc.is_local:
-        return []
     return [Problem(store.loc.path(rel), f"a symlink leading out of the store (to {target}): writers refuse it; "
-                    f"`kd validate {store.root} --repair` removes it") for rel, target in links_out(store.root)
-            if _in_locks(rel)]
+                    f"`kd validate {store.root} --repair` removes it")
+            for rel, target in (store_links(store) if links is None else links) if _in_locks(rel)]
 
 
 def _in_locks(rel: str) -> bool:
@@ -226,13 +228,15 @@ def validate_store(cfg: ValidateConfig) -> Validation:
     repaired = []
     if cfg.repair:
         repaired = describe(repair(cfg.store))
-    store, problems = check(cfg.store)
-    return Validation(store, problems, repaired, stale_indexes(store) + lock_links(store))
+    store = _open(cfg.store)
+    links = store_links(store)  # one walk of the store for both: links out are problems, a linked locks/ a note
+    return Validation(store, validate(store, links), repaired, stale_indexes(store) + lock_links(store, links))
+
+
+def _open(store_path: str) -> Store:
+    return Store.open(store_path, sound=False)  # validate reports a damaged manifest, problem by problem
 
 
 def check(store_path: str) -> tuple[Store, list[Problem]]:
-    try:
-        store = Store.open(store_path, sound=False)  # validate reports a damaged manifest, problem by problem
-    except StoreError:
-        raise
+    store = _open(store_path)
     return store, validate(store)

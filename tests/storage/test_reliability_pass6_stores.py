@@ -269,6 +269,20 @@ def test_a_lock_folder_linked_to_dev_null_is_noted_refused_by_writers_and_set_as
     assert validate(store).exit_code == 0
 
 
+def test_validate_walks_the_store_for_links_once(store, monkeypatch):
+    """`kd validate` finds links out of the store (problems) and a linked locks/ (a note) in one walk of the store: it
+    walked the whole tree twice (a review of the fifth probe's fix), which on a store of many shards is the slow
+    part of a check that reads no data."""
+    from kd.storage import validate as validate_module
+
+    walks, real_walk = [], validate_module.links_out
+    monkeypatch.setattr(validate_module, "links_out", lambda root, *a: walks.append(root) or real_walk(root, *a))
+    os.symlink("/dev/null", store / "stray")
+    res = validate(store)
+    assert res.exit_code == 1 and "stray: a symlink leading out of the store (to /dev/null)" in res.output, res.output
+    assert len(walks) == 1, walks
+
+
 def test_repair_drops_the_few_shard_records_that_disagree_with_the_row_plan(real, store, tiny_teacher):
     """Shard 1's records forged to say 29 rows (files and records agree, the plan says 30): the plan holds with
     every other record, so --repair drops those two and the documented rerun writes them again (it once answered
