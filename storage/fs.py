@@ -54,7 +54,11 @@ def resolve(uri: str | os.PathLike | Location) -> Location:
         return uri
     text = os.fspath(uri)
     if "://" in text and not text.startswith("file://"):
-        fs, root = pafs.FileSystem.from_uri(text)
+        try:
+            fs, root = pafs.FileSystem.from_uri(text)
+        except (pa.ArrowException, OSError) as e:  # an unknown scheme (http://) was pyarrow's traceback
+            raise StoreError(f"no store can be opened at this address ({e})", text, "pass a local folder, or a "
+                             "URI of a filesystem pyarrow reads (s3://, gs://, hdfs://)") from None
         return Location(fs, root)
     if text.startswith("file://"):
         text = text[len("file://") :]
@@ -105,6 +109,10 @@ def makedirs(loc: Location, *parts: str) -> None:
 def read_bytes(loc: Location, *parts: str) -> bytes:
     path = loc.path(*parts)
     require_regular(loc, path)
+    if loc.is_local and os.path.isdir(path):  # (pyarrow's "is a directory" traceback, issue 48's probe)
+        raise StoreError("a store file is a folder, not a regular file", path,
+                         f"put back the file kd wrote (`kd validate {loc.root} --repair` sets a damaged record aside "
+                         "and writes manifest.json again from the others), or re-run the command that wrote the store")
     with loc.fs.open_input_stream(path) as f:
         return f.read()
 

@@ -168,7 +168,10 @@ def _rebuild_record(loc: fs.Location, damaged: StoreError, report: RepairReport)
     rather than failing as `kd validate` did (whose message sent the user here)."""
     with contextlib.suppress(StoreError):
         if load_manifest(loc, main=False) is not None:
-            loc.fs.delete_file(loc.path(MANIFEST))
+            if loc.fs.get_file_info(loc.path(MANIFEST)).type == fs.pafs.FileType.Directory:
+                _set_aside(loc, MANIFEST)  # a folder in its place: kept for inspection, as damaged shards are
+            else:
+                loc.fs.delete_file(loc.path(MANIFEST))
             report.manifest_rebuilt = True
             return
     names = [n for n in fs.list_files(loc, FRAGMENTS) if n.endswith(".json")]

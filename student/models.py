@@ -111,9 +111,11 @@ class StudentConfig:
         sizes = ("vocab_size", "embed_dim", "hidden_dim", "num_layers", "out_dim", "max_length", "num_heads",
                  "ffn_dim", "attention_dim")
         bad = [f"{n}={getattr(self, n)}" for n in sizes if int(getattr(self, n)) < 1]
-        if bad or not 0.0 <= self.dropout < 1.0 or not 0 <= self.pad_id < self.vocab_size:
-            raise KdError(f"invalid student config: {bad or [f'dropout={self.dropout}', f'pad_id={self.pad_id}']}",
-                          "student config", "sizes are >= 1, 0 <= dropout < 1, 0 <= pad_id < vocab_size")
+        bad += [f"dropout={self.dropout}"] * (not 0.0 <= self.dropout < 1.0)
+        bad += [f"pad_id={self.pad_id}"] * (not 0 <= self.pad_id < self.vocab_size)
+        if bad:  # each value that is out of range, and only those
+            raise KdError(f"invalid student config: {bad}", "student config",
+                          "sizes are >= 1, 0 <= dropout < 1, 0 <= pad_id < vocab_size")
         if self.arch is Arch.transformer_init and self.bert:
             why = bert_config_problem(self.bert)  # sizes a model is built by: bounded before anything is built
             if why is not None:

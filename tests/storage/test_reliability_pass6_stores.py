@@ -28,6 +28,7 @@ from single_thread import one_thread  # noqa: F401  (autouse: tiny models run fa
 from store_forgery import (
     TEACHER,
     edit_manifests,
+    index,
     init_store,
     refused,
     rewrite_file,
@@ -267,6 +268,27 @@ def test_a_lock_folder_linked_to_dev_null_is_noted_refused_by_writers_and_set_as
     assert "re-run the kd precompute" not in res.output, res.output  # no precompute writes locks/: kd makes it again
     assert CliRunner().invoke(app, ["index", str(store), "--table", "tiny", "--column", "mean"]).exit_code == 0
     assert validate(store).exit_code == 0
+
+
+def test_a_folder_in_place_of_manifest_json_is_kd_s_error_and_repair_writes_it_again(store):
+    """A folder where manifest.json should be: every reader said pyarrow's "is a directory" in a traceback (the
+    sixth probe); now kd's error, and --repair sets the folder aside and writes manifest.json again."""
+    (store / "manifest.json").unlink()
+    (store / "manifest.json").mkdir()
+    for res in (query(store), CliRunner().invoke(app, ["info", str(store)]), index(store)):
+        refused(res, "a store file is a folder, not a regular file", "--repair")
+    res = CliRunner().invoke(app, ["validate", str(store), "--repair"])
+    assert res.exit_code == 0, res.output
+    assert validate(store).exit_code == 0 and query(store).exit_code == 0
+    assert (store / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("command", [["query", "{uri}", "SELECT 1"], ["info", "{uri}"], ["validate", "{uri}"]])
+def test_a_store_address_of_a_filesystem_pyarrow_lacks_is_kd_s_error(command):
+    """`kd query http://...` ended in pyarrow's "Unrecognized filesystem type" traceback (the sixth probe)."""
+    uri = "http://127.0.0.1:9/store"
+    refused(CliRunner().invoke(app, [a.format(uri=uri) for a in command]), "no store can be opened at this address",
+            uri, "s3://")
 
 
 def test_validate_walks_the_store_for_links_once(store, monkeypatch):
