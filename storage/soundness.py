@@ -224,9 +224,10 @@ def _clip(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def vocab_problem(tensors: dict[str, Any], dim: Any) -> str | None:
+def vocab_problem(tensors: dict[str, Any], dim: Any, tokens: int | None = None) -> str | None:
     """What is wrong with a teacher's `vocab` output (pipeline.teacher.vocab: `vectors` [tokens, dim] float32 and
-    `token_ids` 0..tokens-1), against the teacher's `meta.dim`; None when it has that shape."""
+    `token_ids` 0..tokens-1 in order, a row per token id of its tokenizer), against the teacher's `meta.dim` and
+    its tokenizer's size (`tokens`, None when unknown); None when it has that shape."""
     vecs, ids = tensors.get("vectors"), tensors.get("token_ids")
     if vecs is None or ids is None:
         return "the vocab output lacks its 'vectors' or 'token_ids' tensor"
@@ -239,6 +240,10 @@ def vocab_problem(tensors: dict[str, Any], dim: Any) -> str | None:
     if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= len(vecs):
         return (f"the vocab output's token ids run {ids.min()} to {ids.max()}, outside the tokenizer's "
                 f"0 to {len(vecs) - 1}")
+    if not np.array_equal(ids, np.arange(len(vecs))):  # a static student takes row t as token t's vector
+        return "the vocab output's token ids are not 0, 1, 2, ... in order (a row per token id)"
+    if tokens is not None and len(vecs) != tokens:
+        return f"the vocab output has {len(vecs):,} rows, the teacher's tokenizer has {tokens:,} token ids"
     return None
 
 
@@ -257,7 +262,7 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
 
 VOCAB, EMBEDDINGS = "vocab.safetensors", "input_embeddings.safetensors"  # teachers/<name>/ files of a known shape
 # The content checks' version: bump when they change, so every store state is checked again by the new ones.
-CHECKS = 4
+CHECKS = 5
 VERDICTS = "soundness"  # $KD_CACHE/soundness/<key>: a store state whose content checks all passed
 
 
@@ -328,12 +333,12 @@ def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, da
             return init_weights_file_problem(read, "/".join(parts[:3]), data)
     if len(parts) != 3 or parts[0] != "teachers" or parts[2] not in (VOCAB, EMBEDDINGS):
         return None
-
     rec = m.tables.get(teacher_table(parts[1]))
     tensors = load(data)
+    tokens = _tokenizer_size(m, read, rec.meta.get("tokenizer") if rec else None)
     if parts[2] == EMBEDDINGS:
-        return embeddings_problem(tensors, _tokenizer_size(m, read, rec.meta.get("tokenizer") if rec else None))
-    return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None)
+        return embeddings_problem(tensors, tokens)
+    return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None, tokens)
 
 
 def tokenizer_json_problem(data: bytes) -> str | None:

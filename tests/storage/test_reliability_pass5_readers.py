@@ -237,6 +237,25 @@ def test_vocab_token_ids_past_the_tokenizer_are_reported(store):
     _repaired(store, rel)
 
 
+@pytest.mark.parametrize("forge", ["ids_all_zero", "fewer_rows"])
+def test_a_vocab_output_unlike_its_tokenizer_is_refused_by_validate_and_readers(store, tmp_path, forge):
+    """Token ids that are all 0, or 10 rows of a 100-token tokenizer (ids 0..9, re-signed), passed validate and
+    trained a static student from the wrong table (the sixth probe): a static student takes row t as token t."""
+    rel = "teachers/tiny/vocab.safetensors"
+    t = load((store / rel).read_bytes())
+    vecs, ids = t["vectors"], t["token_ids"]
+    forged = {"vectors": vecs, "token_ids": np.zeros_like(ids)} if forge == "ids_all_zero" else \
+        {"vectors": vecs[:10].copy(), "token_ids": ids[:10].copy()}
+    rewrite_file(store, rel, save(forged))
+    said = "are not 0, 1, 2, ... in order" if forge == "ids_all_zero" else "the vocab output has 10 rows, the teacher's"
+    res = validate(store)
+    assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
+    refused(train(store, tmp_path / "student", "--arch", "static"), said)
+    refused(CliRunner().invoke(app, ["eval", "--store", str(store), "--student", str(tmp_path / "none"),
+                                     "--task", "agreement"]), said)
+    _repaired(store, rel)
+
+
 # --- the verdict: once per store state, in the kd cache ----------------------------------------------------------
 
 
