@@ -170,7 +170,7 @@ class Teacher:
         layers): a bf16-cast teacher reloads them rather than hand out rounded weights."""
         if self.model is not None and not self.weights_cast:
             return self.model
-        return model_class(self.has_head).from_pretrained(self.ref.path).eval()
+        return from_checkpoint(self.has_head, self.ref.path)
 
     def hf_tokenizer(self) -> Any:
         """The transformers tokenizer (loaded from `tokenizer_folder` on first use when the teacher came from the
@@ -337,6 +337,20 @@ def model_class(has_head: bool) -> type:
     return AutoModelForSequenceClassification if has_head else AutoModel
 
 
+def from_checkpoint(has_head: bool, path: str) -> torch.nn.Module:
+    """The checkpoint's model, refused when its weights lack a tensor the model has: transformers fills it with
+    random values and says so only in the load report kd hushes, so a teacher with a layer left out computed every
+    vector from noise with exit 0 (the sixth probe). The pooler is exempt: kd never reads it, and many encoders are
+    saved without one."""
+    model, info = model_class(has_head).from_pretrained(path, output_loading_info=True)
+    missing = sorted(k for k in info.get("missing_keys", ()) if "pooler." not in k)
+    if missing:
+        raise KdError(f"the teacher's weights lack {len(missing)} tensor(s) its config.json asks for (first: "
+                      f"{', '.join(missing[:3])}); transformers would fill them with random values", path,
+                      "point --teacher at the whole checkpoint as it was saved (copy or download it again)")
+    return model.eval()
+
+
 def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
                  max_length: int | None = None) -> Teacher:
     """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
@@ -346,7 +360,7 @@ def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None
     cfg = _config(ref)
     try:
         with step(f"loading teacher {ref.name}"):
-            model = model_class(_has_head(cfg)).from_pretrained(ref.path).to(dev).eval()
+            model = from_checkpoint(_has_head(cfg), ref.path).to(dev)
     # RuntimeError: weights of other shapes than config.json says; SafetensorError: a weights file that is not one
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({' '.join(str(e).split())[:300]})", ref.path,

@@ -168,3 +168,26 @@ def test_a_teacher_whose_weights_disagree_with_its_config_is_named(tmp_path, cor
     res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"), "--backend", "torch")
     assert res.exit_code == 2 and "cannot load the teacher checkpoint" in res.output, res.output
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("drop", ["layer", "pooler"])
+def test_a_teacher_whose_weights_lack_a_layer_is_refused(tmp_path, corpus, tiny_teacher, drop):
+    """A checkpoint without layer 1's tensors loaded with them random (transformers' load report, which kd hushes,
+    was the only word) and precompute wrote a store from a partly random teacher with exit 0 (the sixth probe). A
+    missing pooler is fine: kd never reads it, and many encoders are saved without one."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    teacher = shutil.copytree(tiny_teacher, tmp_path / "teacher")
+    weights = load_file(str(teacher / "model.safetensors"))
+    cut = "encoder.layer.1." if drop == "layer" else "pooler."
+    kept = {k: v for k, v in weights.items() if cut not in k}
+    assert len(kept) < len(weights)  # the checkpoint had what is cut
+    save_file(kept, str(teacher / "model.safetensors"), metadata={"format": "pt"})
+    res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"), "--backend", "torch")
+    if drop == "pooler":
+        assert res.exit_code == 0, res.output
+        return
+    assert res.exit_code == 2 and "the teacher's weights lack" in res.output and "layer.1." in res.output, res.output
+    assert not (tmp_path / "store").exists()
