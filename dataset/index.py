@@ -30,7 +30,7 @@ from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.dataset.index_config import IndexConfig
 from kd.dataset.query import resolve_table, view_names
 from kd.storage import fs
-from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, source_hash
+from kd.storage.index_files import EXTRA_PREFIX, IndexInfo, list_indexes, load_index, normalize, source_hash
 from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.schema import table_vectors, vector_shape
 from kd.storage.store import Store, iter_shards, open_writer
@@ -56,12 +56,6 @@ class SearchResult:
     scores: np.ndarray
     texts: list[list[str]]
     index: IndexInfo
-
-
-def normalize(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm as contiguous float32 (zero rows stay zero)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def use_gpu() -> bool:

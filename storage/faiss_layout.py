@@ -38,11 +38,27 @@ def max_file_bytes(rows: int, dim: int) -> int:
 def stored_vectors(data: bytes, kind: str, rows: int, dim: int) -> list[np.ndarray]:
     """The float32 row vectors the index stores (views on `data`, one array per flat storage or IVF list), after the
     whole file has been walked; a LayoutError says where it differs from a `kind` index of `rows` x `dim`."""
+    return _walk(data, kind, rows, dim)[0]
+
+
+def vectors_by_position(data: bytes, kind: str, rows: int, dim: int) -> np.ndarray:
+    """[rows, dim]: the vector the index returns for position p at row p (an IVF list holds its rows in its own
+    order, each with its position); checked as `stored_vectors`."""
+    parts, positions = _walk(data, kind, rows, dim)
+    if positions is None:
+        return parts[0]
+    out = np.empty((rows, dim), dtype=np.float32)
+    for part, pos in zip(parts, positions):
+        out[pos] = part
+    return out
+
+
+def _walk(data: bytes, kind: str, rows: int, dim: int) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """(stored vectors, and for IVF each list's positions) of the whole file, walked to its end."""
     if kind not in FOURCC:
         raise LayoutError(f"the record names an index kind {kind!r} kd does not write")
     r = _Reader(data)
-    walk = {"flat": _flat, "hnsw": _hnsw, "ivf": _ivf}[kind]
-    out = walk(r, rows, dim)
+    out = _ivf(r, rows, dim) if kind == "ivf" else ({"flat": _flat, "hnsw": _hnsw}[kind](r, rows, dim), None)
     if r.pos != len(data):
         raise LayoutError(f"{len(data) - r.pos} bytes follow the end of the index")
     return out
@@ -127,7 +143,7 @@ def _check_graph(cum: np.ndarray, levels: np.ndarray, offsets: np.ndarray, neigh
         raise LayoutError(f"an HNSW neighbour is outside the index's {rows} rows")
 
 
-def _ivf(r: _Reader, rows: int, dim: int) -> list[np.ndarray]:
+def _ivf(r: _Reader, rows: int, dim: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     _header(r, FOURCC["ivf"], rows, dim, "index")
     nlist = r.scalar("<q", "IVF list count")
     r.take(8, "IVF nprobe")
@@ -146,7 +162,7 @@ def _ivf(r: _Reader, rows: int, dim: int) -> list[np.ndarray]:
         positions.append(np.frombuffer(r.take(n * 8, "IVF list positions"), dtype="<i8"))
     if rows and not np.array_equal(np.sort(np.concatenate(positions)), np.arange(rows)):
         raise LayoutError(f"the IVF lists do not hold each of the positions 0..{rows - 1} once")
-    return out
+    return out, positions
 
 
 def _list_sizes(r: _Reader, nlist: int, dim: int) -> np.ndarray:

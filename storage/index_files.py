@@ -22,9 +22,10 @@ from kd.common.errors import StoreError
 from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.storage import fs
 from kd.storage.alignment import ids_digest, shard_digest
-from kd.storage.faiss_layout import LayoutError, max_file_bytes, stored_vectors
-from kd.storage.schema import canonical_type
-from kd.storage.store import Store
+from kd.storage.faiss_layout import LayoutError, max_file_bytes, stored_vectors, vectors_by_position
+from kd.storage.schema import canonical_type, table_vectors
+from kd.storage.soundness import remember, verdict_mark
+from kd.storage.store import Store, iter_shards
 
 if TYPE_CHECKING:
     import faiss
@@ -75,7 +76,10 @@ def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
       reads it, so a forged length never sizes an allocation and an index of another kind or dim is not used;
     - its vectors are the finite unit vectors `kd index` stores;
     - the ids are `rows` int64s, the table's ids in shard order (their recorded digests): a reordered ids file
-      names every hit by another row's id.
+      names every hit by another row's id;
+    - the vector at position p is row p of the column, normalised: two rows swapped in the index file (checksum
+      re-forged) returned each other's neighbours (the sixth probe). Read once per index state (a verdict in the
+      kd cache keyed by the index's and its table's checksums, both verified on every read).
     A checksum re-forged in the manifest passes the checksum but none of these."""
     import faiss
 
@@ -84,6 +88,7 @@ def load_index(store: Store, info: IndexInfo) -> tuple[faiss.Index, np.ndarray]:
     _check_vectors(store, info, data)
     ids = _read_ids(store, info, id_bytes)
     _check_row_order(store, info, ids)
+    _check_rows_are_the_table(store, info, data)
     try:
         index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
     except RuntimeError as e:  # not expected once the layout is checked: still the store's error, not a traceback
@@ -159,6 +164,28 @@ def _check_vectors(store: Store, info: IndexInfo, data: bytes) -> None:
         if np.any((np.abs(norms - 1) > UNIT_TOLERANCE) & (norms != 0)):  # kd indexes unit rows (zero stays zero)
             raise _refused(store, info, info.file, "it stores vectors that are not of unit length (kd index "
                            "normalises every row: these were not written by it)")
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm as contiguous float32 (zero rows stay zero): what an index stores."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _check_rows_are_the_table(store: Store, info: IndexInfo, data: bytes) -> None:
+    mark = verdict_mark("index", info.sha256, info.ids_sha256, info.source)
+    if mark.is_file():
+        return
+    stored, start = vectors_by_position(data, info.kind, info.rows, info.dim), 0
+    for k, table in iter_shards(store, info.table):
+        want = normalize(table_vectors(table, info.column, store.loc.path(info.table)))
+        off = np.nonzero(np.abs(stored[start : start + len(want)] - want).max(axis=1, initial=0) > 1e-5)[0]
+        if len(off):
+            raise _refused(store, info, info.file, f"its vector at position {start + off[0]} is not row "
+                           f"{start + off[0]} of {info.table!r} (column {info.column!r}, shard {k}): search would "
+                           "answer with other rows' neighbours")
+        start += len(want)
+    remember(mark)
 
 
 def _read_ids(store: Store, info: IndexInfo, data: bytes) -> np.ndarray:

@@ -287,7 +287,7 @@ def require_sound_content(store: Store) -> None:
         if why:
             raise StoreError(why, store.loc.path(rel), content_fix(store.root, repairable=True))
     if mark is not None:
-        _remember(mark)
+        remember(mark)
 
 
 def _shards(store: Store) -> Iterator[tuple[str, int, pa.Table]]:
@@ -436,7 +436,12 @@ def _files_state(store: Store) -> list[Any]:
     return out
 
 
-def _remember(mark: Path) -> None:
+def verdict_mark(*key: object) -> Path:
+    """Where a sound verdict on `key` (JSON-able parts that bind the checked bytes) is kept in the kd cache."""
+    return cache_dir() / VERDICTS / hashlib.sha256(json.dumps([CHECKS, *key], sort_keys=True).encode()).hexdigest()
+
+
+def remember(mark: Path) -> None:
     """Write the verdict (an empty file, renamed into place); a cache that cannot be written only costs the next
     reader the check again."""
     with contextlib.suppress(OSError):
