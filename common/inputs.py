@@ -86,6 +86,9 @@ def parse_pair_columns(pair_columns: str | None) -> tuple[str, str] | None:
     cols = [c.strip() for c in pair_columns.split(",")]
     if len(cols) != 2 or not all(cols):
         raise InputError(f"--pair-columns needs two columns, got {pair_columns!r}", None, "write it as a,b")
+    if cols[0] == cols[1]:  # every pair would be a text with itself (the sixth probe)
+        raise InputError(f"--pair-columns names the same column twice ({pair_columns!r})", None,
+                         "name the two columns that hold each pair's texts, e.g. sentence1,sentence2")
     return cols[0], cols[1]
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import numbers
 import os
 from dataclasses import MISSING, Field, dataclass
-from typing import Any
+from typing import Any, get_args
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
@@ -67,8 +67,9 @@ def flag_of(name: str, opt: Option) -> str:
 
 
 def check_ranges(config: Any, where: str) -> None:
-    """Raise InputError for the first field (in declaration order) whose value is not of its declared type or is
-    outside its declared range."""
+    """Raise InputError for the first field (in declaration order) whose value is not of its declared type, outside
+    its declared range, or not one of its declared choices (the CLI refuses those itself; a recipe or a Python call
+    reached the model with `arch = "evil"`: the sixth probe)."""
     check_types(config, where)
     B.check(where, *((flag_of(f.name, o), getattr(config, f.name), o.range)
                      for f, o in declared(type(config)) if o.range is not None))
@@ -76,12 +77,16 @@ def check_ranges(config: Any, where: str) -> None:
 
 def check_types(config: Any, where: str) -> None:
     """check_ranges' first half, for a __post_init__ to run before anything reads the values (a list where a name
-    was declared, hashed as a dict key, was Python's TypeError)."""
+    was declared, hashed as a dict key, was Python's TypeError), choices included."""
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
         if value is None and f.default is None:  # not given: the config fills it in (`out` from `add_to`)
             continue
         _check_type(flag_of(f.name, o), value, str(f.type), where)
+        allowed = get_args(o.choices) if o.choices is not None else ()
+        if allowed and value is not None and getattr(value, "value", value) not in allowed:
+            raise InputError(f"{flag_of(f.name, o)} {value!r} is not one of {', '.join(allowed)}", where,
+                             f"pass one of: {', '.join(allowed)}")
 
 
 # The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the

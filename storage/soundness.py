@@ -58,16 +58,24 @@ _WIDTH = re.compile(r"^\w+\[(\d+)\]")
 SAMPLED_OCCURRENCES = 64
 
 
+DEFAULT_TARGETS = ("sentence", "mean")  # what precompute records (pipeline.teacher.model: a sentence-transformers
+# teacher's own pooling, else the mean)
+
+
 def manifest_problems(m: Manifest) -> list[str]:
     """What is wrong with a manifest on its own: its row plan (`plan_problems`), a missing texts table, a teacher
-    table whose `meta.dim` is not the width of its hidden-state columns or whose tokenizer or input embeddings are
-    not a path inside the store. Each is a sentence naming the field."""
+    table whose `meta.dim` is not the width of its hidden-state columns, whose default target is not one precompute
+    records, or whose tokenizer or input embeddings are not a path inside the store. Each is a sentence naming the
+    field."""
     out = list(plan_problems(m)) + _meta_path_problems(m)
     if "texts" not in m.tables:
         out.append("the manifest has no texts table (every table's rows are paired with it by id)")
     for teacher in sorted(m.teachers()):
         name = teacher_table(teacher)
         rec = m.tables[name]
+        target = rec.meta.get("default_target")
+        if target is not None and target not in DEFAULT_TARGETS:  # readers without --target take it
+            out.append(f"{name}: meta.default_target is {target!r}, not one of {', '.join(DEFAULT_TARGETS)}")
         dim = rec.meta.get("dim")
         if dim is None:
             continue
@@ -247,9 +255,14 @@ def vocab_problem(tensors: dict[str, Any], dim: Any, tokens: int | None = None) 
     return None
 
 
-def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | None:
+# Model types whose word embeddings are as wide as their hidden states (the teacher's `meta.dim`); ALBERT and ELECTRA
+# embed narrower (`embedding_size`), so their width is not checked.
+HIDDEN_WIDE_EMBEDDINGS = ("bert", "roberta", "xlm-roberta", "mpnet", "distilbert", "camembert")
+
+
+def embeddings_problem(tensors: dict[str, Any], tokens: int | None, width: int | None = None) -> str | None:
     """What is wrong with a teacher's input embeddings (`weight` [vocab, width] float, a row per token id of its
-    tokenizer: `tokens` of them, None when unknown); None when it has that shape."""
+    tokenizer: `tokens` of them, None when unknown; `width` wide when known); None when it has that shape."""
     w = tensors.get("weight")
     if w is None:
         return "the input embeddings lack their 'weight' tensor"
@@ -257,6 +270,8 @@ def embeddings_problem(tensors: dict[str, Any], tokens: int | None) -> str | Non
         return f"the input embeddings are {w.dtype} {list(w.shape)}, not a float [tokens, width] matrix"
     if tokens is not None and len(w) < tokens:
         return f"the input embeddings have {len(w):,} rows, the teacher's tokenizer has {tokens:,} token ids"
+    if width is not None and w.shape[1] != width:
+        return f"the input embeddings are {w.shape[1]} wide, the teacher's hidden states {width}"
     return None
 
 
@@ -337,7 +352,9 @@ def file_content_problem(m: Manifest, read: Callable[[str], bytes], rel: str, da
     tensors = load(data)
     tokens = _tokenizer_size(m, read, rec.meta.get("tokenizer") if rec else None)
     if parts[2] == EMBEDDINGS:
-        return embeddings_problem(tensors, tokens)
+        meta = rec.meta if rec is not None else {}
+        wide = meta.get("model_type") in HIDDEN_WIDE_EMBEDDINGS and isinstance(meta.get("dim"), int)
+        return embeddings_problem(tensors, tokens, meta["dim"] if wide else None)
     return vocab_problem(tensors, rec.meta.get("dim") if rec is not None else None, tokens)
 
 

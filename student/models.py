@@ -168,7 +168,12 @@ class StudentConfig:
         if wrong:
             raise KdError(f"the student config's {wrong}", where, "the file was edited or damaged: copy the folder "
                           "again as kd wrote it (or write the value as the type named)")
-        return cls(**d)
+        try:
+            return cls(**d)
+        except KdError as e:  # __post_init__'s checks, named by the file the values came from
+            if e.where != "student config":
+                raise
+            raise type(e)(e.what, where, e.fix) from None
 
 
 # The JSON each field's annotation reads from (`from_dict`): a string "256" would pass the size checks (int() takes

@@ -192,3 +192,13 @@ def test_a_scored_pair_file_still_reads(tmp_path):
     got = tasks.load_pairs(str(tmp_path / "p.tsv"), "0")
     want = tasks.load_stsb("dev").head(6)
     assert got.a == want.a and got.b == want.b and np.allclose(got.scores, want.scores)
+
+
+@pytest.mark.parametrize("given", ["a,a", "0, 0"])
+def test_pair_columns_naming_one_column_twice_are_refused(given):
+    """`--pair-columns a,a` made every pair a text with itself, exit 0 (the sixth probe)."""
+    from kd.common.inputs import parse_pair_columns
+
+    with pytest.raises(InputError, match="names the same column twice"):
+        parse_pair_columns(given)
+    assert parse_pair_columns("a,b") == ("a", "b")

@@ -198,3 +198,18 @@ def test_a_recipe_value_of_the_wrong_type_is_refused_when_read(tmp_path, line, s
         R.load(str(path))
     assert said in e.value.what or said in (e.value.where or ""), e.value
     assert str(path) in (e.value.where or ""), e.value
+
+
+@pytest.mark.parametrize(("option", "value"), [("arch", "evil"), ("pooling", "sum"), ("schedule", "linear")])
+def test_a_recipe_choice_kd_lacks_is_refused_when_read(tmp_path, option, value):
+    """`arch = "evil"` passed the recipe's check; kd distill ran the teacher and failed at its third step in the
+    student's words, naming no file (the sixth probe). The CLI's choices now hold for recipes and Python calls."""
+    from kd.apps.distill import recipe as R
+
+    path = tmp_path / "r.toml"
+    lines = {"arch": 'arch = "static"', option: f'{option} = "{value}"'}
+    path.write_text('description = "d"\nteacher = "mpnet"\n[outputs]\nteacher = ["sentence", "vocab"]\n'
+                    '[[stage]]\nname = "a"\nfrom = "teacher"\n' + "\n".join(lines.values()) + "\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        R.load(str(path))
+    assert f"'{value}' is not one of" in e.value.what and str(path) in (e.value.where or ""), e.value

@@ -95,6 +95,16 @@ def test_repair_drops_what_the_readers_refuse(real, store, tiny_teacher):
     assert validate(store).exit_code == 0
 
 
+def test_a_default_target_precompute_never_records_is_reported_and_refused(store, tmp_path):
+    """`default_target = "layers"` (a 3-D output, no target) passed validate; a reader without --target took it and
+    failed later (the sixth probe)."""
+    edit_manifests(store, lambda d: d["tables"][TEACHER]["meta"].__setitem__("default_target", "layers"))
+    said = "meta.default_target is 'layers', not one of sentence, mean"
+    res = validate(store)
+    assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
+    refused(train(store, tmp_path / "student"), said)
+
+
 def test_meta_dim_unlike_the_column_type_is_reported_and_refused(store, tmp_path):
     edit_manifests(store, lambda d: d["tables"][TEACHER]["meta"].__setitem__("dim", 64))
     res = validate(store)

@@ -218,6 +218,18 @@ def test_input_embeddings_of_the_wrong_shape_are_reported(store, tmp_path):
     _repaired(store, EMB)
 
 
+def test_input_embeddings_narrower_than_the_teacher_are_reported(store, tmp_path):
+    """[vocab, 16] for a 32-wide BERT teacher passed validate and started a student's embeddings (the sixth probe);
+    docs/store-format.md: [vocab, dim]."""
+    weight = load((store / EMB).read_bytes())["weight"]
+    rewrite_file(store, EMB, save({"weight": weight[:, : weight.shape[1] // 2].copy()}))
+    said = f"the input embeddings are {weight.shape[1] // 2} wide, the teacher's hidden states {weight.shape[1]}"
+    res = validate(store)
+    assert res.exit_code == 1 and said in " ".join(res.output.split()), res.output
+    refused(train(store, tmp_path / "student"), said)
+    _repaired(store, EMB)
+
+
 def _repaired(store: Path, rel: str) -> None:
     """--repair sets a file of the wrong shape aside as it does one unlike its checksum (it once kept it: the store
     it left was still refused by validate and every reader)."""

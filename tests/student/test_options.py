@@ -166,8 +166,9 @@ def test_sts_split_names_the_split_not_kd_shared():
     from kd.apps.eval import tasks
     from kd.apps.eval.run import EvalConfig
 
-    for call in (lambda: tasks.load_stsb("foo"), lambda: EvalConfig(sts_split="foo")):
-        with pytest.raises(KdError, match="unknown STS-B split 'foo'") as e:
+    for call, said in ((lambda: tasks.load_stsb("foo"), "unknown STS-B split 'foo'"),
+                       (lambda: EvalConfig(sts_split="foo"), "--sts-split 'foo' is not one of")):
+        with pytest.raises(KdError, match=said) as e:
             call()
         assert "train, dev, test" in str(e.value) and "KD_SHARED" not in str(e.value)
 

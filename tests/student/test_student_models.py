@@ -118,6 +118,9 @@ def test_config_round_trip_and_errors() -> None:
         tiny(Arch.transformer, hidden_dim=9)
     with pytest.raises(KdError, match=r"invalid student config: \['dropout=1.0'\]\n"):  # the bad value alone
         tiny(Arch.ffn, dropout=1.0)
+    with pytest.raises(KdError) as e:  # a received config.json's bad value names that file (the sixth probe)
+        StudentConfig.from_dict({**d, "dropout": 5.0}, "/x/config.json")
+    assert e.value.where == "/x/config.json" and "dropout=5.0" in e.value.what
 
 
 def test_init_embeddings_and_pca() -> None:
