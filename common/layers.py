@@ -30,12 +30,21 @@ def parse_layers(text: str | None, num_layers: int, flag: str) -> list[int]:
     if not text:
         return default_layers(num_layers)
     example = f"e.g. {flag} {','.join(str(i) for i in default_layers(num_layers))}"
+    layers = layer_numbers(text, flag, example)
+    if layers[-1] >= num_layers:
+        raise InputError(f"{flag} {text!r}: layers are numbered 0..{num_layers - 1}", flag, example)
+    return layers
+
+
+def layer_numbers(text: str, flag: str, example: str = "e.g. 0,2,4") -> list[int]:
+    """`flag`'s comma-separated layer numbers (>= 0), sorted and unique: the form alone, for where the model and so
+    its layer count are not known yet (a recipe when it is read)."""
     try:
         layers = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise InputError(f"{flag} must be comma-separated layer numbers, got {text!r}", flag, example) from None
-    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
-        raise InputError(f"{flag} {text!r}: layers are numbered 0..{num_layers - 1}", flag, example)
+    if not layers or layers[0] < 0:
+        raise InputError(f"{flag} {text!r}: layers are numbered from 0", flag, example)
     return layers
 
 

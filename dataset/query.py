@@ -247,6 +247,9 @@ def _fix(e: Exception) -> str:
 
 def split_statements(sql: str) -> list[str]:
     """SQL text -> its statements (DuckDB's own parser, so ';' inside strings is fine)."""
+    if not isinstance(sql, str):
+        raise InputError(f"the SQL must be a str, not {sql!r} ({type(sql).__name__})", None,
+                         'pass it as text, e.g. "SELECT count(*) FROM texts"')
     try:
         return [str(s.query).strip() for s in duckdb.extract_statements(sql) if str(s.query).strip()]
     except duckdb.Error as e:
@@ -373,6 +376,9 @@ def export(
     before file access is locked), so the result goes from the query to the file inside DuckDB, streamed. It
     once streamed through Arrow into a second connection: a Ctrl-C left that one's threads reading from the
     interrupted query, and the process aborted at exit ("exception not rethrown") in place of exiting 130."""
+    if fmt not in {f.value for f in Format} | set(Format):
+        raise InputError(f"format {fmt!r} is not one of {', '.join(f.value for f in Format)}", str(out),
+                         "pass csv, json or parquet")
     fmt = Format(fmt)
     if fmt is Format.table:
         raise InputError("--format table prints to the terminal", str(out), "use csv, json or parquet with --out")

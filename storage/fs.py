@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from kd.common.errors import StoreError
 from kd.common.file_kinds import special_file
 from kd.common.locks import try_lock
+from kd.common.options import path_argument
 from kd.storage.names import inside, real_inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
@@ -52,7 +53,7 @@ def resolve(uri: str | os.PathLike | Location) -> Location:
     """Map a path or URI to a pyarrow filesystem and a root inside it (a Location is already one)."""
     if isinstance(uri, Location):
         return uri
-    text = os.fspath(uri)
+    text = path_argument(uri, "the store", "Store.open", "a path or URI (a str or os.PathLike)")
     if "://" in text and not text.startswith("file://"):
         try:
             fs, root = pafs.FileSystem.from_uri(text)

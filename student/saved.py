@@ -149,6 +149,9 @@ class LoadedStudent:
             raise InputError(f"encode() got unknown argument(s) {', '.join(sorted(unknown))}", "LoadedStudent.encode",
                              "it takes sentence-transformers' arguments: batch_size, show_progress_bar, "
                              "convert_to_numpy, convert_to_tensor, normalize_embeddings, device, precision")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"encode(): batch_size must be a whole number >= 1, not {batch_size!r}",
+                             "LoadedStudent.encode", "pass batch_size=128 (or leave it out)")
         if precision != "float32":
             raise InputError(f"precision {precision!r} is not computed by kd students", "LoadedStudent.encode",
                              "encode in float32 and quantize with sentence_transformers.quantization."

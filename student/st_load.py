@@ -29,6 +29,7 @@ from safetensors import SafetensorError
 
 from kd.common.errors import InputError
 from kd.common.finite import first_non_finite
+from kd.common.options import path_argument
 from kd.common.parsing import has_auto_map, read_config, read_json
 from kd.student.saved import check_received
 
@@ -46,7 +47,7 @@ def load_exported(path: str | os.PathLike, device: str = "cpu"):
     without `trust_remote_code` and without importing anything the folder names (see the module docstring)."""
     from sentence_transformers import SentenceTransformer
 
-    root = Path(path)
+    root = Path(path_argument(path, "path", "kd.student.load_exported"))
     entries = check_export(root)
     settings = _model_settings(root)
     modules = [_load_module(root, e) for e in entries]

@@ -37,7 +37,7 @@ from typing import Any
 
 from kd.common.errors import InputError, KdError
 from kd.common.inputs import require_regular_file
-from kd.common.layers import parse_layers
+from kd.common.layers import layer_numbers
 from kd.common.parsing import parse_toml
 from kd.student.objectives.base import parse_objective
 from kd.student.train_config import TrainConfig
@@ -167,7 +167,7 @@ def _recipe(raw: dict[str, Any], path: Path) -> Recipe:
                keep_layers=outputs.get("keep_layers"), stages=tuple(_stages(raw.get("stage"), where)),
                measured=_measured(raw.get("measured", {}), f"{where} [measured]"))
     if r.keep_layers is not None:
-        parse_layers(str(r.keep_layers), 1024, f"{where} [outputs] keep_layers")
+        layer_numbers(str(r.keep_layers), f"{where} [outputs] keep_layers")
     if r.target not in ROW_OUTPUTS:
         raise InputError(f"target {r.target!r} is not a row output", where, f"use one of {', '.join(ROW_OUTPUTS)}")
     if r.target not in r.outputs["teacher"]:
@@ -279,7 +279,7 @@ def _check_options(options: dict[str, Any], at: str) -> None:
     for key, value in options.items():
         _check_type(key, value, at)
     if options.get("init_layers") is not None:  # its range needs the teacher; its form is checked now
-        parse_layers(str(options["init_layers"]), 1024, f"{at}: init_layers")
+        layer_numbers(str(options["init_layers"]), f"{at}: init_layers")
     try:
         for spec in objectives:
             parse_objective(str(spec))

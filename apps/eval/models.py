@@ -141,10 +141,16 @@ def model2vec_folder(folder: str | Path, name: str = "model2vec") -> EvalModel:
     from kd.student.saved import check_received  # lazy: torch, as above
     from kd.student.st_load import check_listing  # lazy: torch, as above
 
+    if not Path(folder).is_dir():
+        raise InputError("--baseline-dir is not a folder (missing, or a file)", str(folder), M2V_AGAIN)
     # model2vec reads its configs whole and follows links: the folder is checked as a received export is, when it
     # is named (before any model loads), so a broken one stops the run rather than leaving a cell "not measured"
     check_received(Path(folder), M2V_AGAIN)
     check_listing(Path(folder))
+    if not model2vec_available():  # (its import inside the evaluation was a ModuleNotFoundError traceback)
+        raise InputError("--baseline-dir needs model2vec, which is not installed in this environment", str(folder),
+                         "pip install model2vec (or kd's bench extra: pip install 'kd[bench]'), or leave "
+                         "--baseline-dir out")
     _check_model2vec_files(Path(folder))
 
     def load() -> Loaded:

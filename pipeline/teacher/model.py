@@ -361,8 +361,9 @@ def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None
     try:
         with step(f"loading teacher {ref.name}"):
             model = from_checkpoint(_has_head(cfg), ref.path).to(dev)
-    # RuntimeError: weights of other shapes than config.json says; SafetensorError: a weights file that is not one
-    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+    # RuntimeError: weights of other shapes than config.json says; SafetensorError: a weights file that is not one;
+    # KeyError: a config value transformers looks up in its own tables (`hidden_act = "os.system"`: the sixth probe)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
         raise KdError(f"cannot load the teacher checkpoint ({' '.join(str(e).split())[:300]})", ref.path,
                       "the directory must hold a Hugging Face model and its tokenizer files") from e
     dtype = resolve_precision(Precision(precision), dev)

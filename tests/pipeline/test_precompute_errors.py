@@ -168,6 +168,13 @@ def test_a_teacher_whose_weights_disagree_with_its_config_is_named(tmp_path, cor
     res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"), "--backend", "torch")
     assert res.exit_code == 2 and "cannot load the teacher checkpoint" in res.output, res.output
     assert not (tmp_path / "store").exists()
+    # a value transformers looks up in its own tables was its KeyError traceback (the sixth probe); no code runs
+    cfg["hidden_size"] //= 2
+    cfg["hidden_act"] = "os.system"
+    (teacher / "config.json").write_text(json.dumps(cfg))
+    res = _run("precompute", str(corpus), "-t", f"x={teacher}", "-o", str(tmp_path / "store"), "--backend", "torch")
+    assert res.exit_code == 2 and "cannot load the teacher checkpoint" in res.output and "os.system" in res.output, \
+        res.output
 
 
 @pytest.mark.parametrize("drop", ["layer", "pooler"])

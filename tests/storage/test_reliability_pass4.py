@@ -186,7 +186,7 @@ def test_parse_json_keeps_ordinary_numbers():
     ('epochs = "3"', "epochs = '3' is not an integer"),
     ('lr = "1e-4"', "lr = '1e-4' is not a number"),
     ("objectives = \"cosine\"", "objectives must be a non-empty list"),
-    ('init_layers = "0,99,-1"', "init_layers"),
+    ('init_layers = "0,99,-1"', "init_layers '0,99,-1': layers are numbered from 0"),  # no made-up 1024 (probe 6)
 ])
 def test_a_recipe_value_of_the_wrong_type_is_refused_when_read(tmp_path, line, said):
     from kd.apps.distill import recipe as R

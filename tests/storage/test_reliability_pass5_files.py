@@ -130,7 +130,8 @@ def _idx_rows_swapped(s: Path) -> None:  # rows 0 and 1 swapped: every check of 
     (s / IDX).write_bytes(_flat_index(v[[1, 0, *range(2, len(v))]]))
 
 
-FORGERIES = {"idx-rows-swapped": _idx_rows_swapped, "ids-reversed": _ids_reversed, "ids-float": _ids_float, "ids-huge-header": _ids_huge_header,
+FORGERIES = {"idx-rows-swapped": _idx_rows_swapped,
+             "ids-reversed": _ids_reversed, "ids-float": _ids_float, "ids-huge-header": _ids_huge_header,
              "idx-other-dim": _idx_other_dim, "idx-nan": _idx_nan, "idx-hnsw-swap": _idx_hnsw,
              "idx-not-unit": _idx_not_unit, "idx-ntotal-2^50": _idx_ntotal_huge, "idx-truncated": _idx_truncated}
 

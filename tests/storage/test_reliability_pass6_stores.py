@@ -389,3 +389,29 @@ def test_a_teacher_folder_with_auto_map_is_refused_before_transformers_reads_it(
     res = CliRunner().invoke(app, ["precompute", str(tmp_path / "news.txt"), "-t", f"t={folder}", "--outputs",
                                    "mean", "--backend", "torch", "-o", str(tmp_path / "s"), "--no-progress"])
     refused(res, "auto_map", "config.json")
+
+
+@pytest.mark.parametrize("call", ["Store.open", "connect", "run_query", "export_format", "load_exported", "encode"])
+def test_python_calls_with_a_wrong_type_are_kd_s_errors(real, store, tmp_path, call):
+    """Five public functions raised a bare TypeError or ValueError for an int path, int SQL or an unknown format,
+    and encode took batch_size=0 (the sixth probe)."""
+    from kd.common.errors import InputError
+    from kd.dataset import query as Q
+    from kd.storage.store import Store
+    from kd.student.st_load import load_exported
+
+    calls = {"Store.open": lambda: Store.open(5), "connect": lambda: Q.connect(5),
+             "run_query": lambda: Q.run_query(real, 5), "load_exported": lambda: load_exported(5),
+             "export_format": lambda: Q.export(real, "SELECT 1", tmp_path / "q.x", "xlsx"),
+             "encode": lambda: _student(store, tmp_path).encode(["a cat"], batch_size=0)}
+    with pytest.raises(InputError) as e:
+        calls[call]()
+    assert e.value.fix and ("not 5 (int)" in e.value.what or "xlsx" in e.value.what or "batch_size" in e.value.what)
+
+
+def _student(store: Path, tmp_path: Path):
+    from kd.student import load
+
+    res = train(store, tmp_path / "student")
+    assert res.exit_code == 0, res.output
+    return load(tmp_path / "student")

@@ -96,6 +96,19 @@ def test_a_baseline_dir_whose_weights_are_not_a_token_table_is_refused_when_name
         refused(res, said, str(folder))
 
 
+@pytest.mark.parametrize("folder", ["missing", "sound"])
+def test_a_baseline_dir_without_model2vec_installed_is_kd_s_error(tmp_path, tiny_teacher, monkeypatch, folder):
+    """model2vec is an extra: without it --baseline-dir ended in a ModuleNotFoundError traceback, for a folder that
+    did not even exist too (the sixth probe)."""
+    from kd.apps.eval import models
+
+    monkeypatch.setattr(models, "model2vec_available", lambda: False)
+    path = tmp_path / "nothing" if folder == "missing" else _model2vec_folder(tmp_path / "m2v", tiny_teacher)
+    res = CliRunner().invoke(app, ["eval", "--teacher", str(tiny_teacher), "--baseline-dir", str(path), "--task",
+                                   "speed", "--no-cache", "--no-progress"])
+    refused(res, "is not a folder" if folder == "missing" else "needs model2vec, which is not installed", str(path))
+
+
 @pytest.mark.parametrize("kind", ["evil", "mpnet"])
 def test_an_init_output_of_a_type_no_student_takes_is_reported_refused_and_repaired(tmp_path, tiny_teacher, sentences,
                                                                                     kind):
