@@ -24,6 +24,7 @@ from rich.text import Text
 from kd.apps.query_config import QueryConfig
 from kd.common.errors import KdError
 from kd.dataset.query import Format, connect, export, head
+from kd.storage.names import real_inside
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
 
@@ -91,6 +92,11 @@ def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Cons
     if fmt is Format.parquet:
         raise KdError("parquet output needs a file", None, "add --out FILE.parquet")
     # COPY writes files only; go through a temporary one so the output is DuckDB's own csv/json.
+    tmp_root = tempfile.gettempdir()
+    if "://" not in str(store_path) and real_inside(os.fspath(store_path), tmp_root)[1]:  # (an absolute part)
+        # never a folder of ours inside the store, even for a moment (the sixth probe: TMPDIR set inside it)
+        raise KdError("the temporary folder kd query prints through lies inside the store", tmp_root,
+                      "set TMPDIR to a folder outside the store, or write the result with --out FILE")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"out.{fmt.value}")
         export(store_path, sql, path, fmt)

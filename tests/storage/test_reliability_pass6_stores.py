@@ -415,3 +415,15 @@ def _student(store: Path, tmp_path: Path):
     res = train(store, tmp_path / "student")
     assert res.exit_code == 0, res.output
     return load(tmp_path / "student")
+
+
+def test_kd_query_never_makes_its_temporary_folder_inside_the_store(store, monkeypatch):
+    """With TMPDIR inside the store, `kd query -f csv` made a folder there and then blamed an --out never given
+    (the sixth probe): a read-only command writes nothing into the store, not even for a moment."""
+    import tempfile
+
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(store / "texts"))
+    res = CliRunner().invoke(app, ["query", str(store), "SELECT 1 AS a", "-f", "csv"])
+    refused(res, "lies inside the store", "TMPDIR")
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
