@@ -21,7 +21,7 @@ from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer need
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 from typer.core import TyperGroup
 
 from kd.apps.demo.config import DemoConfig  # (light, as the two below)
@@ -99,8 +99,10 @@ class _Commands(TyperGroup):
 
 app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False,
                   help="Offline knowledge distillation of sentence encoders.")
-console = Console(stderr=True, soft_wrap=True)
-term = Console(soft_wrap=True)  # results go to stdout; errors and progress to stderr
+# No markup in what kd prints: paths, texts and SQL results hold brackets ("x[/]y" was rich's MarkupError traceback
+# after the work was done: the sixth probe's re-run); kd's own styles are Text spans (`_tagged`).
+console = Console(stderr=True, soft_wrap=True, markup=False)
+term = Console(soft_wrap=True, markup=False)  # results go to stdout; errors and progress to stderr
 
 
 def _in(r: B.Range) -> dict[str, Any]:
@@ -131,8 +133,13 @@ def _device(auto: bool) -> dict[str, Any]:
     return {"callback": check}
 
 
+def _tagged(tag: str, style: str, rest: object) -> Text:
+    """`tag` in `style`, then `rest` as it is (a fix may read pip install 'kd[onnx]', a path x[/]y)."""
+    return Text.assemble((tag, style), f" {rest}")
+
+
 def _fail(e: KdError) -> None:
-    console.print(f"[bold red]error:[/] {escape(str(e))}")  # a fix may read pip install 'kd[onnx]'
+    console.print(_tagged("error:", "bold red", e))
     raise typer.Exit(e.exit_code)
 
 
@@ -250,7 +257,7 @@ def main() -> None:  # pragma: no cover - console entry for `python -m kd`
         err = as_kd_error(e)
         if err is None or _debug():
             raise
-        console.print(f"[bold red]error:[/] {escape(str(err))}")  # a fix may read pip install 'kd[onnx]'
+        console.print(_tagged("error:", "bold red", err))
         sys.exit(err.exit_code)
 
 
@@ -305,14 +312,14 @@ def validate(cfg: ValidateConfig) -> None:
 
     res = validate_store(cfg)
     for line in res.repaired:
-        term.print(f"[yellow]repair[/] {line}")
+        term.print(_tagged("repair", "yellow", line))
     for p in res.problems:
-        term.print(f"[red]problem[/] {p}")
+        term.print(_tagged("problem", "red", p))
     for p in res.notes:
-        term.print(f"[yellow]note[/] {p}")
+        term.print(_tagged("note", "yellow", p))
     if res.problems:
         raise typer.Exit(1)
-    term.print(f"[green]ok[/] {cfg.store}: every shard matches the manifest")
+    term.print(_tagged("ok", "green", f"{cfg.store}: every shard matches the manifest"))
 
 # --- stage two: train-student, embed ---------------------------------------------------------------
 # (student commands)
@@ -369,7 +376,7 @@ def export_cmd(cfg: ExportConfig) -> None:
     res = export(cfg)
     term.print(f"{cfg.format} export written to {res.path}")
     if res.note:  # the student is no chain of sentence-transformers' modules, or one with a limit (issue 49)
-        term.print(f"[yellow]note:[/] {escape(res.note)}")
+        term.print(_tagged("note:", "yellow", res.note))
 
 
 # --- evaluation and demo -------------------------------------------------------------------------
@@ -377,7 +384,7 @@ def export_cmd(cfg: ExportConfig) -> None:
 def _wide() -> Console:
     """The results console; piped or logged output gets 200 columns so the table is not squashed, unless COLUMNS
     says how wide the reader is (the table then splits to fit: EvalReport.rich_table)."""
-    return term if term.is_terminal or os.environ.get("COLUMNS") else Console(width=200)
+    return term if term.is_terminal or os.environ.get("COLUMNS") else Console(width=200, markup=False)
 
 
 @app.command("eval")
@@ -391,7 +398,7 @@ def eval_(cfg: EvalConfig) -> None:
     out.print(report.rich_table(out.width))
     for key, note in report.info.items():
         if isinstance(note, str):
-            term.print(f"[dim]{key}: {note}[/]")
+            term.print(Text(f"{key}: {note}", style="dim"))
 
 
 @app.command()
@@ -405,8 +412,9 @@ def demo(cfg: DemoConfig) -> None:
     out = _wide()
     out.print(res.report.rich_table(out.width))
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items())
-    term.print(f"demo finished ({secs}); best STS-B dev: the [bold]{res.best}[/] student. Everything is in "
-               f"[bold]{res.out}[/]: store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/")
+    term.print(Text.assemble(f"demo finished ({secs}); best STS-B dev: the ", (str(res.best), "bold"),
+                             " student. Everything is in ", (str(res.out), "bold"),
+                             f": store/, students/{{{','.join(res.students)}}}/, report.md, report.json, plots/"))
 
 
 @app.command()
@@ -424,14 +432,14 @@ def distill(cfg: DistillConfig) -> None:
     res = run_distill(cfg)
     if res.report is not None:
         term.print((res.out / "report.md").read_text(encoding="utf-8"))
-    term.print(f"distilled: {res.choice or res.chosen}; everything is in [bold]{res.out}[/]", highlight=False)
+    term.print(Text.assemble(f"distilled: {res.choice or res.chosen}; everything is in ", (str(res.out), "bold")))
     if res.model is not None:
         term.print(f"the model: {res.model}; load it with: SentenceTransformer({str(res.model)!r})", highlight=False)
 
 
 # --- the store as a dataset: query, index, search, cluster ---------------------------------------
 # (dataset commands)
-_data_out = Console()  # results of the dataset commands go to stdout
+_data_out = Console(markup=False)  # results of the dataset commands go to stdout
 
 
 @app.command("query")

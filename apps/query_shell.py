@@ -24,6 +24,7 @@ from rich.text import Text
 from kd.apps.query_config import QueryConfig
 from kd.common.errors import KdError
 from kd.dataset.query import Format, connect, export, head
+from kd.storage import fs
 from kd.storage.names import real_inside
 from kd.storage.schema import vector_shape
 from kd.storage.store import Store
@@ -61,7 +62,7 @@ def render(result: pa.Table, more: bool) -> Group:
     there are more (a line, not the table's caption: a caption wraps at a narrow table's width)."""
     t = Table(show_lines=False)
     for f in result.schema:
-        t.add_column(f"{f.name}\n[dim]{_type(f.type)}[/]", overflow="fold")
+        t.add_column(Text.assemble(f"{f.name}\n", (_type(f.type), "dim")), overflow="fold")
     for row in result.to_pylist():
         t.add_row(*(_cell(v) for v in row.values()))
     count = (f"the first {result.num_rows} rows; there are more: use --out FILE for all" if more
@@ -93,7 +94,8 @@ def query(store_path: str, sql: str, fmt: Format, out: str | None, console: Cons
         raise KdError("parquet output needs a file", None, "add --out FILE.parquet")
     # COPY writes files only; go through a temporary one so the output is DuckDB's own csv/json.
     tmp_root = tempfile.gettempdir()
-    if "://" not in str(store_path) and real_inside(os.fspath(store_path), tmp_root)[1]:  # (an absolute part)
+    loc = fs.resolve(store_path)
+    if loc.is_local and real_inside(loc.root, tmp_root)[1]:  # (a file:// address too; tmp_root is absolute)
         # never a folder of ours inside the store, even for a moment (the sixth probe: TMPDIR set inside it)
         raise KdError("the temporary folder kd query prints through lies inside the store", tmp_root,
                       "set TMPDIR to a folder outside the store, or write the result with --out FILE")
@@ -129,11 +131,11 @@ def repl(store_path: str, lines: Iterable[str], console: Console, interactive: b
                         console.print(render(result, more))
                 except KdError as e:
                     failures += 1
-                    console.print(f"[bold red]error:[/] {e}")
+                    console.print(Text.assemble(("error:", "bold red"), f" {e}"))
         if interactive:
             console.print("...> " if buf else "kd> ", end="")
     if buf:
-        console.print("[yellow]ignored an unterminated statement (no ';' at the end)[/]")
+        console.print(Text("ignored an unterminated statement (no ';' at the end)", style="yellow"))
     return failures
 
 

@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -113,7 +114,7 @@ class Bar:
             # rich estimates speed from the last 30 s of updates by default: a unit slower than that (a teacher's
             # batch of documents on CPU) leaves one update in the window, so no rate and no ETA, ever. The whole
             # run's average is what the log line uses too.
-            self._rich = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(),
+            self._rich = Progress(TextColumn(f"[bold]{escape(self.label)}"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn(self.unit), _Rate(self.unit), TimeElapsedColumn(), TextColumn("ETA"),
                                   TimeRemainingColumn(), _Fields(), console=self._console,
                                   speed_estimate_period=SPEED_WINDOW_S)

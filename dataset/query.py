@@ -43,6 +43,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kd.common.errors import InputError, KdError, StoreError, located
+from kd.common.options import path_argument
 from kd.common.outputs import claim_output, temp_path, write_file
 from kd.common.stop import Stopped, StopRequest, Terminated
 from kd.storage.int8 import scale_column
@@ -376,7 +377,8 @@ def export(
     before file access is locked), so the result goes from the query to the file inside DuckDB, streamed. It
     once streamed through Arrow into a second connection: a Ctrl-C left that one's threads reading from the
     interrupted query, and the process aborted at exit ("exception not rethrown") in place of exiting 130."""
-    if fmt not in {f.value for f in Format} | set(Format):
+    out = path_argument(out, "out", "kd.dataset.query.export")
+    if not isinstance(fmt, str) or fmt not in {f.value for f in Format}:  # (a Format is a str)
         raise InputError(f"format {fmt!r} is not one of {', '.join(f.value for f in Format)}", str(out),
                          "pass csv, json or parquet")
     fmt = Format(fmt)

@@ -26,12 +26,13 @@ def backend_details(meta: dict) -> str:
     return out + (f"; auto: {choice['reason']}" if choice else "")
 
 
-def _rows_line(m: Manifest) -> str:
+def _rows_line(m: Manifest) -> str | Text:
     """The row plan, or, where its counts disagree with each other or with the shard records (a damaged or
     forged manifest), what disagrees: such numbers are never printed as the store's size."""
     problems = plan_problems(m)
     if problems:
-        return "[red]unknown: the manifest's counts disagree[/] (" + "; ".join(problems) + "; run kd validate)"
+        return Text.assemble(("unknown: the manifest's counts disagree", "red"),
+                             " (" + "; ".join(problems) + "; run kd validate)")
     return f"{m.inputs.get('num_rows', 0):,} in {m.num_shards} shard(s) of {m.inputs.get('rows_per_shard', 0):,}"
 
 

@@ -109,7 +109,7 @@ class Plan:
 
     def __str__(self) -> str:
         """The table as plain text, so `print(kd.distill(..., dry_run=True))` shows the plan, not an object."""
-        console = Console(width=120, record=True, file=io.StringIO())
+        console = Console(width=120, record=True, file=io.StringIO(), markup=False)
         console.print(self.table())
         return console.export_text()
 

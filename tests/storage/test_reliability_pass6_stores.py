@@ -391,7 +391,8 @@ def test_a_teacher_folder_with_auto_map_is_refused_before_transformers_reads_it(
     refused(res, "auto_map", "config.json")
 
 
-@pytest.mark.parametrize("call", ["Store.open", "connect", "run_query", "export_format", "load_exported", "encode"])
+@pytest.mark.parametrize("call", ["Store.open", "connect", "run_query", "export_format", "export_format_list",
+                                  "export_out_int", "load_exported", "encode"])
 def test_python_calls_with_a_wrong_type_are_kd_s_errors(real, store, tmp_path, call):
     """Five public functions raised a bare TypeError or ValueError for an int path, int SQL or an unknown format,
     and encode took batch_size=0 (the sixth probe)."""
@@ -403,10 +404,12 @@ def test_python_calls_with_a_wrong_type_are_kd_s_errors(real, store, tmp_path, c
     calls = {"Store.open": lambda: Store.open(5), "connect": lambda: Q.connect(5),
              "run_query": lambda: Q.run_query(real, 5), "load_exported": lambda: load_exported(5),
              "export_format": lambda: Q.export(real, "SELECT 1", tmp_path / "q.x", "xlsx"),
+             "export_format_list": lambda: Q.export(real, "SELECT 1", tmp_path / "q.x", ["csv"]),
+             "export_out_int": lambda: Q.export(real, "SELECT 1", 5, "csv"),
              "encode": lambda: _student(store, tmp_path).encode(["a cat"], batch_size=0)}
     with pytest.raises(InputError) as e:
         calls[call]()
-    assert e.value.fix and ("not 5 (int)" in e.value.what or "xlsx" in e.value.what or "batch_size" in e.value.what)
+    assert e.value.fix and any(s in e.value.what for s in ("not 5 (int)", "xlsx", "['csv']", "batch_size"))
 
 
 def _student(store: Path, tmp_path: Path):
@@ -424,6 +427,22 @@ def test_kd_query_never_makes_its_temporary_folder_inside_the_store(store, monke
 
     before = sorted(p.relative_to(store) for p in store.rglob("*"))
     monkeypatch.setattr(tempfile, "tempdir", str(store / "texts"))
-    res = CliRunner().invoke(app, ["query", str(store), "SELECT 1 AS a", "-f", "csv"])
-    refused(res, "lies inside the store", "TMPDIR")
+    for address in (str(store), f"file://{store}"):  # a file:// address is the same folder (the re-run)
+        res = CliRunner().invoke(app, ["query", address, "SELECT 1 AS a", "-f", "csv"])
+        refused(res, "lies inside the store", "TMPDIR")
     assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
+def test_paths_with_brackets_print_whole(real, tmp_path):
+    """kd printed through rich's markup: a store at `x[/]y/store` ended validate and info in a MarkupError
+    traceback after the work was done, and `s[red]` lost its `[red]` (the sixth probe's re-run)."""
+    import shutil
+
+    for name in ("s[red]", "x[/]y"):
+        store = Path(shutil.copytree(real, tmp_path / name / "store"))
+        res = CliRunner().invoke(app, ["validate", str(store)])
+        assert res.exit_code == 0 and f"{name}/store: every shard matches" in " ".join(res.output.split()), res.output
+        res = CliRunner().invoke(app, ["info", str(store)])
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+        res = CliRunner().invoke(app, ["validate", str(store / "nothing[bold]")])
+        assert res.exit_code == 2 and "nothing[bold]" in res.output, res.output
