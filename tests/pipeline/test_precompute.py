@@ -214,7 +214,7 @@ def test_two_processes_write_disjoint_shards_of_one_store(tmp_path, tiny_teacher
 
 def test_bad_enum_options_fail_cleanly(tmp_path, tiny_teacher, sentences):
     src = _write_lines(tmp_path / "s.txt", sentences[:5])
-    with pytest.raises(InputError, match="unknown --segment"):
+    with pytest.raises(InputError, match="--segment .paragraphs. is not one of"):
         precompute([src], str(tmp_path / "st"), [str(tiny_teacher)], segment="paragraphs", progress=False)
     r = CliRunner().invoke(app, ["precompute", src, "-t", str(tiny_teacher), "-o", str(tmp_path / "x"),
                                  "--dtype", "int4"])

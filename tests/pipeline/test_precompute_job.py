@@ -23,10 +23,10 @@ from kd.storage.manifest import Manifest, ShardRecord, TableRecord
 @pytest.mark.parametrize("bad, match", [
     (dict(shard_rows=0), "--shard-rows 0"),
     (dict(batch_tokens=10**12), "--batch-tokens"),
-    (dict(segment="paragraphs"), "unknown --segment"),
+    (dict(segment="paragraphs"), "--segment 'paragraphs' is not one of none, sentences"),
     (dict(teachers=[]), "no teacher given"),
     (dict(dtype="int4"), "int4"),
-    (dict(engine="spark"), "unknown --engine"),
+    (dict(engine="spark"), "--engine 'spark' is not one of local, ray"),
     (dict(workers=2), "only applies to --engine ray"),
     (dict(backend="torch", quantize="int8"), "--quantize int8 needs an exporting backend"),
 ])
