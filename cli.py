@@ -22,7 +22,7 @@ from typing import Annotated, Any, Optional  # noqa: F401  (Optional: typer need
 import typer
 from rich.console import Console
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from kd.apps.demo.config import DemoConfig  # (light, as the two below)
 from kd.apps.distill.config import DistillConfig
@@ -199,6 +199,25 @@ def _values(cls: type, given: dict[str, Any]) -> dict[str, Any]:
         if value is not None:
             kwargs[f.name] = value
     return kwargs
+
+
+class _FreeText(TyperCommand):
+    """A command whose arguments are free text (kd query's SQL, kd search's query), which may begin with "-": click
+    reads any such token as an option, so "-- note\nSELECT 1" (a SQL comment) was "No such option". A token holding
+    whitespace before any "=" names no option (--out=my file.parquet does), so it is handed to click masked and
+    given back as the text it is."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        masked = [f"\0text{i}" if a.startswith("-") and _space_before_equals(a) else a for i, a in enumerate(args)]
+        texts = {m: a for m, a in zip(masked, args) if m != a}
+        rest = super().parse_args(ctx, masked)
+        ctx.params = {k: texts.get(v, v) if isinstance(v, str) else v for k, v in ctx.params.items()}
+        return [texts.get(a, a) for a in rest]
+
+
+def _space_before_equals(token: str) -> bool:
+    head = token.split("=", 1)[0]
+    return any(c.isspace() for c in head)
 
 
 def _declared_by(cls: type) -> Callable[[Callable[[Any], None]], Callable[..., None]]:
@@ -442,7 +461,7 @@ def distill(cfg: DistillConfig) -> None:
 _data_out = Console(markup=False)  # results of the dataset commands go to stdout
 
 
-@app.command("query")
+@app.command("query", cls=_FreeText)
 @_declared_by(QueryConfig)
 def query_cmd(cfg: QueryConfig) -> None:
     """Query the store with DuckDB SQL (views: texts, one per table, outputs). See docs/queries.md."""
@@ -463,7 +482,7 @@ def index_cmd(cfg: IndexConfig) -> None:
     _data_out.print(f"saved {info.file}")
 
 
-@app.command("search")
+@app.command("search", cls=_FreeText)
 @_declared_by(SearchConfig)
 def search_cmd(cfg: SearchConfig) -> None:
     """Top-k texts of the store nearest to a query (build the index first with kd index)."""

@@ -158,6 +158,9 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     # the checkpoint path it was precomputed from names the same teacher (and its default column)
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "-k", "1"])
     assert r.exit_code == 0 and "tiny_bert-mean-flat" in r.output, r.output
+    dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
+    r = runner.invoke(app, ["search", str(out), dashed, "--teacher", "tiny-bert", "-k", "1"])
+    assert r.exit_code == 0 and "1.0000" not in r.output and sentences[17].split()[0] in r.output, r.output
     for empty in ("", "   "):  # the probe's B20: 10 "nearest" rows to nothing, exit 0
         r = runner.invoke(app, ["search", str(out), empty, "--teacher", "tiny-bert"])
         assert r.exit_code == 2 and "the query text is empty" in r.output, r.output

@@ -289,6 +289,22 @@ def test_cli_query_formats(store, tmp_path):
     assert r.exit_code == 2 and "query failed" in r.output
 
 
+@pytest.mark.parametrize("sql", ["-- how many\nSELECT count(*) AS n FROM texts",
+                                 "--how\nSELECT count(*) AS n FROM texts"])
+def test_sql_beginning_with_a_dash_is_the_sql_not_an_option(store, tmp_path, sql):
+    path, _ = store
+    out = tmp_path / "n.csv"  # an option after the SQL is still an option
+    r = CliRunner().invoke(app, ["query", str(path), sql, "-f", "csv", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_text().splitlines() == ["n", "120"]
+
+
+def test_a_mistyped_option_is_still_refused_as_an_option(store):
+    path, _ = store
+    r = CliRunner().invoke(app, ["query", str(path), "SELECT 1", "--fromat", "csv"])
+    assert r.exit_code == 2 and "No such option: --fromat" in r.output
+
+
 def test_cli_query_prompt_reads_piped_statements(store):
     path, _ = store
     script = "SELECT count(*) AS n\n  FROM texts;\nSELECT bad syntax here;\n.tables\nSELECT 41 + 1 AS answer;\n"
