@@ -21,7 +21,7 @@ from kd.common.options import bounded, check_ranges, check_types, one_value_as_s
 from kd.common.options import flag as option_flag
 from kd.pipeline import inputs as inp
 from kd.pipeline import ray_probe
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher
 
 if TYPE_CHECKING:
     from kd.storage.schema import VectorDType
@@ -123,6 +123,7 @@ class PrecomputeJob:
         object.__setattr__(self, "ray", self.check())
         object.__setattr__(self, "specs", tuple(t if isinstance(t, TeacherRef) else parse_teacher(t)
                                                 for t in self.teachers))
+        check_distinct([t if isinstance(t, TeacherSpec) else t.spec for t in self.specs], "--teacher")
         object.__setattr__(self, "teachers", tuple(str(s) for s in self.specs))
 
     def check(self) -> RayOptions | None:

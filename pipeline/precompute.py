@@ -162,16 +162,12 @@ def package_versions() -> dict[str, str]:
 
 def _load_teachers(job: PrecomputeJob, existing: Manifest | None) -> list[Teacher]:
     """Load every --teacher (--engine ray: the driver's CPU copy, for the tokenizer, embeddings, vocab, init;
-    the Ray workers encode); two teachers may not share a name. --backend auto keeps the backend a teacher
+    the Ray workers encode; the job checked they are distinct). --backend auto keeps the backend a teacher
     already has in the store (`stored_backend`)."""
     load = job.load_options()
     if job.engine == "ray":
         load = ray_engine.driver_load(load)
-    loaded = [backends.load(t, **load, stored=stored_backend(existing, t.name)) for t in job.specs]
-    names = [t.name for t in loaded]
-    if len(set(names)) != len(names):
-        raise InputError(f"two teachers share a name ({', '.join(names)})", "--teacher", "name them: --teacher a=PATH")
-    return loaded
+    return [backends.load(t, **load, stored=stored_backend(existing, t.name)) for t in job.specs]
 
 
 def check_same_tokenizers(store: Store, teachers: list[Teacher], where: str) -> None:

@@ -212,13 +212,7 @@ def _teachers(raw: dict, where: str) -> tuple[str, ...]:
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
         raise InputError("'teacher' must be a name or a list of names", where, 'e.g. teacher = "mpnet", or '
                          'teacher = ["mpnet", "minilm"] for several as one target')
-    return check_teachers(names, where)
-
-
-def check_teachers(names: list[str], where: str) -> tuple[str, ...]:
-    if len(set(names)) < len(names):
-        raise InputError(f"a teacher is named twice: {names}", where, "name each teacher once")
-    return tuple(names)
+    return tuple(names)  # distinct: checked once parsed (kd.pipeline.teacher.resolve.check_distinct)
 
 
 def _weights(value: Any, teachers: int, where: str) -> tuple[float, ...] | None:

@@ -45,7 +45,7 @@ from kd.common.outputs import STORE, claim_output, kind_of, write_text
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher
 from kd.storage.store import Store
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
@@ -107,7 +107,7 @@ class _Run:
         # most of a run's time: two presets on one corpus should pay it once).
         self.store = Path(cfg.store).resolve() if cfg.store else self.out / "store"
         self.exclude = self.out / "exclude.txt"
-        teachers = R.check_teachers(cfg.teacher.split(","), "--teacher") if cfg.teacher else recipe.teachers
+        teachers = cfg.teacher.split(",") if cfg.teacher else recipe.teachers
         # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the
         # others of a combined target (student.target) are "teacher2", "teacher3", ...
         self.teacher_roles = ["teacher", *(f"teacher{i}" for i in range(2, len(teachers) + 1))]
@@ -117,6 +117,7 @@ class _Run:
         self.specs: dict[str, TeacherSpec | None] = {
             role: parse_teacher(text, role, "--start" if role == "start" else "--teacher") if text else None
             for role, text in given.items()}
+        check_distinct([self.specs[r] for r in self.teacher_roles], "--teacher" if cfg.teacher else recipe.path)
         self.names = {role: spec.name for role, spec in self.specs.items() if spec}
         self.refs: dict[str, TeacherRef] = {}  # each role's model found, by check_models
         self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)

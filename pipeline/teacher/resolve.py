@@ -87,6 +87,19 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
     return TeacherSpec(name, source)
 
 
+def check_distinct(specs: list[TeacherSpec], where: str) -> None:
+    """Several teachers are several models: two of one name would write one table, one model given twice would be
+    one teacher weighed twice. Checked on the parsed specs (a=X,a=Y differ as text), before any of them loads."""
+    names = [s.name for s in specs]
+    if len(set(names)) < len(names):
+        raise InputError(f"two teachers share a name ({', '.join(map(str, specs))})", where,
+                         "name each one: --teacher a=PATH,b=PATH")
+    sources = [os.path.normpath(s.source) for s in specs]
+    if len(set(sources)) < len(sources):
+        raise InputError(f"a teacher is given twice ({', '.join(s.source for s in specs)})", where,
+                         "give each teacher once")
+
+
 def resolve_teacher(spec: str | TeacherSpec | TeacherRef) -> TeacherRef:
     """The checkpoint folder of `spec` on this machine (a ref is already resolved); refuses pickled weights."""
     if isinstance(spec, TeacherRef):

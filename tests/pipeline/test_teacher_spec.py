@@ -4,6 +4,8 @@ distill run keeps the name a user gave (NAME=FOLDER), which its string-rebuildin
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,10 +55,10 @@ def test_a_teacher_that_is_no_string_is_kd_s_error(tmp_path):
 
 
 def test_the_job_carries_the_parsed_values(tmp_path, tiny_teacher):
-    spec = TeacherSpec("tiny", str(tiny_teacher))
-    job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [spec, "minilm", Path(tiny_teacher)])
-    assert job.specs == (spec, TeacherSpec("minilm", "minilm"), TeacherSpec(tiny_teacher.name, str(tiny_teacher)))
-    assert job.teachers == (f"tiny={tiny_teacher}", "minilm", str(tiny_teacher))  # the record: what parses back
+    spec, other = TeacherSpec("tiny", str(tiny_teacher)), shutil.copytree(tiny_teacher, tmp_path / "other")
+    job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [spec, "minilm", Path(other)])
+    assert job.specs == (spec, TeacherSpec("minilm", "minilm"), TeacherSpec("other", str(other)))
+    assert job.teachers == (f"tiny={tiny_teacher}", "minilm", str(other))  # the record: what parses back
 
 
 def test_resolving_keeps_the_spec_and_a_ref_is_resolved_once(tiny_teacher):
@@ -68,13 +70,37 @@ def test_resolving_keeps_the_spec_and_a_ref_is_resolved_once(tiny_teacher):
 def test_distill_keeps_a_teacher_s_given_name(tmp_path, tiny_teacher):
     """`kd distill --teacher mine=FOLDER`: the store's table is `mine`, and the models check finds the folder
     (the spec rebuilt as "teacher=mine=FOLDER" was an unknown teacher before)."""
+    other = shutil.copytree(tiny_teacher, tmp_path / "other")
     cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="static",
-                        teacher=f"mine={tiny_teacher},{tiny_teacher}", progress=False)
+                        teacher=f"mine={tiny_teacher},{other}", progress=False)
     run = _Run(cfg, cfg.plan())
     assert run.names == {"teacher": "mine", "teacher2": "teacher2"}
-    assert run.specs["teacher2"] == TeacherSpec("teacher2", str(tiny_teacher))
+    assert run.specs["teacher2"] == TeacherSpec("teacher2", str(other))
     run.check_models()
     assert run.teacher("teacher") == TeacherRef("mine", str(tiny_teacher), str(tiny_teacher))
+
+
+@pytest.mark.parametrize("given, says", [
+    ("a={t},a={o}", "two teachers share a name (a={t}, a={o})"),  # distinct as text, one table
+    ("{t},{t}/", "a teacher is given twice"),  # distill names folders by role: distinct names, one model
+    ("mine={t},{t}", "a teacher is given twice"),
+])
+def test_teachers_that_are_not_distinct_are_refused_before_any_loads(tmp_path, tiny_teacher, monkeypatch, given,
+                                                                    says):
+    other = shutil.copytree(tiny_teacher, tmp_path / "other")
+    text, says = given.format(t=tiny_teacher, o=other), says.format(t=tiny_teacher, o=other)
+    monkeypatch.setattr(backends, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
+    cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="static", teacher=text,
+                        progress=False)
+    with pytest.raises(KdError, match=re.escape(says)) as e:
+        _Run(cfg, cfg.plan())
+    assert e.value.where == "--teacher"
+    if "share a name" in says:  # kd precompute names a folder by itself: "a" twice is a name twice there too
+        with pytest.raises(KdError, match=re.escape(says)):
+            PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), text.split(","))
+    with pytest.raises(KdError, match="share a name"):  # two folders of one name
+        PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [str(tiny_teacher), str(tiny_teacher)])
+    assert not (tmp_path / "s").exists() and not (tmp_path / "run").exists()
 
 
 def test_a_found_teacher_is_not_looked_for_again(tmp_path, tiny_teacher, monkeypatch):

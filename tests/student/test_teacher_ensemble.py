@@ -265,7 +265,7 @@ def test_a_teacher_named_twice_and_weights_for_one_teacher_are_refused(tmp_path,
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--student", "static", "--teacher",
                                    f"{two[0]},{two[0]}"])
-    assert res.exit_code == 2 and "named twice" in res.output, res.output
+    assert res.exit_code == 2 and "a teacher is given twice" in res.output, res.output
     res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--student", "static", "--weights", "1"])
     assert res.exit_code == 2 and "several teachers" in res.output, res.output
 
