@@ -33,7 +33,7 @@ def table_digest(table: pa.Table) -> str | None:
     return ids_digest(table.column(ID)) if ID in table.column_names else None
 
 
-def shard_digest(data: bytes) -> str | None:
+def shard_digest(data: pa.Buffer | bytes) -> str | None:
     """The ids digest of a shard's Parquet bytes, reading only its `id` column (never its vectors)."""
     pf = pq.ParquetFile(pa.BufferReader(data))
     if ID not in pf.schema_arrow.names:

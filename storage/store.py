@@ -160,34 +160,35 @@ class Store:
             raise StoreError(e.what, e.where, f"replace the symlink by the file itself, or {file_repair(self.root)}") \
                 from None
 
-    def read_verified(self, rec: ShardRecord) -> bytes:
-        """A committed file's bytes, hashed while read; a size or sha256 other than the manifest's is refused.
+    def read_verified(self, rec: ShardRecord) -> pa.Buffer:
+        """A committed file's bytes; a size or sha256 other than the manifest's is refused.
 
         Every reader goes through here (or `verify_files`), so a flipped byte, a truncated or swapped file
-        is an error naming the file, never a different answer. The file's size is compared before reading,
-        so a swapped-in huge file is refused without being read into memory.
+        is an error naming the file, never a different answer. The file's size is compared before reading, and
+        no more than the manifest's size (+1 byte) is read, so a swapped-in huge file never reaches memory.
+
+        The bytes are Arrow's memory, not a Python `bytes`: Parquet decodes them on Arrow's threads, which may
+        drop the last reference just after the read returns; a Python-owned buffer then needs the GIL to be
+        freed, and a process already exiting aborts there ("terminate called without an active exception",
+        SIGABRT, seen once in ~40 `kd validate` runs on a loaded machine).
         """
         path = self.path_of(rec.file)
-        digest, parts = hashlib.sha256(), []
         try:
             size = self.loc.fs.get_file_info(path).size
             if size is not None and size != rec.bytes:
                 raise StoreError(f"file does not match its checksum in the manifest ({size} bytes, manifest says "
                                  f"{rec.bytes}): corrupt or modified", path, REPAIR)
             with self.loc.fs.open_input_stream(path) as f:
-                while block := f.read(1 << 22):
-                    digest.update(block)
-                    parts.append(block)
+                data, longer = f.read_buffer(rec.bytes), len(f.read(1)) > 0
         except (OSError, pa.ArrowException) as e:
             raise StoreError(f"cannot read a committed file ({e})", path, REPAIR) from e
-        data = b"".join(parts)
-        if len(data) != rec.bytes or digest.hexdigest() != rec.sha256:
+        if longer or len(data) != rec.bytes or hashlib.sha256(data).hexdigest() != rec.sha256:
             raise StoreError(
-                f"file does not match its checksum in the manifest ({len(data)} bytes, manifest says "
-                f"{rec.bytes}): corrupt or modified", path, REPAIR)
+                f"file does not match its checksum in the manifest ({'more than ' if longer else ''}{len(data)} "
+                f"bytes, manifest says {rec.bytes}): corrupt or modified", path, REPAIR)
         return data
 
-    def read_checked(self, name: str, k: int) -> bytes:
+    def read_checked(self, name: str, k: int) -> pa.Buffer:
         """Shard k of a table, its bytes checked against the manifest (`read_verified`) and its ids against
         texts shard k's (`check_aligned`): what every reader of a table's rows goes through."""
         data = self.read_verified(self.shard_record(name, k))
@@ -195,7 +196,7 @@ class Store:
         self.check_aligned(name, k, shard_digest(data))
         return data
 
-    def check_schema(self, name: str, k: int, data: bytes | None = None) -> None:
+    def check_schema(self, name: str, k: int, data: pa.Buffer | None = None) -> None:
         """Refuse shard k whose bytes are not Parquet, or whose footer disagrees with its record and its table's
         declared columns (`soundness.shard_problems`: row count, a column missing, of another type or undeclared):
         a file swapped in with its checksum forged to match. Readers would fail on it deep inside numpy or
