@@ -18,7 +18,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -81,13 +81,17 @@ class Records:
 
 
 def parse_pair_columns(pair_columns: str | None) -> tuple[str, str] | None:
-    if pair_columns is None:
-        return None
-    cols = [c.strip() for c in pair_columns.split(",")]
+    return None if pair_columns is None else two_columns(pair_columns.split(","), "--pair-columns")
+
+
+def two_columns(columns: Sequence[str], flag: str) -> tuple[str, str]:
+    """The two text columns of a pair file (precompute's --pair-columns, eval's --text-columns): two, distinct."""
+    cols = [str(c).strip() for c in columns]
+    given = ",".join(map(str, columns))
     if len(cols) != 2 or not all(cols):
-        raise InputError(f"--pair-columns needs two columns, got {pair_columns!r}", None, "write it as a,b")
-    if cols[0] == cols[1]:  # every pair would be a text with itself (the sixth probe)
-        raise InputError(f"--pair-columns names the same column twice ({pair_columns!r})", None,
+        raise InputError(f"{flag} needs two columns, got {given!r}", None, "write it as a,b")
+    if cols[0] == cols[1]:  # every pair would be a text with itself (the sixth and seventh probes)
+        raise InputError(f"{flag} names the same column twice ({given!r})", None,
                          "name the two columns that hold each pair's texts, e.g. sentence1,sentence2")
     return cols[0], cols[1]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.inputs import require_regular_file
+from kd.common.inputs import require_regular_file, two_columns
 from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
 
 Measure = B.Measure  # one definition: an Enum (typer takes no list of Literals for the repeatable --task)
@@ -76,10 +76,7 @@ class EvalConfig:
         if self.sts_split is not None:
             B.check_choice("--sts-split", self.sts_split, B.StsSplit, "STS-B split")
         if self.text_columns is not None:
-            self.text_columns = tuple(self.text_columns)
-            if len(self.text_columns) != 2:
-                raise InputError("--text-columns needs two names: A,B", ",".join(self.text_columns),
-                                 "e.g. --text-columns sentence1,sentence2")
+            self.text_columns = two_columns(self.text_columns, "--text-columns")
         for flag, path in (("--agreement-texts", self.agreement_texts), ("--pairs", self.pairs)):
             if path is not None and os.path.exists(path):  # before any model loads: a named pipe would block the read
                 require_regular_file(path, flag)

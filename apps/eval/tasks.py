@@ -167,6 +167,10 @@ def load_pairs(
     if not rows:
         raise InputError("the pair file holds no pairs", str(p), "pass a file with one scored pair a line")
     if by_index:
+        if text_columns and not all(c.isdigit() for c in text_columns):
+            raise InputError(f"--score-column {score_column} is a column's index (a file without a header) and "
+                             f"--text-columns {','.join(text_columns)} names columns", str(p),
+                             "give all three as indexes (--text-columns 0,1) or all as names")
         key_s = int(score_column)
         key_a, key_b = (int(c) for c in text_columns) if text_columns else (key_s + 1, key_s + 2)
     else:

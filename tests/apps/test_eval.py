@@ -181,3 +181,19 @@ def test_too_few_pairs_or_texts_are_refused_not_scored_undefined(setup, tmp_path
     res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"]), "--teacher", teacher, *args,
                                    "--no-baseline", "--no-cache", "--no-progress"])
     assert res.exit_code == 2 and expect in res.output and "fix:" in res.output, res.output
+
+
+@pytest.mark.parametrize("score, texts, says", [
+    ("2", "a,b", "--score-column 2 is a column's index (a file without a header) and --text-columns a,b names"),
+    ("score", "a,a", "--text-columns names the same column twice ('a,a')"),  # every pair a text with itself
+    ("score", "a, a ", "--text-columns names the same column twice"),
+])
+def test_pair_columns_that_cannot_be_read_as_given_are_refused(setup, tmp_path, score, texts, says):
+    """The seventh probe: an index score column with named text columns ended in int('a')'s traceback; the same
+    column twice scored every pair as a text with itself ("undefined on these vectors", exit 0)."""
+    pairs = tmp_path / "p.tsv"
+    pairs.write_text("a\tb\tscore\nthe cat\ta dog\t1\nx y\tz w\t2\nmore words\tand more\t3\n", encoding="utf-8")
+    res = CliRunner().invoke(app, ["eval", "--student", str(setup["student"]), "--teacher", f"tiny={setup['teacher']}",
+                                   "--pairs", str(pairs), "--text-columns", texts, "--score-column", score,
+                                   "--task", "sts", "--no-baseline", "--no-cache", "--no-progress"])
+    assert res.exit_code == 2 and says in res.output and "fix:" in res.output, res.output
