@@ -28,11 +28,12 @@ import os
 import time
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
 from kd.common.errors import InputError, StoreError
+from kd.common.ids import is_empty
 from kd.common.layers import parse_layers
 from kd.common.outputs import STORE, claim_output
 from kd.common.progress import showing
@@ -257,16 +258,23 @@ def corpus_rows(job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
 def _read(files: list[str], spec: inp.ColumnSpec, job: PrecomputeJob) -> inp.Records:
     if job.segment != "none" and spec.pair:
         raise InputError(f"--segment {job.segment} splits documents; it cannot be used with --pair-columns")
-    return inp.read_inputs(files, spec, documents=job.segment != "none")
+    records = inp.read_inputs(files, spec, documents=job.segment != "none")
+    if all(map(is_empty, records.texts)):  # refused here, before any teacher loads (tens of seconds on a CPU)
+        _no_text_left(RowCounts(read=len(records.texts), empty_dropped=len(records.texts)), files)
+    return records
+
+
+def _no_text_left(counts: RowCounts, files: list[str]) -> NoReturn:
+    raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)", ", ".join(files),
+                     "check --text-column and that the files are not empty")
 
 
 def _build_rows(records: inp.Records, files: list[str], job: PrecomputeJob) -> tuple[pa.Table, RowCounts]:
     if job.segment != "none":
         records = split_sentences(records, job.spacy_model, documents=job.segment == "sentences+documents")
     table, counts = build_texts(records, job.dedup, pairs=job.columns().pair is not None, sample=job.sample)
-    if table.num_rows == 0:
-        raise InputError(f"no text left to encode ({counts.read} read, {counts.empty_dropped} empty)",
-                         ", ".join(files), "check --text-column and that the files are not empty")
+    if table.num_rows == 0:  # every text a duplicate, sampled out, or no sentence in it
+        _no_text_left(counts, files)
     return table, counts
 
 

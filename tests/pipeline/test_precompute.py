@@ -130,15 +130,28 @@ def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentenc
     assert (tmp_path / "junk" / "notes.txt").read_text() == "mine"
 
 
-def test_cli_errors_are_clear_and_write_nothing(tmp_path, tiny_teacher):
-    empty = _write_lines(tmp_path / "e.txt", ["", "   "])
-    r = CliRunner().invoke(app, ["precompute", empty, "-t", str(tiny_teacher), "-o", str(tmp_path / "st")])
-    assert r.exit_code == 2 and "no text left to encode" in r.output
+@pytest.mark.parametrize("suffix, lines", [(".txt", ["", "   "]), (".txt", []), (".jsonl", []), (".csv", ["text"])])
+def test_a_corpus_without_text_is_refused_before_any_teacher_loads(tmp_path, monkeypatch, suffix, lines):
+    """The seventh probe: an empty .jsonl/.csv/.txt was refused ("no text left to encode") only after the teacher
+    had loaded (~20 s there; longer for mpnet on a CPU)."""
+    from kd.pipeline.backends import runtime as backends
+
+    monkeypatch.setattr(backends, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
+    empty = tmp_path / f"e{suffix}"
+    empty.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    r = CliRunner().invoke(app, ["precompute", str(empty), "-t", "minilm", "-o", str(tmp_path / "st")])
+    assert r.exit_code == 2 and "no text left to encode" in r.output and str(empty) in r.output, r.output
     assert not (tmp_path / "st").exists()
-    r = CliRunner().invoke(app, ["precompute", empty, "-t", "no-such-teacher", "-o", str(tmp_path / "st")])
+
+
+def test_cli_errors_are_clear_and_write_nothing(tmp_path, tiny_teacher):
+    some = _write_lines(tmp_path / "e.txt", ["a text", "another text"])
+    r = CliRunner().invoke(app, ["precompute", some, "-t", "no-such-teacher", "-o", str(tmp_path / "st")])
     assert r.exit_code == 2 and "unknown teacher" in r.output and "--teacher NAME=/path/to/dir" in r.output
-    r = CliRunner().invoke(app, ["precompute", empty, "-t", str(tiny_teacher), "--outputs", "logits", "-o", "x"])
+    r = CliRunner().invoke(app, ["precompute", some, "-t", str(tiny_teacher), "--outputs", "logits", "-o",
+                                 str(tmp_path / "x")])
     assert r.exit_code == 2 and "no classification head" in r.output
+    assert not (tmp_path / "st").exists() and not (tmp_path / "x").exists()
 
 
 def test_two_writers_with_the_same_rank_are_locked_out(tmp_path):
