@@ -441,6 +441,7 @@ def demo(cfg: DemoConfig) -> None:
 def distill(cfg: DistillConfig) -> None:
     """One command from a corpus to a served student: precompute, leakage, every recipe stage, the choice on dev,
     export and the evaluation suite. Kill it anywhere; the same command resumes."""
+    cfg.plan()  # a bad recipe is refused before transformers and the teacher pass load (~2 s where it was ~15)
     with _starting("kd distill", cfg.progress):
         from kd.apps.distill.plan import estimate
         from kd.apps.distill.run import distill as run_distill

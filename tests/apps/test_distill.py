@@ -102,6 +102,21 @@ def test_recipe_errors_are_clear_and_cost_nothing(tmp_path, tiny_teacher):
              start=tiny_teacher)
 
 
+@pytest.mark.parametrize("recipe", ["nope.toml", "folder", "bad.toml"])
+def test_kd_distill_refuses_a_bad_recipe_before_transformers_loads(tmp_path, monkeypatch, recipe):
+    """The seventh probe: a missing, folder or broken recipe was refused after "loading torch and transformers"
+    (~15 s on a loaded core); reading a recipe needs neither."""
+    import kd.cli as cli
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "bad.toml").write_text("teacher = [", encoding="utf-8")
+    monkeypatch.setattr(cli, "_starting", lambda *a: pytest.fail("transformers loaded before the recipe was read"))
+    r = CliRunner().invoke(app, ["distill", str(tmp_path / "c.txt"), "-o", str(tmp_path / "run"), "--recipe",
+                                 str(tmp_path / recipe), "--dry-run"])
+    assert r.exit_code == 2 and str(tmp_path / recipe) in r.output and "fix:" in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_stage_option_train_student_refuses_is_named_in_the_recipe(tmp_path, tiny_teacher, corpus):
     """An option only training can refuse (a least-squares head where the BiLSTM's 32-wide output is the 32-wide
     teacher's, so there is no head): named at the recipe's stage and key, not as the train-student flag the
