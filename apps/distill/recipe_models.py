@@ -69,10 +69,10 @@ def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str
 def _resolved(recipe: R.Recipe, role: str, spec: TeacherSpec) -> TeacherRef:
     """The role's model found; a refusal names the role and the recipe, not only `--teacher` (the start model of
     a recipe is no --teacher of the user's)."""
+    flag = "--start" if role == "start" else "--teacher"
     try:
-        return resolve_teacher(spec)
+        return resolve_teacher(spec, flag)
     except KdError as e:
-        flag = "--start" if role == "start" else "--teacher"
         raise InputError(f"the {role} model: {e.what}", f"{recipe.path} ({role}), or {flag}; {e.where}",
                          e.fix) from None
 

@@ -117,7 +117,8 @@ class _Run:
         self.specs: dict[str, TeacherSpec | None] = {
             role: parse_teacher(text, role, "--start" if role == "start" else "--teacher") if text else None
             for role, text in given.items()}
-        check_distinct([self.specs[r] for r in self.teacher_roles], "--teacher" if cfg.teacher else recipe.path)
+        check_distinct([self.specs[r] for r in self.teacher_roles], "--teacher" if cfg.teacher else recipe.path,
+                       one_target=True)
         self.names = {role: spec.name for role, spec in self.specs.items() if spec}
         self.refs: dict[str, TeacherRef] = {}  # each role's model found, by check_models
         self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)

