@@ -123,7 +123,7 @@ class PrecomputeJob:
         object.__setattr__(self, "ray", self.check())
         object.__setattr__(self, "specs", tuple(t if isinstance(t, TeacherRef) else parse_teacher(t)
                                                 for t in self.teachers))
-        check_distinct([t if isinstance(t, TeacherSpec) else t.spec for t in self.specs], "--teacher")
+        check_distinct([t if isinstance(t, TeacherSpec) else t.spec for t in self.specs], _flag("teachers"))
         object.__setattr__(self, "teachers", tuple(str(s) for s in self.specs))
 
     def check(self) -> RayOptions | None:
