@@ -179,7 +179,7 @@ def test_the_configs_refuse_by_the_declared_flag():
         DemoConfig(epochs=0)
     with pytest.raises(KdError, match="--agreement-rows 1 must be in"):
         EvalConfig(teacher="minilm", agreement_rows=1)
-    with pytest.raises(KdError, match="--text-columns needs two names"):
+    with pytest.raises(KdError, match="--text-columns needs two columns"):
         EvalConfig(teacher="minilm", text_columns=("a",))
     with pytest.raises(KdError, match="--objective") as e:
         TrainConfig("S", "O", objectives=[])
