@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import os
+import secrets
 import signal
 import sys
 import types
@@ -205,12 +207,21 @@ class _FreeText(TyperCommand):
     """A command whose arguments are free text (kd query's SQL, kd search's query), which may begin with "-": click
     reads any such token as an option, so "-- note\nSELECT 1" (a SQL comment) was "No such option". A token holding
     whitespace before any "=" names no option (--out=my file.parquet does), so it is handed to click masked and
-    given back as the text it is."""
+    given back as the text it is; an option's value is click's to read ("-f '- csv'" is refused as that value)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        masked = [f"\0text{i}" if a.startswith("-") and _space_before_equals(a) else a for i, a in enumerate(args)]
+        valued = {o for p in self.params if p.param_type_name == "option" and not getattr(p, "is_flag", False)
+                  for o in p.opts}
+        nonce = secrets.token_hex(4)  # no user's token is a mask
+        masked = [f"kd-text-{nonce}-{i}" if a.startswith("-") and _space_before_equals(a)
+                  and (i == 0 or args[i - 1] not in valued) else a for i, a in enumerate(args)]
         texts = {m: a for m, a in zip(masked, args) if m != a}
-        rest = super().parse_args(ctx, masked)
+        try:
+            rest = super().parse_args(ctx, masked)
+        except Exception as e:  # click's usage errors quote the tokens they refuse: the user's, never a mask
+            if isinstance(getattr(e, "message", None), str):
+                e.message = functools.reduce(lambda m, t: m.replace(*t), texts.items(), e.message)
+            raise
         ctx.params = {k: texts.get(v, v) if isinstance(v, str) else v for k, v in ctx.params.items()}
         return [texts.get(a, a) for a in rest]
 

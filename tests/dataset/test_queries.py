@@ -305,6 +305,17 @@ def test_a_mistyped_option_is_still_refused_as_an_option(store):
     assert r.exit_code == 2 and "No such option: --fromat" in r.output
 
 
+@pytest.mark.parametrize("args, says", [
+    (["-- a\nSELECT 1", "-- b"], "unexpected extra argument(s) (-- b)"),  # the seventh re-probe: "(\x00text2)"
+    (["SELECT 1", "-f", "- csv"], "'- csv' is not one of"),  # an option's value is the option's
+])
+def test_a_refused_token_is_quoted_as_the_user_wrote_it(store, args, says):
+    path, _ = store
+    r = CliRunner().invoke(app, ["query", str(path), *args])
+    assert r.exit_code == 2 and says in " ".join(r.output.replace("│", " ").split()), r.output
+    assert "kd-text-" not in r.output
+
+
 def test_cli_query_prompt_reads_piped_statements(store):
     path, _ = store
     script = "SELECT count(*) AS n\n  FROM texts;\nSELECT bad syntax here;\n.tables\nSELECT 41 + 1 AS answer;\n"
