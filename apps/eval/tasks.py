@@ -181,6 +181,10 @@ def load_pairs(
             if text_columns is None:
                 raise InputError(f"cannot tell which columns hold the two texts (columns: {header})", str(p),
                                  "pass --text-columns A,B")
+        absent = [c for c in text_columns if c not in header]
+        if absent:  # else every row is "KeyError: '0'"
+            raise InputError(f"no column {absent[0]!r} (columns: {header})", str(p),
+                             "pass --text-columns A,B naming two of these columns")
         key_s, (key_a, key_b) = score_column, text_columns
     scores, a, b = [], [], []
     for line, r in rows:

@@ -95,7 +95,8 @@ def check_distinct(specs: list[TeacherSpec], where: str, one_target: bool = Fals
     if len(set(names)) < len(names):
         raise InputError(f"two teachers share a name ({', '.join(map(str, specs))})", where,
                          "name each one: --teacher a=PATH,b=PATH")
-    sources = [os.path.normpath(s.source) for s in specs]
+    # a folder by any spelling (relative, through a symlink) is one folder; a packaged name is itself
+    sources = [s.source if s.source in KNOWN_NAMES else os.path.realpath(s.source) for s in specs]
     if one_target and len(set(sources)) < len(sources):
         raise InputError(f"a teacher is given twice ({', '.join(s.source for s in specs)})", where,
                          "give each teacher once")

@@ -187,6 +187,8 @@ def test_too_few_pairs_or_texts_are_refused_not_scored_undefined(setup, tmp_path
     ("2", "a,b", "--score-column 2 is a column's index (a file without a header) and --text-columns a,b names"),
     ("score", "a,a", "--text-columns names the same column twice ('a,a')"),  # every pair a text with itself
     ("score", "a, a ", "--text-columns names the same column twice"),
+    ("score", "0,1", "no column '0' (columns: ['a', 'b', 'score'])"),  # the re-probe: "KeyError: '0'" on row 2
+    ("score", "A,a", "no column 'A'"),
 ])
 def test_pair_columns_that_cannot_be_read_as_given_are_refused(setup, tmp_path, score, texts, says):
     """The seventh probe: an index score column with named text columns ended in int('a')'s traceback; the same

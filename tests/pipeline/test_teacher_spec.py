@@ -84,11 +84,13 @@ def test_distill_keeps_a_teacher_s_given_name(tmp_path, tiny_teacher):
     ("a={t},a={o}", "two teachers share a name (a={t}, a={o})"),  # distinct as text, one table
     ("{t},{t}/", "a teacher is given twice"),  # distill names folders by role: distinct names, one model
     ("mine={t},{t}", "a teacher is given twice"),
+    ("a={t},b={link}", "a teacher is given twice"),  # the re-probe: one folder through a symlink
 ])
 def test_teachers_that_are_not_distinct_are_refused_before_any_loads(tmp_path, tiny_teacher, monkeypatch, given,
                                                                     says):
     other = shutil.copytree(tiny_teacher, tmp_path / "other")
-    text, says = given.format(t=tiny_teacher, o=other), says.format(t=tiny_teacher, o=other)
+    (tmp_path / "link").symlink_to(tiny_teacher)
+    text, says = given.format(t=tiny_teacher, o=other, link=tmp_path / "link"), says.format(t=tiny_teacher, o=other)
     monkeypatch.setattr(backends, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
     cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="static", teacher=text,
                         progress=False)
