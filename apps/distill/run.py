@@ -249,7 +249,8 @@ def distill(cfg: DistillConfig) -> DistillResult:
         _save_state(run, state)
     choice = json.loads((run.out / "choice.json").read_text())
     report = _read_report(run) if cfg.evaluate else None
-    line = choice_line(choice["chosen"], choice["sts_dev"]) if R.BASELINE in choice["sts_dev"] else ""
+    line = choice_line(choice["chosen"], choice["sts_dev"], choice["candidates"]) \
+        if R.BASELINE in choice["sts_dev"] else ""
     return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
 
 
@@ -430,7 +431,7 @@ def _choose(run: _Run) -> None:
     chosen = max(candidates, key=lambda n: scores[n])  # the first of equals: the baseline, listed first
     _write_json(run.out / "choice.json", {"chosen": chosen, "sts_dev": scores, "candidates": candidates,
                                           "baseline": R.BASELINE})
-    _say(run.cfg, "    " + choice_line(chosen, scores))
+    _say(run.cfg, "    " + choice_line(chosen, scores, candidates))
 
 
 def _sts(model: Any, task: Any) -> float:
@@ -439,11 +440,12 @@ def _sts(model: Any, task: Any) -> float:
     return metrics.sts_spearman(model.encode(task.a), model.encode(task.b), task.scores)
 
 
-def choice_line(chosen: str, scores: dict[str, float]) -> str:
-    """What was chosen, on which dev score, beside the baseline's (and what it means when the baseline won)."""
+def choice_line(chosen: str, scores: dict[str, float], candidates: list[str]) -> str:
+    """What was chosen, on which dev score, beside the baseline's (and, when the baseline won, the best of the
+    stages it could have exported: `candidates`, never tiny3's 6-layer stages)."""
     base = scores[R.BASELINE]
     if chosen == R.BASELINE:
-        best = max((n for n in scores if n != R.BASELINE), key=lambda n: scores[n])
+        best = max((n for n in candidates if n != R.BASELINE), key=lambda n: scores[n])
         return (f"chose the baseline (the untrained start): STS-B dev {base:.2f}; training did not beat it (best "
                 f"stage {best}: {scores[best]:.2f}), so the baseline is what this run exports")
     return f"chose stage {chosen}: STS-B dev {scores[chosen]:.2f}, {scores[chosen] - base:+.2f} over the baseline " \

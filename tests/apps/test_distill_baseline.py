@@ -171,3 +171,15 @@ def test_the_dry_run_warns_below_the_size_where_the_preset_beat_its_baseline(tmp
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())
     assert "note: a corpus of 160 rows" in said and "from 50,000 rows on" in said and "export the baseline" in said
+
+
+def test_the_choice_line_names_the_best_candidate_not_a_stage_that_could_not_be_exported():
+    """tiny3's 6-layer stages are a means, never its result: when the baseline wins, the line names the best
+    stage of the final shape (a 1,000-sentence tiny3 run said "best stage relational", a 6-layer stage)."""
+    from kd.apps.distill.run import choice_line
+
+    scores = {R.BASELINE: 86.72, "cosine": 86.36, "relational": 86.47, "three-layer": 82.40}
+    line = choice_line(R.BASELINE, scores, [R.BASELINE, "three-layer"])
+    assert "best stage three-layer: 82.40" in line and "relational" not in line, line
+    assert "chose stage three-layer: STS-B dev 82.40, -4.32" in choice_line("three-layer", scores,
+                                                                             [R.BASELINE, "three-layer"])
