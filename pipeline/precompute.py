@@ -105,8 +105,8 @@ def _run(job: PrecomputeJob) -> PrecomputeSummary:
         check_same_tokenizers(Store(loc, existing), teachers, job.out)
     outputs = {t.name: teacher_outputs(t, job.row_outputs) for t in teachers}  # bad --outputs: before segmenting
     check_keep_layers(job, teachers)
-    if job.only_per_teacher and existing is not None:
-        outputs = {t.name: _stored_outputs(existing, t, outputs[t.name]) for t in teachers}
+    if existing is not None:
+        outputs = {t.name: _stored_outputs(existing, t, outputs[t.name], job) for t in teachers}
     reuse = open_sources(job.reuse, {t.name: t.meta(outputs[t.name], job.vdtype.value) for t in teachers}) \
         if job.reuse else {}
     for source in reuse.values():
@@ -215,11 +215,15 @@ def check_keep_layers(job: PrecomputeJob, teachers: list[Teacher]) -> None:
             parse_layers(job.keep_layers, t.num_layers, "--keep-layers")
 
 
-def _stored_outputs(existing: Manifest, t: Teacher, default: list[Output]) -> list[Output]:
-    """The row outputs the store already holds for teacher `t` (so `--outputs vocab` changes nothing else)."""
+def _stored_outputs(existing: Manifest, t: Teacher, asked: list[Output], job: PrecomputeJob) -> list[Output]:
+    """The row outputs to write for teacher `t`: the store's own with only vocab/init asked (`--outputs vocab`
+    changes nothing else), or where its table holds every one asked and is kept (asking for less than it holds is
+    no other setting: kd distill's start model stores MiniLM's defaults, and a recipe that then asks MiniLM for
+    `sentence` finds its rows there); otherwise those asked, which the store's settings check compares."""
     rec = existing.tables.get(f"teachers/{t.name}")
-    stored = (rec.meta.get("outputs") if rec else None) or []
-    return [Output(o) for o in stored] or default
+    stored = [Output(o) for o in ((rec.meta.get("outputs") if rec else None) or [])]
+    keep = job.only_per_teacher or (not job.overwrite and set(asked) <= set(stored))
+    return stored if stored and keep else asked
 
 
 def _texts_committed(job: PrecomputeJob, same: Manifest | None, index: int, count: int) -> bool:

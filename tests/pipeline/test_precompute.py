@@ -113,6 +113,23 @@ def test_complete_store_does_nothing_and_says_so(tmp_path, tiny_teacher, sentenc
     assert again.exit_code == 0 and "nothing to do" in again.stdout
 
 
+def test_asking_for_fewer_outputs_than_a_store_holds_is_no_other_setting(tmp_path, tiny_teacher, sentences):
+    """A teacher stored with more outputs than a run asks for (kd distill's start model stores MiniLM's default
+    outputs; tiny6-ensemble then asks MiniLM for `sentence` on that store) has every row the run needs: the run
+    finds nothing to do and leaves the store as it was (it was refused as "written with other settings"). An
+    output the store lacks is still another setting."""
+    src = _write_lines(tmp_path / "s.txt", sentences[:20])
+    out = tmp_path / "st"
+    precompute([src], str(out), [str(tiny_teacher)], outputs=["cls", "mean"], progress=False)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
+    s = precompute([src], str(out), [str(tiny_teacher)], outputs=["mean"], progress=False)
+    assert (s.shards_written, s.rows_computed) == (0, 0)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
+    assert after == before
+    with pytest.raises(StoreError, match="written with other settings"):
+        precompute([src], str(out), [str(tiny_teacher)], outputs=["mean", "layers"], progress=False)
+
+
 def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentences):
     src = _write_lines(tmp_path / "s.txt", sentences[:20])
     out = str(tmp_path / "st")

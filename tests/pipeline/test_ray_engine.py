@@ -180,10 +180,11 @@ def test_killed_driver_resumes_to_the_uninterrupted_store(ray_runtime, tiny_teac
         assert got.table(name).shards == want.table(name).shards
 
 
-@pytest.mark.parametrize("change", [["--max-length", "16"], ["--outputs", "cls"]])
+@pytest.mark.parametrize("change", [["--max-length", "16"], ["--dtype", "float16"]])
 def test_a_complete_store_still_refuses_other_settings(ray_runtime, reference, tiny_teacher, tmp_path, change):
     """Nothing left to encode means no worker compares settings: the driver must (as the local engine does),
-    or a rerun with another max length or other outputs would report success on a store that lacks them."""
+    or a rerun with another max length or dtype would report success on a store that lacks them. Fewer outputs
+    than the store holds are no other setting: nothing to do on either engine."""
     src, one = reference
     out = tmp_path / "done"
     shutil.copytree(one.root, out)
@@ -196,6 +197,9 @@ def test_a_complete_store_still_refuses_other_settings(ray_runtime, reference, t
     assert {p.name: p.read_bytes() for p in (out / "manifests").iterdir()} == before
     same = CliRunner().invoke(app, [*args, "--engine", "ray", "--backend", "torch"])
     assert same.exit_code == 0 and "nothing to do" in same.output, same.output
+    fewer = CliRunner().invoke(app, [*args, "--outputs", "cls", "--engine", "ray", "--backend", "torch"])
+    assert fewer.exit_code == 0 and "nothing to do" in fewer.output, fewer.output
+    assert {p.name: p.read_bytes() for p in (out / "manifests").iterdir()} == before
 
 
 def test_workers_that_cannot_start_stop_the_job_clearly_and_it_resumes(ray_runtime, reference, tiny_teacher,
