@@ -183,3 +183,14 @@ def test_the_choice_line_names_the_best_candidate_not_a_stage_that_could_not_be_
     assert "best stage three-layer: 82.40" in line and "relational" not in line, line
     assert "chose stage three-layer: STS-B dev 82.40, -4.32" in choice_line("three-layer", scores,
                                                                              [R.BASELINE, "three-layer"])
+
+
+def test_each_preset_s_measured_sizes_are_those_of_the_corpus_size_table():
+    """What `--dry-run` warns from (a preset's [measured]) is what docs/corpus-sizes.json recorded for it (written
+    by bench/corpus_sizes.py from the runs): the same corpus sizes, and beat_baseline where the best stage of the
+    recipe's final shape passed the baseline on STS-B dev. A new measurement changes both or the test fails."""
+    points = json.loads((Path(__file__).resolve().parents[2] / "docs" / "corpus-sizes.json").read_text())
+    assert {p["preset"] for p in points} <= set(R.PRESETS)
+    for name in R.PRESETS:
+        recorded = {p["rows"]: p["best_dev"] > p["baseline_dev"] for p in points if p["preset"] == name}
+        assert dict(R.load(name).measured) == recorded, name
