@@ -128,9 +128,9 @@ class Bar:
         self.update(self.done + n, **fields)
 
     def skip(self, n: float) -> None:
-        """`n` units turned out to need no work (rows copied from a --reuse store): out of the total, so the rate
-        and ETA count only the work left (counted as done, they made a 10k-row copy look like 10k rows to encode
-        at the teacher's rate: an ETA of 9 hours for 20 minutes of work)."""
+        """`n` units turned out to need no work (rows copied from a --reuse store, or kept by a killed run): out of
+        the total, so the rate and ETA count only the work left (counted as done, they made a 10k-row copy look
+        like 10k rows to encode at the teacher's rate: an ETA of 9 hours for 20 minutes of work)."""
         self.total -= n
         if self._rich is not None:
             self._rich.update(self._task, total=self.total)

@@ -149,7 +149,7 @@ def _encode(ctx: Prepared, t: Teacher, k: int, bar: Bar, ready: _Ready,
     def encode(rows: pa.Table) -> tuple[pa.Table, int]:
         assert rows["id"].equals(ready.rows["id"]), "the rows tokenized ahead are the rows to encode"
         return encode_shard(t, ctx.outputs[t.name], k, rows, ctx.pairs, ctx.job.vdtype, ctx.job.batch_tokens,
-                            bar.advance, ready.tokens, partial)
+                            bar.advance, ready.tokens, partial, bar.skip)
 
     if t.name not in ctx.reuse:
         return (*encode(ready.rows), 0)

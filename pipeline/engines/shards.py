@@ -164,13 +164,13 @@ def shard_texts(shard: pa.Table, pairs: bool) -> list:
 
 def encode_shard(t: Teacher, outputs: list[Output], k: int, shard: pa.Table, pairs: bool, vdtype: VectorDType,
                  batch_tokens: int | None, on_batch=None, tokens: Tokenized | None = None,
-                 partial: Partial | None = None) -> tuple[pa.Table, int]:
+                 partial: Partial | None = None, on_kept=None) -> tuple[pa.Table, int]:
     """Shard k of teacher table `t` from its `texts` shard: (the table to commit, how many rows were truncated).
     `tokens`: the shard already tokenized for `t` (the local engine does it ahead, on another thread); `partial`:
-    where its finished batches are kept until the commit (pipeline/teacher/partial.py). Non-finite vectors are refused
-    before anything is committed."""
+    where its finished batches are kept until the commit (pipeline/teacher/partial.py; `on_kept` gets the number
+    of rows a killed run kept). Non-finite vectors are refused before anything is committed."""
     tokens = tokens or tokenize(t, shard_texts(shard, pairs), batch_tokens)
-    vecs = forward_all(t, tokens, outputs, on_batch, partial)
+    vecs = forward_all(t, tokens, outputs, on_batch, partial, on_kept)
     # Cast once, to what is stored: the finiteness check then sees float16 overflow, and the Arrow columns
     # are built from the cast arrays without a second copy.
     stored = {c: _as_stored(v, stored_dtype(c, vdtype)) for c, v in vecs.items()}

@@ -87,11 +87,12 @@ def _tokenize(teacher: Teacher, texts: list, pairs: bool) -> tuple[dict[str, lis
 
 
 def forward_all(teacher: Teacher, tokens: Tokenized, outputs: list[Output],
-                on_batch: Callable[[float], None] | None = None, partial: Partial | None = None
-                ) -> dict[str, np.ndarray]:
+                on_batch: Callable[[float], None] | None = None, partial: Partial | None = None,
+                on_kept: Callable[[float], None] | None = None) -> dict[str, np.ndarray]:
     """The outputs of every row of `tokens`, float32 in input order (`<output><suffix>` keys). Progress counts a
     bi-encoder pair once both its sides are done. `partial`: the batches a killed run kept are taken from it, not
-    run again, and each batch run is added to it (pipeline/teacher/partial.py)."""
+    run again, and each batch run is added to it (pipeline/teacher/partial.py); their rows go to `on_kept`, not
+    `on_batch`: no work of this run, they must not count in its rate (an ETA of 1 minute for an hour's work)."""
     share = 1 / len(tokens.sides)
     progress = None if on_batch is None else (lambda idx: on_batch(len(idx) * share))
     kept = partial.restore() if partial is not None else {}
@@ -110,8 +111,8 @@ def forward_all(teacher: Teacher, tokens: Tokenized, outputs: list[Output],
 
         done_rows, done_vecs = kept.get(side.suffix, (np.zeros(0, np.int64), {}))
         todo = _not_kept(side.batches, done_rows, tokens.rows)
-        if progress and len(done_rows):
-            progress(done_rows)
+        if on_kept and len(done_rows):
+            on_kept(len(done_rows) * share)
         try:
             done = scatter_batches(tokens.rows, todo, launch, IN_FLIGHT, progress)
         except BaseException:  # a Ctrl-C or an error: what was finished is kept for the rerun
