@@ -67,7 +67,18 @@ class DistillConfig:
         return load(self.recipe or self.student)
 
     def identity(self, recipe: Recipe) -> dict[str, Any]:
-        """What makes two runs the same run: the options and the recipe's text."""
+        """What makes two runs the same run: the options and what the recipe makes the run do (its digest, not its
+        bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume)."""
         opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-        text = Path(recipe.path).read_bytes()
-        return opts | {"recipe_sha256": hashlib.sha256(text).hexdigest()}
+        return opts | {"recipe_digest": recipe.digest}
+
+    def difference(self, recorded: dict[str, Any], recipe: Recipe) -> tuple[str, Any, Any] | None:
+        """The first key in which a recorded run's identity differs from this one's (the key, then and now), or
+        None: the same run. A run recorded before the digest holds `recipe_sha256`, the recipe file's bytes; the
+        same bytes now are the same recipe."""
+        now = self.identity(recipe)
+        if "recipe_sha256" in recorded:
+            now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
+                "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}
+        key = next((k for k in sorted(set(now) | set(recorded)) if recorded.get(k) != now.get(k)), None)
+        return None if key is None else (key, recorded.get(key), now.get(key))

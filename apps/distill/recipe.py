@@ -30,6 +30,8 @@ file is read, before anything is computed: a bad recipe costs nothing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +102,15 @@ class Recipe:
         return (f"a corpus of {rows:,} rows: in kd's measurements (docs/results.md) the {self.name} preset's "
                 f"training beat its baseline on STS-B dev {where}; this run will likely export the baseline (the "
                 "untrained start) and say so")
+
+    @property
+    def digest(self) -> str:
+        """sha256 of what the recipe makes a run do (its models, outputs and stages as written), not of its words:
+        the description and the [measured] sizes change no step (a run's identity, apps.distill.config)."""
+        what = {"teachers": self.teachers, "weights": self.weights, "start": self.start, "target": self.target,
+                "outputs": self.outputs, "keep_layers": self.keep_layers,
+                "stages": [[s.name, s.source, s.options] for s in self.stages]}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
     @property
     def teacher(self) -> str:

@@ -274,12 +274,11 @@ def _claim(run: _Run) -> dict[str, Any]:
     ident = run.cfg.identity(run.recipe)
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
-        old = state.get("identity", {})
-        for key in sorted(set(ident) | set(old)):
-            if old.get(key) != ident.get(key):
-                raise InputError(f"--out holds a kd distill run with other settings: {key} was {old.get(key)!r}, "
-                                 f"now {ident.get(key)!r}", str(run.out),
-                                 "run with the same options to resume it, or pass a new --out")
+        differs = run.cfg.difference(state.get("identity", {}), run.recipe)
+        if differs:
+            key, was, now = differs
+            raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
+                             str(run.out), "run with the same options to resume it, or pass a new --out")
         return state
     run.out.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "identity": ident, "done": []}

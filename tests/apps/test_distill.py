@@ -442,3 +442,27 @@ def test_a_wrong_store_is_refused_before_anything_is_recorded(tmp_path, uninterr
         if where == "another corpus's":
             assert "another corpus" in text and "other.txt is not one of the store's inputs" in text, text
         assert not out.exists()
+
+
+def test_a_run_is_the_same_run_when_only_its_recipe_s_words_change(tmp_path, tiny_teacher, recipe_file):
+    """A run's identity holds what its recipe makes it do, not the file's bytes: a newer kd that rewords a preset's
+    comments or description or adds [measured] sizes (as the corpus-size runs did to tiny6.toml, leaving a
+    40-minute teacher pass that would not resume) still resumes it; a changed stage option is another run. A run
+    recorded before the digest (its `recipe_sha256`, the file's bytes) resumes while the file is unchanged."""
+    import hashlib
+
+    path = tmp_path / "r.toml"
+    path.write_text(recipe_file.read_text(encoding="utf-8"), encoding="utf-8")
+    cfg = DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(path))
+    before = cfg.identity(R.load(str(path)))
+    old_format = {k: v for k, v in before.items() if k != "recipe_digest"} | {
+        "recipe_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert cfg.difference(old_format, R.load(str(path))) is None
+    text = path.read_text(encoding="utf-8").replace('description = "test"', '# reworded\ndescription = "other"')
+    path.write_text(text + "\n[measured]\nrows = [1000]\nbeat_baseline = [false]\n", encoding="utf-8")
+    assert cfg.difference(before, R.load(str(path))) is None
+    key, was, now = cfg.difference(old_format, R.load(str(path)))  # the bytes changed: nothing to compare but them
+    assert key == "recipe_sha256" and was == old_format["recipe_sha256"] and now != was
+    path.write_text(text.replace("max_steps = 30", "max_steps = 31", 1), encoding="utf-8")
+    key, was, now = cfg.difference(before, R.load(str(path)))
+    assert key == "recipe_digest" and was == before["recipe_digest"] and now != was
