@@ -455,10 +455,24 @@ def _bucketed(pool: dict[str, np.ndarray], rows: np.ndarray, bs: int, cols: Colu
         # row, a few ms per 64 batches.
         n = tokens(texts) if tokens else np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         lengths = np.maximum(lengths, n)
-    by_length = rows[np.argsort(lengths, kind="stable")]
-    batches = [by_length[s : s + bs] for s in range(0, len(by_length), bs)]
+    batches = [rows[b] for b in length_batches(lengths, bs)]
     full = [b for b in batches if len(b) == bs]  # a partial batch stays last, as without buckets
     return [full[i] for i in rng.permutation(len(full))] + [b for b in batches if len(b) < bs]
+
+
+def length_batches(lengths: np.ndarray, bs: int) -> list[np.ndarray]:
+    """Positions into `lengths`, sorted by length and cut into batches of `bs` (the last one partial): the batches of
+    a length bucket (`_bucketed` then shuffles their order)."""
+    by_length = np.argsort(lengths, kind="stable")
+    return [by_length[s : s + bs] for s in range(0, len(by_length), bs)]
+
+
+def bucketed_padding(lengths: np.ndarray, bs: int) -> float:
+    """The share of token slots that are padding when rows of these lengths are batched in one length bucket (each
+    batch as long as its longest row): what `--bucket` leaves over a shuffle buffer of that many rows."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    slots = sum(len(b) * int(lengths[b].max()) for b in length_batches(lengths, bs))
+    return 1.0 - float(lengths.sum()) / max(1, slots)
 
 
 class Tokenize:

@@ -7,10 +7,12 @@ objectives -> backward -> clip -> AdamW -> schedule. Around it:
   at the final progress (annealing lambda = 1), so every checkpoint is judged by the same loss;
 - `init`: start from a trained student's config and weights (the two-stage recipe, docs/training.md);
   early stopping after `patience` evaluations without improvement, best weights kept and exported;
-- checkpoints every `checkpoint_every` steps and at epoch ends hold model, optimizer, scheduler,
+- checkpoints every `checkpoint_every` steps, at the last step and on a stop hold model, optimizer, scheduler,
   scaler, early-stopping state, every rank's RNG states and the data position (epoch, batches
   consumed). Resuming replays nothing: it continues with exactly the batch and the random numbers
-  the uninterrupted run would have used, so the weights come out identical (student.checkpoint);
+  the uninterrupted run would have used, so the weights come out identical (student.checkpoint). Not at
+  epoch ends: resuming needs no epoch boundary, and a small store's epochs of a few steps made it save every
+  few steps (the dry run's 128-row sample: every 2nd step, each save as long as a MiniLM student's step);
 - numbers: NaN/Inf in a target column the objectives read stops the run before the first step (the
   row id named, student.data.build_plan); a non-finite loss stops it before its backward pass, and
   weights are checked before every save (checkpoint, best, student): the last good files stay;
@@ -473,7 +475,7 @@ def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
         _maybe_validate(run, st, epoch_end)
         last = st.step >= run.total or st.early.stop
         stopping = not last and _stop_agreed(run, rep.stop)
-        if st.step % run.cfg.checkpoint_every == 0 or epoch_end or last or stopping:
+        if st.step % run.cfg.checkpoint_every == 0 or last or stopping:
             _require_finite_losses(run, st, rep.window)  # the steps since the last record (GPU: not checked yet)
             _save_checkpoint(run, st)
         if stopping:

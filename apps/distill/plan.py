@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -59,6 +60,7 @@ from kd.pipeline.teacher.resolve import resolve_teacher
 from kd.pipeline.teacher.vocab import VOCAB_FILE, cached_for
 from kd.storage.manifest import teacher_table
 from kd.storage.store import Store
+from kd.student.data import bucketed_padding
 from kd.student.exporters import export_student
 from kd.student.saved import load
 from kd.student.train_config import TrainConfig
@@ -70,7 +72,8 @@ from kd.student.trainer import train
 # 8 rows/s (measured in the run: 10.5): the per-shard fixed cost weighs more on fewer rows, so it errs long. 128
 # rows: the teacher's timing ~16 s shorter again (issue 50 asks a dry run of at most 60 s), the same direction of error.
 SAMPLE_ROWS = 128
-CALIBRATION_STEPS = 20  # rows/s from the last 5 steps: the first ones pay oneDNN plans and allocator warm-up
+CALIBRATION_STEPS = 20
+WINDOW = 5  # rows/s from the last 5 steps (steady_rate): the first ones pay oneDNN plans and allocator warm-up
 # The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
 # pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).
 VOCAB_SPEEDUP = 2.5
@@ -324,20 +327,20 @@ def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
 
     out = []
     for stage in cal.recipe.stages:
-        probe = dict(max_steps=CALIBRATION_STEPS, log_every=5, checkpoint_every=10_000, val_percent=0.0, patience=0)
+        probe = dict(max_steps=CALIBRATION_STEPS, log_every=WINDOW, checkpoint_every=10_000, val_percent=0.0,
+                     patience=0)
         if not _has_vocab(cal, stage):  # its start's values do not change a step's cost
             probe["init_embeddings"] = "random"
         cfg = cal.train_config(stage, **probe)
         t = time.perf_counter()
         train(cfg)
         wall = time.perf_counter() - t
-        rps = [json.loads(line)["rows_per_s"] for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()
-               if "rows_per_s" in line]
-        rate = rps[-1]
+        measured = steady_rate([json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()])
         full = TrainConfig(str(cal.store), "o", **stage.options)
+        rate = measured * _padding_speedup(cal, full, rows)
         steps = full.max_steps or full.epochs * math.ceil(rows * (1 - full.val_percent / 100) / full.batch_size)
         train_s = steps * full.batch_size / rate
-        fixed = max(0.0, wall - CALIBRATION_STEPS * cfg.batch_size / rate)
+        fixed = max(0.0, wall - CALIBRATION_STEPS * cfg.batch_size / measured)
         val = min(rows * full.val_percent / 100, full.max_val_rows) * (full.epochs if not full.max_steps else 1)
         if not out:  # the baseline is the first stage untrained: its set-up and one step, never calibrated apart
             out.append(PlannedStep(f"{StepKind.train.value} {R.BASELINE}", fixed + full.batch_size / rate,
@@ -345,6 +348,35 @@ def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
         out.append(PlannedStep(f"{StepKind.train.value} {stage.name}", fixed + train_s + val / (3 * rate),
                                f"{steps:,} steps of {full.batch_size} at {rate:,.0f} rows/s"))
     return out, _encode_rate(cal)
+
+
+def steady_rate(records: list[dict]) -> float:
+    """Rows/s over the calibration's last WINDOW steps, from its metrics records. A record's rows_per_s is the mean
+    since the training began (rows / elapsed), so two records give the seconds between them: the window leaves out
+    the first steps' one-off costs (kernel plans, allocator warm-up), which the stage's fixed cost carries."""
+
+    logs = [r for r in records if "rows_per_s" in r]
+    last = logs[-1]
+    before = [r for r in logs if r["step"] <= last["step"] - WINDOW] or logs[:1]
+    first = before[-1]
+    seconds = last["rows"] / last["rows_per_s"] - first["rows"] / first["rows_per_s"]
+    return (last["rows"] - first["rows"]) / seconds if seconds > 0 else last["rows_per_s"]
+
+
+def _padding_speedup(cal: _Run, full: TrainConfig, rows: int) -> float:
+    """How much faster the run's steps are than the calibration's for their padding alone. Length buckets over the
+    128-row sample cannot be as tight as the run's over a shuffle buffer of up to 10,000 rows (tiny6 on news1k: 32 %
+    of the calibration's token slots were padding, 1-7 % of the run's), and a step's cost follows its token slots:
+    the calibration's rate alone made tiny6's training 1.5-2x longer than it ran. The run's buffer is simulated by
+    drawing its rows' lengths from the sample's (seeded: the same plan each time); unbucketed batches pad alike
+    over any pool."""
+
+    if not full.bucket:
+        return 1.0
+    t = Store.open(cal.store).read_table(f"teachers/{cal.names['teacher']}", ["n_tokens"])
+    lengths = t.column("n_tokens").to_numpy()
+    run = np.random.default_rng(0).choice(lengths, size=max(1, min(rows, full.shuffle_buffer)))
+    return (1.0 - bucketed_padding(run, full.batch_size)) / (1.0 - bucketed_padding(lengths, full.batch_size))
 
 
 def _has_vocab(cal: _Run, stage) -> bool:

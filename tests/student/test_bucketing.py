@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from conftest import precompute_news
 
 from kd.storage.store import Store
@@ -54,3 +55,23 @@ def test_buckets_sort_by_tokens_not_characters(tmp_path, tiny_teacher, sentences
     by_tokens, rows_tokens = padding(tok.count)
     assert rows_tokens == rows_chars
     assert by_tokens < 0.8 * by_chars, (by_tokens, by_chars)
+
+
+def test_bucketed_padding_is_the_padding_of_the_trainer_s_batches(tmp_path, tiny_teacher, sentences):
+    """What `kd distill --dry-run` scales a calibration step by (apps.distill.plan._padding_speedup): with every row
+    in one shuffle buffer, the trainer's bucketed batches pad exactly as `bucketed_padding` says of their token
+    counts; and a bigger pool of the same lengths pads less (the dry run's 128-row sample against a run's buffer)."""
+    store = Store.open(precompute_news(tmp_path, tiny_teacher, sentences, 300, 150))
+    cfg = D.DataConfig(str(store.root), ["tiny.mean"], "tiny", batch_size=16, max_length=2048, val_percent=0.0,
+                       shuffle_buffer=10_000, bucket=True)
+    plan = D.build_plan(store, cfg)
+    tok = D.Tokenize(cfg.tokenizer_path(store), cfg.max_length)
+    batches = list(D.shuffled_rows(store, plan, plan.units(0, 0, 0), np.random.default_rng(0), tok.count))
+    counts = [tok.count(list(b["text"])) for b in batches]
+    measured = 1 - sum(int(c.sum()) for c in counts) / sum(int(c.max()) * len(c) for c in counts)
+    lengths = np.concatenate(counts)
+    assert 0.005 < measured == pytest.approx(D.bucketed_padding(lengths, 16), abs=1e-12)
+    draws = np.random.default_rng(1)
+    small, big = (D.bucketed_padding(draws.choice(lengths, n), 16) for n in (128, 10_000))
+    assert big < 0.5 * small, (small, big)
+    assert D.bucketed_padding(np.array([1, 1, 1, 9]), 2) == pytest.approx(1 - 12 / 20)  # [1, 1] and [1, 9]

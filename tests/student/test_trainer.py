@@ -80,6 +80,24 @@ def test_reference_run_learns_and_writes_everything(reference):
     assert json.loads((reference / "training_args.json").read_text())["objectives"] == SMALL["objectives"]
 
 
+def test_checkpoints_every_n_steps_and_at_the_last_never_at_epoch_ends(store_path, tmp_path, monkeypatch):
+    """A checkpoint is a resume point, every checkpoint_every steps and at the last step; epoch ends add none (a
+    small store's epochs of a few steps made the dry run's calibration save every 2nd step, each save as long as
+    the step). The run still resumes to identical weights from any of them (the tests below)."""
+    saved, real = [], T.checkpoint.save
+
+    def counting(*a, **kw):
+        saved.append(a[3].step)  # the TrainState
+        return real(*a, **kw)
+
+    monkeypatch.setattr(T.checkpoint, "save", counting)
+    out = T.train(T.TrainConfig(str(store_path), str(tmp_path / "out"), **SMALL | {"checkpoint_every": 7, "epochs": 3}))
+    info = json.loads((out / "training_args.json").read_text())["resolved"]
+    per_epoch = info["train_rows"] // SMALL["batch_size"]
+    assert info["total_steps"] > 2 * per_epoch and per_epoch % 7, info  # epoch ends that are not multiples of 7
+    assert saved == [*range(7, info["total_steps"], 7), info["total_steps"]]
+
+
 def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_path, monkeypatch):
     out = tmp_path / "out"
     real = D.train_batches
