@@ -6,7 +6,8 @@ The calibration runs the real steps on a small sample of the corpus in a tempora
 - the teacher encodes a sample of those rows: its load time and rows/s (`PrecomputeSummary.encode_seconds`);
   the start model writes its per-model outputs (init, vocab) the same way;
 - every stage trains CALIBRATION_STEPS steps on the sample store, from the stage it names: rows/s from its
-  metrics (the last window, after warm-up) and the set-up time around them;
+  metrics (the last window, after warm-up), scaled to the padding of the run's length buckets, and the set-up
+  time around them;
 - the chosen student is exported in both formats, and encodes STS-B dev sentences (the choice, the suite);
 - the teacher and the start model, loaded as `kd eval` loads them (fp32 reference models), encode 240 rows
   (each only when the eval cache lacks some of its suite vectors).
