@@ -317,9 +317,13 @@ def _vocab_cached(cal: _Run) -> bool:
     return cached_for(weights_sha256(resolve_teacher(cal.teacher("teacher")).path))
 
 
+def _sample_tokens(store_path: Path, teacher: str) -> np.ndarray:
+    """Each sample row's token count under `teacher` (its table's n_tokens)."""
+    return Store.open(store_path).read_table(teacher_table(teacher), ["n_tokens"]).column("n_tokens").to_numpy()
+
+
 def _mean_tokens(store_path: Path, teacher: str) -> float:
-    t = Store.open(store_path).read_table(f"teachers/{teacher}", ["n_tokens"])
-    return max(1.0, float(t.column("n_tokens").to_numpy().mean()))
+    return max(1.0, float(_sample_tokens(store_path, teacher).mean()))
 
 
 def _stages(cal: _Run, rows: int) -> tuple[list[PlannedStep], float]:
@@ -374,8 +378,7 @@ def _padding_speedup(cal: _Run, full: TrainConfig, rows: int) -> float:
 
     if not full.bucket:
         return 1.0
-    t = Store.open(cal.store).read_table(f"teachers/{cal.names['teacher']}", ["n_tokens"])
-    lengths = t.column("n_tokens").to_numpy()
+    lengths = _sample_tokens(cal.store, cal.names["teacher"])
     run = np.random.default_rng(0).choice(lengths, size=max(1, min(rows, full.shuffle_buffer)))
     return (1.0 - bucketed_padding(run, full.batch_size)) / (1.0 - bucketed_padding(lengths, full.batch_size))
 
