@@ -10,6 +10,7 @@ from __future__ import annotations
 from kd.common.errors import InputError
 from kd.common.inputs import require_text_size
 from kd.pipeline.inputs import Records
+from kd.storage.schema import DOCUMENT  # a whole document's `position`
 
 
 def load_segmenter(model: str | None):
@@ -30,7 +31,6 @@ def load_segmenter(model: str | None):
     return nlp
 
 
-DOCUMENT = -1  # the `position` of a whole document kept beside its sentences (--segment sentences+documents)
 
 
 def segment(records: Records, model: str | None = None, batch_size: int = 256, documents: bool = False) -> Records:

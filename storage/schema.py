@@ -37,6 +37,9 @@ class VectorDType(str, Enum):
 
 # Columns of the texts table in order. text_a/text_b replace text in pair stores.
 TEXT_COLUMNS = ("id", "text", "doc_id", "position", "source", "label")
+# `position` is a sentence's index in its document, or DOCUMENT for the whole document kept as a row beside its
+# sentences (kd precompute --segment sentences+documents); any lower value is damage
+DOCUMENT = -1
 PAIR_COLUMNS = ("id", "text_a", "text_b", "doc_id", "position", "source", "label")
 
 

@@ -43,7 +43,15 @@ from kd.common.inputs import MAX_TEXT_BYTES
 from kd.common.parsing import has_auto_map, parse_json
 from kd.storage.fs import Location, check_relative
 from kd.storage.manifest import Manifest, plan_problems, teacher_table
-from kd.storage.schema import canonical_type, is_int8, non_finite_columns, table_vectors, type_name, unlike_declared
+from kd.storage.schema import (
+    DOCUMENT,
+    canonical_type,
+    is_int8,
+    non_finite_columns,
+    table_vectors,
+    type_name,
+    unlike_declared,
+)
 
 if TYPE_CHECKING:  # store.py imports this module
     from kd.storage.store import Store
@@ -139,17 +147,18 @@ def values_problems(name: str, table: pa.Table) -> list[str]:
     if name == "texts":
         out += [p for c in ("text", "text_a", "text_b") if c in table.column_names
                 for p in _text_problem(table, c)]
-        out += _negative(table, "position")
+        out += _negative(table, "position", lowest=DOCUMENT)  # (a whole document's row: DOCUMENT, -1)
     return out
 
 
-def _negative(table: pa.Table, column: str) -> list[str]:
-    """A count or position column (`n_tokens`, texts' `position` in its document) negative in some row."""
+def _negative(table: pa.Table, column: str, lowest: int = 0) -> list[str]:
+    """A count or position column (`n_tokens`, texts' `position` in its document) below `lowest` in some row."""
     if column not in table.column_names or not pa.types.is_integer(table[column].type):
         return []
     values = table[column].to_numpy(zero_copy_only=False)
-    neg = np.nonzero(values < 0)[0]
-    return [f"column {column!r} is negative in {len(neg)} row(s), first {int(values[neg[0]])} at row "
+    neg = np.nonzero(values < lowest)[0]
+    said = "negative" if lowest == 0 else f"below {lowest}"
+    return [f"column {column!r} is {said} in {len(neg)} row(s), first {int(values[neg[0]])} at row "
             f"{int(neg[0])}{_row_id(table, int(neg[0]))}"] if len(neg) else []
 
 

@@ -25,6 +25,9 @@ class DistillConfig:
     out: str = option(short="-o", help="Folder for the store, the stages, the model and the report")
     store: str | None = option(None, help="Use (and grow) this store instead of OUT/store: one that already holds "
                                           "the teacher's outputs for this corpus (another run's) is not recomputed")
+    reuse: str | None = option(None, help="Copy the teacher and start model vectors that another store holds for "
+                                          "this corpus's rows (same text, same settings) instead of computing them: "
+                                          "a grown corpus, or other --segment/--sample, pays only its new rows")
     student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | static | bilstm "
                                         "(apps/distill/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
@@ -50,13 +53,15 @@ class DistillConfig:
     progress: bool = option(True, help="Show progress")
 
     # options a rerun may change without touching what was computed
-    RESUMABLE = ("export", "evaluate", "suite", "dry_run", "progress")
+    # (--reuse too: a copied vector is bit-identical to the one it saves computing)
+    RESUMABLE = ("reuse", "export", "evaluate", "suite", "dry_run", "progress")
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
         self.inputs = [os.fspath(p) for p in self.inputs]
         self.out = os.fspath(self.out)
         self.store = None if self.store is None else os.fspath(self.store)
+        self.reuse = None if self.reuse is None else os.fspath(self.reuse)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

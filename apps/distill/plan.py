@@ -38,6 +38,7 @@ from kd.apps.distill.run import (
     StepKind,
     _precompute,
     _Run,
+    check_reuse,
     check_store,
     corpus_header,
     corpus_options,
@@ -55,6 +56,7 @@ from kd.common.layers import parse_layers
 from kd.common.outputs import claim_output
 from kd.pipeline.job import PER_TEACHER
 from kd.pipeline.precompute import PrecomputeJob, corpus_rows
+from kd.pipeline.reuse import table_index
 from kd.pipeline.teacher.keep_layers import folder_name
 from kd.pipeline.teacher.model import weights_sha256
 from kd.pipeline.teacher.resolve import resolve_teacher
@@ -78,6 +80,9 @@ WINDOW = 5  # rows/s from the last 5 steps (steady_rate): the first ones pay one
 # The output of one token alone (vocab) runs at most this many times the sample's tokens/s: a 3-token row
 # pays a whole batch's per-row overheads (measured on MiniLM, 2 cores: ~2.5x).
 VOCAB_SPEEDUP = 2.5
+# Rows/s of a copy from --reuse's store (read, checked, reordered): ~5,000 measured on one core for mpnet's
+# 768-d rows (docs/results.md, kd precompute --reuse); minutes at most beside any teacher's encoding
+COPY_RATE = 5000.0
 
 
 @dataclass
@@ -132,6 +137,8 @@ def estimate(cfg: DistillConfig) -> Plan:
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
     if cfg.store:
         check_store(run)
+    if cfg.reuse:
+        check_reuse(run)
     run.check_models()
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         c = _Calibration(run, Path(tmp))
@@ -147,9 +154,12 @@ class _Calibration:
     def __init__(self, run: _Run, tmp: Path) -> None:
         self.run, self.say = run, functools.partial(progress.step, enabled=run.cfg.progress)
         with self.say("dry run: reading the corpus and drawing its sample"):
-            self.rows, self.read_s, sample = _corpus(run, tmp)
-        # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing
-        self.cal = _Run(replace(run.cfg, inputs=[str(sample)], out=str(tmp / "run"), store=None, text_column=None,
+            ids, self.read_s, sample = _corpus(run, tmp)
+            self.rows, self.copied = len(ids), _reused_rows(run, ids)
+        # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing; never
+        # --reuse: the sample's rows are timed as encoded (the copied ones are counted above)
+        self.cal = _Run(replace(run.cfg, inputs=[str(sample)], out=str(tmp / "run"), store=None, reuse=None,
+                                text_column=None,
                                 segment="none", sample=None, exclude_leakage=False, progress=False), run.recipe)
         self.cal.out.mkdir()
         self.cal.refs = run.refs  # the same models, found once by the run's check
@@ -158,7 +168,7 @@ class _Calibration:
     def precompute(self) -> dict[str, PlannedStep]:
         with self.say(f"dry run: timing the teacher{' and the start model' if self.run.recipe.start else ''} on "
                       "the sample"):
-            return {s.name: s for s in _precompute_steps(self.run, self.cal, self.rows, self.read_s)}
+            return {s.name: s for s in _precompute_steps(self.run, self.cal, self.rows, self.read_s, self.copied)}
 
     @functools.cached_property
     def stages(self) -> tuple[dict[str, PlannedStep], float]:
@@ -214,8 +224,9 @@ _ESTIMATES: dict[StepKind, Callable[[_Calibration, Step], PlannedStep]] = {
 }
 
 
-def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
-    """The corpus rows, read for real (their count and cost), and an evenly spread sample written as text."""
+def _corpus(run: _Run, tmp: Path) -> tuple[np.ndarray, float, Path]:
+    """The corpus rows, read for real (their ids and the reading's cost), and an evenly spread sample written as
+    text."""
 
     t = time.perf_counter()
     opts = {k: v for k, v in corpus_options(run.cfg).items() if k not in ("shard_rows", "progress")}
@@ -225,7 +236,18 @@ def _corpus(run: _Run, tmp: Path) -> tuple[int, float, Path]:
     every = max(1, len(texts) // SAMPLE_ROWS)
     sample = tmp / "sample.txt"
     sample.write_text("\n".join(" ".join(x.split()) for x in texts[::every][:SAMPLE_ROWS]) + "\n", encoding="utf-8")
-    return len(texts), read_s, sample
+    return table.column("id").to_numpy(), read_s, sample
+
+
+def _reused_rows(run: _Run, ids: np.ndarray) -> dict[str, int]:
+    """Per role, how many of the corpus rows (`ids`) --reuse's store holds for the role's model: copied, not
+    encoded (a store holding the model with other settings is refused by the run, at its step)."""
+    if not run.cfg.reuse:
+        return {}
+    store = Store.open(run.cfg.reuse)
+    roles = [*run.teacher_roles, *(["start"] if run.specs.get("start") else [])]
+    return {r: int((table_index(store, run.names[r]).find(ids) >= 0).sum()) for r in roles
+            if teacher_table(run.names[r]) in store.manifest.tables}
 
 
 @dataclass
@@ -237,17 +259,20 @@ class _Rate:
         return self.load_s + rows / self.rate
 
 
-def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[PlannedStep]:
+def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: dict[str, int]) -> list[PlannedStep]:
     """The teacher's step (reading the corpus, its load, its rows at its measured rate, its vocab output) and the
     start model's (the same without the reading: its texts come back from the store); only the load and the reading
-    where run.store already holds them. The sample store is filled either way: the stages calibrate on it."""
+    where run.store already holds them. `copied`: the rows per role that --reuse copies at COPY_RATE instead (for
+    several teachers, the fewest: the pass lasts as long as its slowest). The sample store is filled either way: the
+    stages calibrate on it."""
 
     corpus = corpus_header(run)["fingerprint"] if run.store.is_dir() else None  # the corpus hashed once
     stored = {"teacher": all(_stored(run, r, corpus) for r in run.teacher_roles),
               "start": bool(run.specs.get("start")) and _stored(run, "start", corpus)}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
-    secs, detail = read_s + teacher.seconds(rows), f"{rows:,} rows at {teacher.rate:,.0f} rows/s"
+    secs, detail = _encoding(teacher, rows, min(copied.get(r, 0) for r in run.teacher_roles))
+    secs += read_s
     if "vocab" in cal.recipe.outputs["teacher"]:
         vocab = len(Store.open(cal.store).load_tokenizer(cal.names["teacher"]))
         if _vocab_cached(cal):  # the stages calibrate on the real table, read from the cache in seconds
@@ -265,10 +290,16 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float) -> list[Pl
         start = _timed(cal, "start", cal.recipe.outputs["start"])
         steps.append(PlannedStep(StepKind.start.value, start.load_s, "already in the store") if
                      stored["start"] else
-                     PlannedStep(StepKind.start.value, start.seconds(rows),
-                                 f"{', '.join(cal.recipe.outputs['start'])}; {rows:,} rows at {start.rate:,.0f} "
-                                 "rows/s"))
+                     PlannedStep(StepKind.start.value, *_encoding(start, rows, copied.get("start", 0),
+                                                                  f"{', '.join(cal.recipe.outputs['start'])}; ")))
     return steps
+
+
+def _encoding(rate: _Rate, rows: int, copied: int, head: str = "") -> tuple[float, str]:
+    """A precompute's seconds and its line: the rows it encodes at the measured rate, those --reuse copies."""
+    secs = rate.seconds(rows - copied) + copied / COPY_RATE
+    return secs, f"{head}{rows - copied:,} rows at {rate.rate:,.0f} rows/s" + \
+        (f", {copied:,} copied from --reuse" if copied else "")
 
 
 def _weights(run: _Run, cal: _Run, name: str) -> PlannedStep:

@@ -38,7 +38,7 @@ from kd.apps.distill.shared_stages import copy_stage, finished_stage, stage_key,
 from kd.apps.eval import metrics, tasks
 from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
 from kd.common import progress
-from kd.common.errors import InputError, KdError
+from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.options import flag
 from kd.common.outputs import STORE, claim_output, kind_of, write_text
@@ -244,6 +244,8 @@ def distill(cfg: DistillConfig) -> DistillResult:
         seconds[step.name] = time.perf_counter() - t
         if step.stage:
             state.setdefault("stages", {})[step.stage] = result
+        elif isinstance(result, dict):  # a precompute's rows
+            state.setdefault("rows", {})[step.name] = result
         state["done"].append(step.name)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
@@ -267,6 +269,8 @@ def _claim(run: _Run) -> dict[str, Any]:
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     if run.cfg.store:
         check_store(run)
+    if run.cfg.reuse:
+        check_reuse(run)
     run.check_models()
     path = run.out / STATE
     if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
@@ -307,6 +311,21 @@ def check_store(run: _Run) -> None:
                              where, "pass the corpus and options it was made from, or another --store")
 
 
+def check_reuse(run: _Run) -> None:
+    """--reuse: a readable kd store, not the run's own; checked before the run is recorded. Whether it holds this
+    run's teachers with the same settings is precompute's check (pipeline.reuse), at the step that copies."""
+
+    where = f"--reuse {run.cfg.reuse}"
+    if Path(run.cfg.reuse).resolve() == run.store:
+        raise InputError("--reuse names the run's own store", where,
+                         "drop --reuse: a rerun already skips what its store holds")
+    try:
+        Store.open(run.cfg.reuse)
+    except StoreError as e:
+        raise InputError(f"--reuse: {e.what}", where, "pass another run's store (its OUT/store, or its --store), "
+                                                      "or drop --reuse") from None
+
+
 def _save_state(run: _Run, state: dict[str, Any]) -> None:
     _write_json(run.out / STATE, state)
 
@@ -322,9 +341,9 @@ def steps_of(run: _Run) -> list[Step]:
     """The run's steps, in order: the one list the run executes and the dry run estimates (each step's condition
     is written here only)."""
     K = StepKind
-    steps = [Step(K.teacher, lambda: _precompute(run, "teacher"))]
+    steps = [Step(K.teacher, lambda: _rows_record(run, _precompute(run, "teacher")))]
     if run.specs["start"] and run.recipe.outputs["start"]:
-        steps.append(Step(K.start, lambda: _precompute(run, "start")))
+        steps.append(Step(K.start, lambda: _rows_record(run, _precompute(run, "start"))))
     if run.weights is None and len(run.teacher_roles) > 1:
         steps.append(Step(K.weights, lambda: _choose_weights(run)))
     if run.cfg.exclude_leakage:
@@ -357,8 +376,17 @@ def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
     outputs = run.outputs(role) if outputs is None else outputs
     keep = run.recipe.keep_layers if "init" in outputs else None
     opts = corpus_options(run.cfg) | ({"keep_layers": keep} if keep else {})
+    opts |= {"reuse": run.cfg.reuse} if run.cfg.reuse else {}
     roles = run.teacher_roles if role == "teacher" else [role]  # the teachers of a combined target in one pass
     return precompute(run.cfg.inputs, str(run.store), [run.teacher(r) for r in roles], outputs=outputs, **opts)
+
+
+def _rows_record(run: _Run, summary: Any) -> dict[str, int]:
+    """A precompute step's record (`summary`: its PrecomputeSummary): the rows it encoded, and those it copied from
+    --reuse, said when there are any (the time they saved is the point of the flag)."""
+    if summary.rows_reused:
+        _say(run.cfg, f"    {summary.rows_computed:,} rows encoded, {summary.rows_reused:,} copied from --reuse")
+    return {"encoded": summary.rows_computed, "copied": summary.rows_reused}
 
 
 def teacher_weights(run: _Run):  # -> apps.distill.teacher_weights.WeightChoice

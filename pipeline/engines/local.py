@@ -102,9 +102,9 @@ def _commit(ctx: Prepared, table: str, k: int, rows: pa.Table, partial: Partial 
 
 
 def _partial(ctx: Prepared, t: Teacher, k: int, ready: _Ready) -> Partial | None:
-    """Where shard k of `t` keeps its finished batches until committed (a local store; not with --reuse, whose
-    rows to encode depend on the other store)."""
-    if not ctx.writer.loc.is_local or t.name in ctx.reuse:
+    """Where shard k of `t` keeps its finished batches until committed (a local store). Keyed by the ids of the
+    rows to encode: with --reuse those depend on the other store, and another one's batches are never mixed in."""
+    if not ctx.writer.loc.is_local:
         return None
     key = partial_key(settings(t.meta(ctx.outputs[t.name], ctx.job.vdtype.value)), ids_digest(ready.rows["id"]),
                       [side.batches for side in ready.tokens.sides], compute_signature(t))

@@ -20,6 +20,7 @@ from kd.apps.distill import recipe as R
 from kd.apps.distill.run import DistillConfig, distill
 from kd.cli import app
 from kd.common.errors import InputError
+from kd.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -483,3 +484,55 @@ def test_a_run_is_the_same_run_when_only_its_recipe_s_words_change(tmp_path, tin
     path.write_text(text.replace("max_steps = 30", "max_steps = 31", 1), encoding="utf-8")
     key, was, now = cfg.difference(before, R.load(str(path)))
     assert key == "recipe_digest" and was == before["recipe_digest"] and now != was
+
+
+def _teacher_rows(store: Path) -> dict[str, dict[int, bytes]]:
+    """Each teacher table's rows: id -> the row's stored values, as bytes."""
+    s = Store.open(store)
+    out = {}
+    for name in (t for t in s.manifest.tables if t.startswith("teachers/")):
+        t = s.read_table(name)
+        cols = [c for c in t.column_names if c != "id"]
+        out[name] = {i: repr([t[c][k].as_py() for c in cols]).encode() for k, i in enumerate(t["id"].to_pylist())}
+    return out
+
+
+def test_a_grown_corpus_with_reuse_encodes_only_its_new_rows(tmp_path, uninterrupted, corpus, recipe_file, sentences):
+    """--reuse: a grown corpus (the first run's sentences and more) copies the teacher's and the start model's rows
+    that the first run's store holds, bit for bit, and encodes only the new ones; the dry run counts them so; a rerun
+    without --reuse is the same run (a copied row is the row it saves computing)."""
+    from kd.apps.distill.plan import estimate
+
+    grown = tmp_path / "grown.txt"
+    grown.write_text("\n".join(sentences[:230]) + "\n", encoding="utf-8")
+    old = uninterrupted / "store"
+    n_old = Store.open(old).read_table("texts", ["id"]).num_rows
+    out = tmp_path / "run"
+    plan = estimate(_cfg(grown, out, recipe_file, reuse=str(old)))
+    details = [s.detail for s in plan.steps if s.name.startswith("precompute")]  # the teacher, the start model
+    assert len(details) == 2 and all(f", {n_old:,} copied from --reuse" in d for d in details), details
+    assert not out.exists()
+    distill(_cfg(grown, out, recipe_file, reuse=str(old)))
+    n_new = Store.open(out / "store").read_table("texts", ["id"]).num_rows - n_old
+    assert n_new >= 60
+    rows = json.loads((out / "distill.json").read_text())["rows"]
+    assert rows == {"precompute the teacher": {"encoded": n_new, "copied": n_old},
+                    "precompute the start model": {"encoded": n_new, "copied": n_old}}, rows
+    then, now = _teacher_rows(old), _teacher_rows(out / "store")
+    assert set(then) == set(now) and all(now[t][i] == v for t in then for i, v in then[t].items())
+    before = _weights(out)
+    distill(_cfg(grown, out, recipe_file))  # not another run: nothing trained again, nothing refused
+    assert _weights(out) == before
+
+
+@pytest.mark.parametrize("where", ["not a store", "the run's own store"])
+def test_a_wrong_reuse_is_refused_before_anything_is_recorded(tmp_path, uninterrupted, corpus, recipe_file, where):
+    out, store = tmp_path / "run", tmp_path / "store"
+    reuse = {"not a store": uninterrupted / "stages", "the run's own store": store}[where]
+    for dry in ([], ["--dry-run"]):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store),
+                                       "--reuse", str(reuse), *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and f"--reuse {reuse}" in text, res.output
+        assert ("no kd store here" if where == "not a store" else "the run's own store") in text, text
+        assert not out.exists()

@@ -52,6 +52,22 @@ def test_documents_follow_their_sentences_as_rows_of_their_own(tmp_path, article
     assert vectors.num_rows == both.num_rows
 
 
+def test_a_store_with_document_rows_validates_and_resumes(tmp_path, articles, tiny_teacher):
+    """A document row's position (-1) is no damage: kd validate passes the store, and a rerun (a resume after a
+    kill, or a --reuse of it) reads its shards back. Both refused it as "position is negative": a killed
+    sentences+documents precompute could not resume."""
+    path, _ = articles
+    out = tmp_path / "sd"
+    for _ in range(2):  # the second: every shard read back and checked, nothing to do
+        res = _precompute(path, out, tiny_teacher, "sentences+documents", "--shard-rows", "16")
+        assert res.exit_code == 0, res.output
+    assert "nothing to do" in res.output
+    res = CliRunner().invoke(app, ["validate", str(out)])
+    assert res.exit_code == 0, res.output
+    res = _precompute(path, tmp_path / "again", tiny_teacher, "sentences+documents", "--reuse", str(out))
+    assert res.exit_code == 0 and "0 rows encoded" in " ".join(res.output.split()), res.output
+
+
 def test_documents_and_pairs_do_not_mix(tmp_path, tiny_teacher):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("a\tb\nthe cat sat.\ta cat sat.\n", encoding="utf-8")

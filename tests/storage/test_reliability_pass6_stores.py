@@ -98,12 +98,13 @@ def test_a_stored_tokenizer_file_kd_would_not_write_is_reported_and_repaired(sto
     assert not (store / TOKENIZER_CONFIG).exists()
 
 
-def test_a_negative_position_is_reported_and_refused(store):
-    rewrite_shard(store, "texts", 0, lambda t: set_column(t, "position", [-1] + t["position"].to_pylist()[1:]))
+def test_a_position_below_a_whole_document_s_is_reported_and_refused(store):
+    """-1 is a whole document's row (--segment sentences+documents: test_document_rows.py); below it is damage."""
+    rewrite_shard(store, "texts", 0, lambda t: set_column(t, "position", [-2] + t["position"].to_pylist()[1:]))
     res = validate(store)
-    assert res.exit_code == 1 and "column 'position' is negative in 1 row(s), first -1 at row 0" in res.output, \
+    assert res.exit_code == 1 and "column 'position' is below -1 in 1 row(s), first -2 at row 0" in res.output, \
         res.output
-    refused(query(store), "column 'position' is negative")
+    refused(query(store), "column 'position' is below -1")
 
 
 def test_add_to_a_store_whose_texts_column_allows_nulls_but_holds_none(store, tiny_teacher):
