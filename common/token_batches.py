@@ -1,9 +1,9 @@
 """Token-budget batches for a forward pass over texts of mixed lengths: pure, numpy only (used by precompute's
 teacher pass and by a student's `encode`, CPU and GPU alike).
 
-- Rows are sorted by token length (longest first, so an out-of-memory shows up on the first batch) and grouped
-  greedily while rows * longest length <= batch_tokens (and rows <= max_batch): padding waste stays small and
-  every batch costs about the same.
+- Rows are sorted by token length and grouped greedily while rows * longest length <= batch_tokens (and rows <=
+  max_batch): padding waste stays small and every batch costs about the same. The longest rows' batch runs first
+  (an out-of-memory shows up at once), the others in a fixed shuffled order (a steady rate for progress bars).
 - The budget, when not given, depends on where the forward pass runs (`default_batch_tokens`): small on a CPU,
   where activations that stay in cache beat big matrix products, large on a GPU.
 - `scatter_batches` runs the batches and writes each result back at its rows, so the output is in input order
@@ -35,7 +35,8 @@ def default_batch_tokens(device_type: str) -> int:
 
 
 def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) -> list[np.ndarray]:
-    """Index arrays of batches: longest rows first, padded cost per batch <= batch_tokens."""
+    """Index arrays of batches cut from the rows sorted longest first, padded cost per batch <= batch_tokens; the
+    batch of the longest rows runs first, the others in a fixed shuffled order (`_spread`)."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
     batches: list[np.ndarray] = []
     start = 0
@@ -44,7 +45,19 @@ def plan_batches(lengths: np.ndarray, batch_tokens: int, max_batch: int = 1024) 
         size = max(1, min(max_batch, batch_tokens // max(longest, 1)))
         batches.append(order[start : start + size])
         start += size
-    return batches
+    return _spread(batches)
+
+
+def _spread(batches: list[np.ndarray]) -> list[np.ndarray]:
+    """The longest rows' batch first (an out-of-memory shows up at once, and the allocator's largest blocks are
+    made first), then the others in an order shuffled with a fixed seed. Rows per second then hold about steady
+    through a pass, so its bar's rate and ETA are right from its first minutes: run longest first, mpnet over news
+    articles and their sentences did 1.8 rows/s for the first minutes of each shard (the articles) and tens later
+    (the sentences), and said ETA 64 h. Each batch is the same rows either way, so the outputs are too."""
+    if len(batches) <= 2:
+        return batches
+    rest = np.random.default_rng(0).permutation(len(batches) - 1) + 1
+    return [batches[0], *(batches[i] for i in rest)]
 
 
 def scatter_batches(rows: int, batches: list[np.ndarray],

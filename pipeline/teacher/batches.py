@@ -39,7 +39,7 @@ class Side:
 
     suffix: str  # "" for texts and cross-encoder pairs; "_a" / "_b" for the sides of bi-encoder pairs
     enc: dict[str, list[list[int]]]  # input_ids[, token_type_ids] per row, truncated to max_length
-    batches: list[np.ndarray]  # row indices per batch, longest rows first
+    batches: list[np.ndarray]  # row indices per batch, the longest rows' first (common.token_batches)
 
 
 @dataclass(frozen=True)
