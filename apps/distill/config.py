@@ -28,7 +28,7 @@ class DistillConfig:
     reuse: str | None = option(None, help="Copy the teacher and start model vectors that another store holds for "
                                           "this corpus's rows (same text, same settings) instead of computing them: "
                                           "a grown corpus, or other --segment/--sample, pays only its new rows")
-    student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | static | bilstm "
+    student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | tiny3-ensemble | static | bilstm "
                                         "(apps/distill/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
     teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
@@ -41,6 +41,8 @@ class DistillConfig:
     dedup: bool = option(True, help="Drop repeated texts")
     sample: float | None = option(None, range=B.SAMPLE, help="Keep this fraction of the rows, chosen by id hash "
                                                              "(kd precompute --sample)")
+    seed: int = option(0, range=B.SEED, help="Added to every stage's seed (the recipe's seeds are offsets): runs that "
+                                             "differ only in --seed tell a margin from noise")
     shard_rows: int = option(20_000, range=B.ROWS, help="Rows per store shard")
     exclude_leakage: bool = option(True, flag="--leakage", help="Leave out the rows that are also evaluation text")
     export: bool = option(True, help="Export the chosen student (sentence-transformers, ONNX)")

@@ -156,10 +156,13 @@ class _Run:
         init = None if stage.source in R.ROLES else str(self.stage_dir(stage.source))
         if stage.name == R.BASELINE and stage.options.get("arch") == "transformer-init":
             extra = self.start_itself(stage, role) | extra
+        options = stage.options | extra
+        if self.cfg.seed:  # an offset: a stage's seed still sets it apart from its neighbours (wrapped: in range)
+            options["seed"] = (options.get("seed", TrainConfig.seed) + self.cfg.seed) % 2**32
         return TrainConfig(str(self.store), str(self.stage_dir(stage.name)), init=init, init_teacher=self.names[role],
                            target=self.target(),
                            exclude_ids=str(self.exclude) if self.cfg.exclude_leakage else None,
-                           progress=self.cfg.progress, **(stage.options | extra))
+                           progress=self.cfg.progress, **options)
 
     def start_itself(self, stage: R.Stage, role: str) -> dict[str, Any]:
         """A transformer-init baseline is the start model itself: its own width (no head onto the teacher's, which

@@ -180,6 +180,26 @@ def test_presets_load():
     # tiny6's stages, setting for setting: tiny3 beside tiny6 on one store copies them (apps.distill.shared_stages)
     assert [(s.name, s.source, s.options) for s in tiny3.stages[:2]] == \
         [(s.name, s.source, s.options) for s in tiny6.stages]
+    # the same pair on the two-teacher target: tiny3-ensemble copies tiny6-ensemble's stages, and its copy is tiny3's
+    e3, e6 = R.load("tiny3-ensemble"), R.load("tiny6-ensemble")
+    assert e3.teachers == e6.teachers == ("mpnet", "minilm") and (e3.start, e3.target) == (e6.start, e6.target)
+    assert [(s.name, s.source, s.options) for s in e3.stages] == \
+        [(s.name, s.source, s.options) for s in [*e6.stages, tiny3.stages[2]]]
+
+
+def test_seed_offsets_every_stage_s_seed_and_makes_another_run(tmp_path, corpus, recipe_file, uninterrupted):
+    """--seed N adds N to each stage's seed (runs that differ only in it measure the spread), wraps within numpy's
+    range, and is part of what a run is: a finished run's folder refuses another seed."""
+    from kd.apps.distill.run import _Run
+
+    recipe = R.load(str(recipe_file))
+    stages = [s for s in recipe.students if s.name != R.BASELINE]
+    runs = {n: _Run(_cfg(corpus, tmp_path / str(n), recipe_file, seed=n), recipe) for n in (0, 20, 2**32 - 1)}
+    seeds = {n: [run.train_config(s).seed for s in stages] for n, run in runs.items()}
+    assert seeds[0] == [s.options.get("seed", 0) for s in stages]
+    assert seeds[20] == [s + 20 for s in seeds[0]] and seeds[2**32 - 1] == [(s - 1) % 2**32 for s in seeds[0]]
+    with pytest.raises(InputError, match="seed was 0, now 20"):
+        distill(_cfg(corpus, uninterrupted, recipe_file, seed=20))
 
 
 def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
