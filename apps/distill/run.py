@@ -386,9 +386,13 @@ def _precompute(run: _Run, role: str, outputs: list[str] | None = None):
 
 def _rows_record(run: _Run, summary: Any) -> dict[str, int]:
     """A precompute step's record (`summary`: its PrecomputeSummary): the rows it encoded, and those it copied from
-    --reuse, said when there are any (the time they saved is the point of the flag)."""
+    --reuse, said when there are any (the time they saved is the point of the flag). Counted per teacher table: two
+    teachers of a combined target over 26,839 rows copy 53,678."""
     if summary.rows_reused:
-        _say(run.cfg, f"    {summary.rows_computed:,} rows encoded, {summary.rows_reused:,} copied from --reuse")
+        n = len(summary.teachers)
+        tables = f" (the rows of {n} teachers' tables)" if n > 1 else ""
+        said = f"{summary.rows_computed:,} rows encoded, {summary.rows_reused:,} copied from --reuse"
+        _say(run.cfg, f"    {said}{tables}")
     return {"encoded": summary.rows_computed, "copied": summary.rows_reused}
 
 
