@@ -54,6 +54,15 @@ def declared(cls: type) -> list[tuple[Field, Option]]:
     return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
 
 
+def saved_defaults(cls: type) -> dict[str, Any]:
+    """Each option of dataclass `cls` with a plain default, as a saved config holds it (str enums by value). Saved
+    options (a run's, a checkpoint's) that lack one were saved by a kd older than the option and ran as its default
+    does: compare them as `saved_defaults(cls) | saved`. Adding kd distill's --seed refused to resume every run begun
+    before it ("seed was None, now 0": a 30-minute teacher pass that would not resume)."""
+    plain = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not MISSING}
+    return {k: getattr(v, "value", v) for k, v in plain.items()}
+
+
 def flag(cls: type, name: str) -> str:
     """The flag of field `name` of `cls` (a library-only field is named as it is in Python)."""
     opt = next(o for f, o in declared(cls) if f.name == name)

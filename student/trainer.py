@@ -55,6 +55,7 @@ from kd.common.attention import varying_shape_attention
 from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
+from kd.common.options import saved_defaults
 from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
@@ -234,7 +235,8 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
-        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id)
+        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id,
+                                    saved_defaults(TrainConfig))
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists():
             other = _other_options(_finished_with(out), cfg)[:3]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.options import check_ranges, one_value_as_sequence, option
+from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -55,7 +55,7 @@ class DistillConfig:
     progress: bool = option(True, help="Show progress")
 
     # options a rerun may change without touching what was computed
-    # (--reuse too: a copied vector is bit-identical to the one it saves computing)
+    # (--reuse too: a copied vector is the one it saves computing, to rounding: ~1e-7, other batch neighbours)
     RESUMABLE = ("reuse", "export", "evaluate", "suite", "dry_run", "progress")
 
     def __post_init__(self) -> None:
@@ -82,8 +82,10 @@ class DistillConfig:
     def difference(self, recorded: dict[str, Any], recipe: Recipe) -> tuple[str, Any, Any] | None:
         """The first key in which a recorded run's identity differs from this one's (the key, then and now), or
         None: the same run. A run recorded before the digest holds `recipe_sha256`, the recipe file's bytes; the
-        same bytes now are the same recipe."""
+        same bytes now are the same recipe. An option the record lacks is compared at its default
+        (common.options.saved_defaults)."""
         now = self.identity(recipe)
+        recorded = {k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded
         if "recipe_sha256" in recorded:
             now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
                 "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}

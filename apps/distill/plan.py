@@ -56,7 +56,7 @@ from kd.common.layers import parse_layers
 from kd.common.outputs import claim_output
 from kd.pipeline.job import PER_TEACHER
 from kd.pipeline.precompute import PrecomputeJob, corpus_rows
-from kd.pipeline.reuse import table_index
+from kd.pipeline.reuse import open_sources, table_index
 from kd.pipeline.teacher.keep_layers import folder_name
 from kd.pipeline.teacher.model import weights_sha256
 from kd.pipeline.teacher.resolve import resolve_teacher
@@ -271,6 +271,7 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: di
               "start": bool(run.specs.get("start")) and _stored(run, "start", corpus)}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
+    _refused_reuse(run, cal, [r for r in run.teacher_roles if copied.get(r)])
     secs, detail = _encoding(teacher, rows, min(copied.get(r, 0) for r in run.teacher_roles))
     secs += read_s
     if "vocab" in cal.recipe.outputs["teacher"]:
@@ -288,11 +289,24 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: di
     if cal.specs["start"] and cal.recipe.outputs["start"]:
         # a model new to the store encodes its default row outputs beside its init/vocab outputs
         start = _timed(cal, "start", cal.recipe.outputs["start"])
+        _refused_reuse(run, cal, ["start"] if copied.get("start") else [])
         steps.append(PlannedStep(StepKind.start.value, start.load_s, "already in the store") if
                      stored["start"] else
                      PlannedStep(StepKind.start.value, *_encoding(start, rows, copied.get("start", 0),
                                                                   f"{', '.join(cal.recipe.outputs['start'])}; ")))
     return steps
+
+
+def _refused_reuse(run: _Run, cal: _Run, roles: list[str]) -> None:
+    """The refusal the run's precompute makes of --reuse's store (unsound, or holding a role's model with other
+    settings or fewer outputs: pipeline.reuse.open_sources), made here from the sample store's tables, which the
+    same models wrote with the same settings: a dry run never counts rows as copied that its run refuses to copy."""
+    if not roles:
+        return
+    tables = Store.open(cal.store).manifest.tables
+    metas = {run.names[r]: tables[teacher_table(cal.names[r])].meta | {
+        "outputs": [o for o in run.outputs(r) if o not in PER_TEACHER]} for r in roles}
+    open_sources(run.cfg.reuse, metas)
 
 
 def _encoding(rate: _Rate, rows: int, copied: int, head: str = "") -> tuple[float, str]:

@@ -316,17 +316,22 @@ def check_store(run: _Run) -> None:
 
 def check_reuse(run: _Run) -> None:
     """--reuse: a readable kd store, not the run's own; checked before the run is recorded. Whether it holds this
-    run's teachers with the same settings is precompute's check (pipeline.reuse), at the step that copies."""
+    run's models with the same settings needs them loaded: precompute's check at the step that copies
+    (pipeline.reuse; the dry run makes it too, from its sample's tables)."""
 
-    where = f"--reuse {run.cfg.reuse}"
-    if Path(run.cfg.reuse).resolve() == run.store:
+    where, path = f"--reuse {run.cfg.reuse}", Path(run.cfg.reuse)
+    if path.resolve() == run.store:
         raise InputError("--reuse names the run's own store", where,
                          "drop --reuse: a rerun already skips what its store holds")
+    if not path.exists():
+        raise InputError("--reuse: no such folder", where, "pass another run's store (its OUT/store, or its --store)")
     try:
         Store.open(run.cfg.reuse)
     except StoreError as e:
-        raise InputError(f"--reuse: {e.what}", where, "pass another run's store (its OUT/store, or its --store), "
-                                                      "or drop --reuse") from None
+        inner = path / "store"  # a kd distill run's folder: its store is inside
+        fix = f"pass {inner}, that run's store" if _is_run(path) and kind_of(inner) == STORE else \
+            "pass another run's store (its OUT/store, or its --store), or drop --reuse"
+        raise InputError(f"--reuse: {e.what}", where, fix) from None
 
 
 def _save_state(run: _Run, state: dict[str, Any]) -> None:

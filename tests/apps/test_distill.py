@@ -506,6 +506,17 @@ def test_a_run_is_the_same_run_when_only_its_recipe_s_words_change(tmp_path, tin
     assert key == "recipe_digest" and was == before["recipe_digest"] and now != was
 
 
+def test_a_run_begun_before_an_option_existed_resumes_at_its_default(tmp_path, recipe_file):
+    """A kd that adds an option (as --seed was added) still resumes the runs an older kd began, which ran as the
+    option's default does; a value other than the default is another run."""
+    recipe = R.load(str(recipe_file))
+    cfg = DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(recipe_file))
+    older = {k: v for k, v in cfg.identity(recipe).items() if k != "seed"}
+    assert cfg.difference(older, recipe) is None
+    assert DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(recipe_file),
+                         seed=5).difference(older, recipe) == ("seed", 0, 5)
+
+
 def _teacher_rows(store: Path) -> dict[str, dict[int, bytes]]:
     """Each teacher table's rows: id -> the row's stored values, as bytes."""
     s = Store.open(store)
@@ -545,14 +556,34 @@ def test_a_grown_corpus_with_reuse_encodes_only_its_new_rows(tmp_path, uninterru
     assert _weights(out) == before
 
 
-@pytest.mark.parametrize("where", ["not a store", "the run's own store"])
+@pytest.mark.parametrize("where", ["not a store", "the run's own store", "no such folder", "a run's folder"])
 def test_a_wrong_reuse_is_refused_before_anything_is_recorded(tmp_path, uninterrupted, corpus, recipe_file, where):
     out, store = tmp_path / "run", tmp_path / "store"
-    reuse = {"not a store": uninterrupted / "stages", "the run's own store": store}[where]
+    reuse = {"not a store": uninterrupted / "stages", "the run's own store": store,
+             "no such folder": tmp_path / "nowhere", "a run's folder": uninterrupted}[where]
+    said = {"not a store": "no kd store here", "the run's own store": "the run's own store",
+            "no such folder": "no such folder", "a run's folder": f"pass {uninterrupted / 'store'}, that run's store"}
     for dry in ([], ["--dry-run"]):
         res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe_file), "--store", str(store),
                                        "--reuse", str(reuse), *dry])
         text = " ".join(res.output.split())
-        assert res.exit_code == 2 and f"--reuse {reuse}" in text, res.output
-        assert ("no kd store here" if where == "not a store" else "the run's own store") in text, text
+        assert res.exit_code == 2 and f"--reuse {reuse}" in text and said[where] in text, res.output
         assert not out.exists()
+
+
+def test_a_reuse_store_the_run_refuses_is_refused_by_its_dry_run_too(tmp_path, uninterrupted, corpus):
+    """A --reuse store holding the run's model with other settings (here another teacher's weights under the same
+    table name) is refused by the dry run as by the run, which it once planned as rows to copy; the refused run
+    resumes once --reuse is dropped (it is not part of the run's identity)."""
+    other = build_tiny_bert(tmp_path / "other-bert", seed=1)
+    recipe = write_recipe(tmp_path / "r.toml", other, STAGES.format(steps=3), start=other)
+    out = tmp_path / "run"
+    for dry in (["--dry-run"], []):
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, out, recipe), "--reuse", str(uninterrupted / "store"),
+                                       *dry])
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and "with other settings (" in text and "weights_sha256" in text, res.output
+        assert dry == [] or not out.exists()
+    assert not list((out / "store").rglob("*.parquet"))  # nothing copied, nothing half-written
+    distill(_cfg(corpus, out, recipe))
+    assert json.loads((out / "distill.json").read_text())["rows"]["precompute the teacher"]["copied"] == 0

@@ -385,3 +385,25 @@ def test_training_says_what_it_does_before_its_first_step(store_path, tmp_path, 
     err = capfd.readouterr().err
     assert err.index("preparing the training") < err.index("preparing the training (the store, the student's start, "
                                                            "its head): done") < err.index("train:"), err
+
+
+def test_a_checkpoint_saved_before_an_option_existed_resumes_at_its_default(tmp_path):
+    """A kd that adds a training option still resumes a checkpoint an older kd saved without it (that run trained as
+    the default does); another value is refused, naming it. Every default is compared as a saved config holds it."""
+    from kd.common.errors import KdError
+    from kd.common.options import saved_defaults
+    from kd.student import checkpoint
+    from kd.student.train_config import TrainConfig
+
+    config, defaults = TrainConfig("s", "o").to_json(), saved_defaults(TrainConfig)
+    # (enums by value, as to_json saves them; a None default is resolved per arch, so a config lacking such an
+    # option is refused as before: None is not what that run trained with)
+    assert {k: v for k, v in defaults.items() if v is not None}.items() <= config.items()
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"config": {k: v for k, v in config.items() if k not in ("seed", "head_init")}, "world": 1,
+                "store": "a-store", "model": {}, "rng": []}, path)
+    assert checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, "a-store", defaults)["world"] == 1
+    with pytest.raises(KdError, match="seed: 0 -> 5"):
+        checkpoint.load(path, config | {"seed": 5}, TrainConfig.RESUMABLE, 1, "a-store", defaults)
+    with pytest.raises(KdError, match="seed: None -> 0"):  # (what it said before, for every option added)
+        checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, "a-store")
