@@ -30,6 +30,7 @@ COMMANDS = typer.main.get_command(app).commands
 MEANINGFUL = {
     ("precompute", "--shard-index", 0),  # the first writer
     ("train-student", "--seed", 0), ("finetune-teacher", "--seed", 0), ("finetune", "--seed", 0),  # a seed
+    ("distill", "--seed", 0),  # no offset: the recipe's own seeds
     ("train-student", "--lr", 0),  # weights stay as initialised (a no-training baseline)
     ("train-student", "--clip", 0),  # no gradient clipping
     ("train-student", "--patience", 0),  # never stop early
