@@ -96,7 +96,7 @@ def open_sources(uri: str, metas: dict[str, dict]) -> dict[str, ReuseSource]:
             raise InputError(f"--reuse: the store holds teacher {name!r} with other settings ({why}), so its "
                              "vectors are not what this run computes", uri,
                              "run with the settings that store was made with (kd info shows them), or drop --reuse")
-        sources[name] = table_index(store, name)
+        sources[name] = _table_index(store, name)
     return sources
 
 
@@ -107,7 +107,7 @@ def _differences(old: dict, new: dict) -> str:
     return "; ".join(f"{k}: {a.get(k)!r} there, {b.get(k)!r} here" for k in keys[:3])
 
 
-def table_index(store: Store, name: str) -> ReuseSource:
+def _table_index(store: Store, name: str) -> ReuseSource:
     """The sorted id index of `store`'s table `teachers/<name>` (only its complete shards); its settings are not
     checked here (open_sources checks them)."""
     ids, shard, row = [], [], []

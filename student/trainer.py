@@ -217,6 +217,14 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
         raise
 
 
+def killed_before_a_checkpoint(out: Path) -> bool:
+    """`out` holds only what a training run writes before its first checkpoint (kill -9 during the head fit or the
+    first steps leaves metrics and no checkpoint): nothing to resume from and nothing of a user's, so a rerun of
+    the same command starts again rather than asking for --overwrite (kd distill's resume depends on it). Anything
+    else beside them (a user's file) keeps the refusal. An empty folder counts."""
+    return out.is_dir() and all(p.name in (METRICS, CURVE, BEST) or p.name.startswith(".kd-") for p in out.iterdir())
+
+
 def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) -> tuple[Path, dict | None]:
     if d.main:
         # Two runs into one folder would interleave metrics and race on every rename: the second stops.
@@ -244,8 +252,11 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
                           f"{'; '.join(other)})" if other else ""), str(out),
                           "use a new --out, or pass --overwrite to train it again with these options")
         if (out / METRICS).exists():  # a run that stopped before its first checkpoint (or lost it)
-            raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to resume "
-                          "and no student", str(out), "pass --overwrite to start again, or use a new --out")
+            if not (cfg.resume and killed_before_a_checkpoint(out)):
+                raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to "
+                              "resume and no student", str(out), "pass --overwrite to start again, or use a new --out")
+            for name in (METRICS, CURVE, BEST):  # nothing to resume from: the same command starts it again
+                (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return out, None
 

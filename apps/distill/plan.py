@@ -56,7 +56,7 @@ from kd.common.layers import parse_layers
 from kd.common.outputs import claim_output
 from kd.pipeline.job import PER_TEACHER
 from kd.pipeline.precompute import PrecomputeJob, corpus_rows
-from kd.pipeline.reuse import open_sources, table_index
+from kd.pipeline.reuse import open_sources
 from kd.pipeline.teacher.keep_layers import folder_name
 from kd.pipeline.teacher.model import weights_sha256
 from kd.pipeline.teacher.resolve import resolve_teacher
@@ -154,10 +154,10 @@ class _Calibration:
     def __init__(self, run: _Run, tmp: Path) -> None:
         self.run, self.say = run, functools.partial(progress.step, enabled=run.cfg.progress)
         with self.say("dry run: reading the corpus and drawing its sample"):
-            ids, self.read_s, sample = _corpus(run, tmp)
-            self.rows, self.copied = len(ids), _reused_rows(run, ids)
+            self.ids, self.read_s, sample = _corpus(run, tmp)
+            self.rows = len(self.ids)
         # its own store in tmp, never --store: the sample is another corpus, and a dry run writes nothing; never
-        # --reuse: the sample's rows are timed as encoded (the copied ones are counted above)
+        # --reuse: the sample's rows are timed as encoded (the copied ones are counted by _reused)
         self.cal = _Run(replace(run.cfg, inputs=[str(sample)], out=str(tmp / "run"), store=None, reuse=None,
                                 text_column=None,
                                 segment="none", sample=None, exclude_leakage=False, progress=False), run.recipe)
@@ -168,7 +168,7 @@ class _Calibration:
     def precompute(self) -> dict[str, PlannedStep]:
         with self.say(f"dry run: timing the teacher{' and the start model' if self.run.recipe.start else ''} on "
                       "the sample"):
-            return {s.name: s for s in _precompute_steps(self.run, self.cal, self.rows, self.read_s, self.copied)}
+            return {s.name: s for s in _precompute_steps(self.run, self.cal, self.ids, self.read_s)}
 
     @functools.cached_property
     def stages(self) -> tuple[dict[str, PlannedStep], float]:
@@ -239,17 +239,6 @@ def _corpus(run: _Run, tmp: Path) -> tuple[np.ndarray, float, Path]:
     return table.column("id").to_numpy(), read_s, sample
 
 
-def _reused_rows(run: _Run, ids: np.ndarray) -> dict[str, int]:
-    """Per role, how many of the corpus rows (`ids`) --reuse's store holds for the role's model: copied, not
-    encoded (a store holding the model with other settings is refused by the run, at its step)."""
-    if not run.cfg.reuse:
-        return {}
-    store = Store.open(run.cfg.reuse)
-    roles = [*run.teacher_roles, *(["start"] if run.specs.get("start") else [])]
-    return {r: int((table_index(store, run.names[r]).find(ids) >= 0).sum()) for r in roles
-            if teacher_table(run.names[r]) in store.manifest.tables}
-
-
 @dataclass
 class _Rate:
     load_s: float  # loading and set-up, around the encoding
@@ -259,10 +248,10 @@ class _Rate:
         return self.load_s + rows / self.rate
 
 
-def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: dict[str, int]) -> list[PlannedStep]:
+def _precompute_steps(run: _Run, cal: _Run, ids: np.ndarray, read_s: float) -> list[PlannedStep]:
     """The teacher's step (reading the corpus, its load, its rows at its measured rate, its vocab output) and the
     start model's (the same without the reading: its texts come back from the store); only the load and the reading
-    where run.store already holds them. `copied`: the rows per role that --reuse copies at COPY_RATE instead (for
+    where run.store already holds them. Of the corpus rows (`ids`), those --reuse holds are copied at COPY_RATE (for
     several teachers, the fewest: the pass lasts as long as its slowest). The sample store is filled either way: the
     stages calibrate on it."""
 
@@ -271,7 +260,7 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: di
               "start": bool(run.specs.get("start")) and _stored(run, "start", corpus)}
 
     teacher = _timed(cal, "teacher", [o for o in cal.recipe.outputs["teacher"] if o != "vocab"])
-    _refused_reuse(run, cal, [r for r in run.teacher_roles if copied.get(r)])
+    rows, copied = len(ids), _reused(run, cal, run.teacher_roles, ids)
     secs, detail = _encoding(teacher, rows, min(copied.get(r, 0) for r in run.teacher_roles))
     secs += read_s
     if "vocab" in cal.recipe.outputs["teacher"]:
@@ -289,7 +278,7 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: di
     if cal.specs["start"] and cal.recipe.outputs["start"]:
         # a model new to the store encodes its default row outputs beside its init/vocab outputs
         start = _timed(cal, "start", cal.recipe.outputs["start"])
-        _refused_reuse(run, cal, ["start"] if copied.get("start") else [])
+        copied |= _reused(run, cal, ["start"], ids)
         steps.append(PlannedStep(StepKind.start.value, start.load_s, "already in the store") if
                      stored["start"] else
                      PlannedStep(StepKind.start.value, *_encoding(start, rows, copied.get("start", 0),
@@ -297,16 +286,18 @@ def _precompute_steps(run: _Run, cal: _Run, rows: int, read_s: float, copied: di
     return steps
 
 
-def _refused_reuse(run: _Run, cal: _Run, roles: list[str]) -> None:
-    """The refusal the run's precompute makes of --reuse's store (unsound, or holding a role's model with other
+def _reused(run: _Run, cal: _Run, roles: list[str], ids: np.ndarray) -> dict[str, int]:
+    """Per role, how many of the corpus rows (`ids`) --reuse's store holds for the role's model: copied, not encoded.
+    First the refusal the run's precompute makes of that store (unsound, or holding a role's model with other
     settings or fewer outputs: pipeline.reuse.open_sources), made here from the sample store's tables, which the
     same models wrote with the same settings: a dry run never counts rows as copied that its run refuses to copy."""
-    if not roles:
-        return
+    if not run.cfg.reuse or not roles:
+        return {}
     tables = Store.open(cal.store).manifest.tables
     metas = {run.names[r]: tables[teacher_table(cal.names[r])].meta | {
         "outputs": [o for o in run.outputs(r) if o not in PER_TEACHER]} for r in roles}
-    open_sources(run.cfg.reuse, metas)
+    sources = open_sources(run.cfg.reuse, metas)
+    return {r: int((sources[run.names[r]].find(ids) >= 0).sum()) for r in roles if run.names[r] in sources}
 
 
 def _encoding(rate: _Rate, rows: int, copied: int, head: str = "") -> tuple[float, str]:

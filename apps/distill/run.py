@@ -41,7 +41,7 @@ from kd.common import progress
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kind_of, write_text
+from kd.common.outputs import STORE, claim_output, kind_of, locked_output, write_text
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
@@ -232,7 +232,15 @@ def distill(cfg: DistillConfig) -> DistillResult:
         raise InputError("dry_run is set: this call would run the recipe", "kd distill",
                          "call kd.apps.distill.plan.estimate(cfg) for the plan, or unset dry_run")
     recipe = cfg.plan()
-    run = _Run(cfg, recipe)
+    # One process per OUT: two runs there would interleave their writes of distill.json and of the steps' files
+    # (the store and each stage hold locks of their own, the run's state had none).
+    with locked_output(cfg.out, "kd distill"):
+        return _run_steps(_Run(cfg, recipe))
+
+
+def _run_steps(run: _Run) -> DistillResult:
+    """Every step not yet done in run.out, recorded after each; the run's result."""
+    cfg = run.cfg
     state = _claim(run)
     steps = steps_of(run)
     seconds: dict[str, float] = {}

@@ -26,6 +26,7 @@ from typing import Any
 
 from kd.storage.manifest import teacher_table
 from kd.storage.store import Store
+from kd.student.trainer import killed_before_a_checkpoint
 
 # TrainConfig fields that do not change the weights: where the stage is written and how a run reports and resumes.
 NOT_IN_KEY = ("out", "progress", "resume", "overwrite")
@@ -82,8 +83,9 @@ def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
 
 
 def untouched(folder: Path) -> bool:
-    """Nothing trained in `folder` yet (absent, or only a lock left by a kill before the first step)."""
-    return not folder.exists() or all(p.name.startswith(".kd-") for p in folder.iterdir())
+    """Nothing to resume in `folder`: absent, or what a kill before the first checkpoint leaves (a lock, the first
+    metrics), which a copied stage may replace."""
+    return not folder.exists() or killed_before_a_checkpoint(folder)
 
 
 def copy_stage(src: Path, dst: Path) -> None:
@@ -92,5 +94,5 @@ def copy_stage(src: Path, dst: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".kd-*", "checkpoint.pt"))
     if dst.exists():
-        shutil.rmtree(dst)  # untouched(): a lock at most
+        shutil.rmtree(dst)  # untouched(): a lock and first metrics at most
     os.replace(tmp, dst)

@@ -57,7 +57,7 @@ def write(ctx: Prepared) -> PrecomputeSummary:
     t = time.perf_counter()
     _encode_and_commit(ctx, todo, summary)
     summary.encode_seconds = time.perf_counter() - t
-    summary.shards_written = len(todo.texts) + len(todo.units)
+    summary.shards_written = todo.shards
     ctx.writer.publish()
     summary.seconds = time.perf_counter() - ctx.t0
     return summary

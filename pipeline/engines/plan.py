@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kd.storage.manifest import Manifest
 
@@ -62,11 +62,17 @@ class UnitPlan:
     texts: list[int]  # texts shards left to commit
     units: list[Unit]  # (teacher, shard) left to encode, teacher-major
     rows: int  # rows the units encode
-    skipped: int = 0  # texts shards and units already committed
+    skipped: int = 0  # shards whose texts and every teacher's rows are already committed
 
     @property
     def empty(self) -> bool:
         return not self.texts and not self.units
+
+    @property
+    def shards(self) -> int:
+        """How many shards (row ranges) this run commits something of: its texts or a teacher's rows. A user counts
+        shards, not tables: 3 shards of 2 teachers left are "3 shards", not 6 units."""
+        return len(set(self.texts) | {u.shard for u in self.units})
 
     def shard_major(self) -> list[tuple[int, str | None]]:
         """Everything left as (shard, teacher), shard by shard: a shard's texts (teacher None) first, then its
@@ -91,4 +97,5 @@ def plan_units(existing: Manifest | None, plan: ShardPlan, teachers: list[str],
     texts = left("texts")
     units = [Unit(t, k) for t in teachers for k in left(f"teachers/{t}")]
     rows = sum(plan.size(u.shard) for u in units)
-    return UnitPlan(texts, units, rows, len(shards) * (1 + len(teachers)) - len(texts) - len(units))
+    todo = UnitPlan(texts, units, rows)
+    return replace(todo, skipped=len(shards) - todo.shards)

@@ -325,6 +325,7 @@ def write(ctx: Prepared, opts: RayOptions) -> PrecomputeSummary:
         check_unchanged(ctx)
     else:
         _run_units(ctx, opts, todo, summary)
+    summary.shards_written = todo.shards
     remove_own_temps(ctx.writer, ctx.names, ctx.owned)  # a dead worker's temp files
     ctx.writer.publish()
     summary.seconds = time.perf_counter() - ctx.t0
@@ -335,7 +336,6 @@ def _commit_texts(ctx: Prepared, todo: UnitPlan, summary: PrecomputeSummary) -> 
     """Commit the texts shards left (while the workers load their teacher); every texts record."""
     for k in todo.texts:
         summary.bytes_written += commit_texts(ctx, k).bytes
-    summary.shards_written += len(todo.texts)
     old = ctx.existing.tables["texts"].shards if ctx.existing and "texts" in ctx.existing.tables else {}
     return {**old, **ctx.writer.manifest.tables["texts"].shards}
 
@@ -552,7 +552,6 @@ class _Driver:
                               got.get("ids"))
         self.committed.add(u)
         s = self.summary
-        s.shards_written += 1
         s.rows_computed += got["rows"]
         s.truncated += got["truncated"]
         s.bytes_written += got["bytes"]

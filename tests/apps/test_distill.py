@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from kd.apps.distill import recipe as R
 from kd.apps.distill.run import DistillConfig, distill
+from kd.apps.distill.shared_stages import untouched
 from kd.cli import app
 from kd.common.errors import InputError
 from kd.storage.store import Store
@@ -243,6 +244,28 @@ def test_a_second_run_is_a_no_op_and_other_options_are_refused(uninterrupted, co
         distill(_cfg(corpus, uninterrupted, recipe_file, sample=0.5))
 
 
+def test_a_second_process_on_the_same_out_is_refused_until_the_first_ends(uninterrupted, corpus, recipe_file):
+    """Two runs on one OUT would interleave their writes of distill.json: the second is refused, the first's files
+    untouched; the lock dies with its holder (kill -9 here), so the next run goes on."""
+    state = (uninterrupted / "distill.json").read_bytes()
+    holder = subprocess.Popen(  # a kd distill at work in this OUT, as far as its lock says
+        [sys.executable, "-c", "import time\nfrom kd.common.outputs import locked_output\n"
+         f"with locked_output({str(uninterrupted)!r}, 'kd distill'):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT.parent)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(InputError, match="another kd distill is writing --out"):
+            distill(_cfg(corpus, uninterrupted, recipe_file))
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, uninterrupted, recipe_file)])
+        assert res.exit_code == 2 and "another kd distill" in res.output, res.output
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert (uninterrupted / "distill.json").read_bytes() == state
+    distill(_cfg(corpus, uninterrupted, recipe_file))  # done already: a no-op once the holder is gone
+    assert not list(uninterrupted.parent.glob(".*kd-lock"))
+
+
 def _run_until(args: list[str], done: callable, timeout: float = 120.0) -> None:
     """Start `kd distill` and kill -9 it once `done()` holds."""
     proc = _kd(args)
@@ -441,6 +464,22 @@ def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_s
     assert "stages" in json.loads((alone / "distill.json").read_text()) and _weights(alone) == _weights(out)
     with pytest.raises(InputError, match="store was"):  # the same OUT on its own store is another run
         distill(_cfg(corpus, out, recipe))
+
+
+def test_a_stage_killed_before_its_first_checkpoint_may_still_be_copied(tmp_path):
+    """A kill during a stage's head fit leaves its lock and first metrics (a seed run met it): the stage has nothing
+    to resume, so another run's finished stage with its key is copied in (it was trained again, for hours); a stage
+    with a checkpoint or a student is never replaced."""
+    stage = tmp_path / "stages" / "cosine"
+    assert untouched(stage)
+    stage.mkdir(parents=True)
+    (stage / ".kd-train.lock").write_text("")
+    (stage / "metrics.jsonl").write_text('{"step": 0, "head_fit": {"rows": 8192}}\n')
+    assert untouched(stage)
+    for kept in ("checkpoint.pt", "model.safetensors", "notes.txt"):
+        (stage / kept).write_bytes(b"x")
+        assert not untouched(stage), kept
+        (stage / kept).unlink()
 
 
 def test_a_stage_key_holds_what_the_weights_depend_on(monkeypatch):

@@ -41,7 +41,7 @@ def test_outputs_match_an_unbatched_forward(tmp_path, tiny_teacher, sentences):
 
     src = _write_lines(tmp_path / "s.txt", sentences[:60])
     s = precompute([src], str(tmp_path / "st"), [str(tiny_teacher)], shard_rows=25, batch_tokens=300, progress=False)
-    assert (s.rows_total, s.shards_written) == (60, 6)
+    assert (s.rows_total, s.shards_written) == (60, 3)
     store = Store.open(tmp_path / "st")
     got = _table_arrays(store, "teachers/tiny-bert")
     assert got["layers"].shape == (60, 3, 32) and got["cls"].shape == (60, 32)
@@ -108,7 +108,7 @@ def test_complete_store_does_nothing_and_says_so(tmp_path, tiny_teacher, sentenc
     src = _write_lines(tmp_path / "s.txt", sentences[:20])
     args = ["precompute", src, "--teacher", str(tiny_teacher), "--out", str(tmp_path / "st"), "--no-progress"]
     first = CliRunner().invoke(app, args)
-    assert first.exit_code == 0 and "wrote 2 shard(s)" in first.stdout
+    assert first.exit_code == 0 and "wrote 1 shard(s)" in first.stdout
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "nothing to do" in again.stdout
 
@@ -139,7 +139,7 @@ def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentenc
     with pytest.raises(StoreError, match="written with other settings"):
         precompute([src], out, [str(tiny_teacher)], max_length=8, progress=False)
     s = precompute([src], out, [str(tiny_teacher)], dedup=True, overwrite=True, progress=False)
-    assert s.shards_written == 2
+    assert s.shards_written == 1
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("mine")
     with pytest.raises(StoreError, match="not empty and holds no kd store"):

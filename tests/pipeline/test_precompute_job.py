@@ -56,7 +56,7 @@ def test_run_the_keyword_wrapper_and_the_cli_write_the_same_store(tmp_path, tiny
     src.write_text("\n".join(sentences[:45]) + "\n", encoding="utf-8")
     opts = dict(shard_rows=20, outputs=["mean", "cls"], dedup=True, progress=False)
     s = run(PrecomputeJob([str(src)], str(tmp_path / "job"), [f"tiny={tiny_teacher}"], **opts))
-    assert (s.rows_total, s.shards_written) == (45, 6)
+    assert (s.rows_total, s.shards_written) == (45, 3)  # 3 shards of 20 rows (texts and tiny's in each)
     precompute([str(src)], str(tmp_path / "kw"), [f"tiny={tiny_teacher}"], **opts)
     r = CliRunner().invoke(app, ["precompute", str(src), "-t", f"tiny={tiny_teacher}", "-o", str(tmp_path / "cli"),
                                  "--shard-rows", "20", "--outputs", "mean,cls", "--dedup", "--no-progress"])
@@ -75,7 +75,12 @@ def test_the_local_order_is_shard_by_shard_and_covers_only_owned_shards():
     left = plan_units(done, plan, ["a", "b"], plan.owned(1, 2))
     assert left.texts == [3] and left.units == [Unit("a", 1), Unit("a", 3), Unit("b", 1)]
     assert left.shard_major() == [(1, "a"), (1, "b"), (3, None), (3, "a")]
-    assert (left.rows, left.skipped) == (30, 2)
+    assert (left.rows, left.shards, left.skipped) == (30, 2, 0)  # both owned shards have something left
+    done = Manifest({"fingerprint": "f", "num_shards": 5}, {
+        "texts": TableRecord("texts", shards={1: rec}), "teachers/a": TableRecord("teacher", shards={1: rec}),
+        "teachers/b": TableRecord("teacher", shards={1: rec, 3: rec})})
+    left = plan_units(done, plan, ["a", "b"], plan.owned(1, 2))
+    assert (left.texts, left.units, left.shards, left.skipped) == ([3], [Unit("a", 3)], 1, 1)  # shard 1 is whole
 
 
 PRECOMPUTE = ("job", "engines/plan", "engines/shards", "engines/local", "engines/ray_pool", "precompute")

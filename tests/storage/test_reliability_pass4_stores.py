@@ -201,8 +201,8 @@ def test_a_second_precompute_plans_from_the_manifest_read_under_the_lock(real, t
     summary = P.precompute([src], str(out), [f"more={tiny_teacher}"], shard_rows=30, outputs=["mean"],
                            progress=False)
     assert first_done
-    # every unit (3 texts shards, 3 of `more`) found committed; nothing encoded again, the first run's files kept
-    assert (summary.shards_written, summary.shards_skipped, summary.rows_computed) == (0, 6, 0), summary
+    # every shard (its texts and `more`'s rows) found committed; nothing encoded again, the first run's files kept
+    assert (summary.shards_written, summary.shards_skipped, summary.rows_computed) == (0, 3, 0), summary
     assert _snapshot(out / "teachers" / "more") == first_done[1]
 
 

@@ -27,6 +27,7 @@ from training_runs import SMALL, killed_run, train_cli
 from typer.testing import CliRunner
 
 from kd.cli import app
+from kd.common.errors import KdError
 from kd.storage.store import Store
 from kd.student import data as D
 from kd.student import setup as S
@@ -153,6 +154,39 @@ def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_
     res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
     assert res.exit_code == 0, res.output
     _assert_same_weights(reference, out)
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_command(store_path, reference, tmp_path):
+    """kill -9 during the head fit or the first steps leaves metrics and no checkpoint (kd distill's runs met it): the
+    same command trains from step 0, where it asked for --overwrite (so a killed kd distill could not resume). A
+    folder holding anything else beside such metrics, or a --no-resume run, is still refused."""
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--checkpoint-every", "1000", "--log-every", "1", "--no-progress")
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics, deadline = out / "metrics.jsonl", time.time() + 120
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and '"loss"' in metrics.read_text():
+                break
+            time.sleep(0.01)
+        killed = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, proc.stdout.read().decode()[-2000:]
+    assert metrics.is_file() and not (out / "checkpoint.pt").exists() and not (out / "config.json").exists()
+    (out / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 2 and "metrics of an unfinished run" in res.output, res.output
+    (out / "notes.txt").unlink()
+    res = CliRunner().invoke(app, [*args[3:], "--no-resume"])
+    assert res.exit_code == 2 and "metrics of an unfinished run" in res.output, res.output
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 0, res.output
+    _assert_same_weights(reference, out)
+    assert _train_losses(out) == _train_losses(reference)  # the dead run's metrics are gone, not mixed in
 
 
 def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
@@ -390,7 +424,6 @@ def test_training_says_what_it_does_before_its_first_step(store_path, tmp_path, 
 def test_a_checkpoint_saved_before_an_option_existed_resumes_at_its_default(tmp_path):
     """A kd that adds a training option still resumes a checkpoint an older kd saved without it (that run trained as
     the default does); another value is refused, naming it. Every default is compared as a saved config holds it."""
-    from kd.common.errors import KdError
     from kd.common.options import saved_defaults
     from kd.student import checkpoint
     from kd.student.train_config import TrainConfig
