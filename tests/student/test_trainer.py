@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -130,17 +131,12 @@ def _small_cli(store_path: Path, out: Path, *extra: str) -> list[str]:
             "--no-bucket", *extra]
 
 
-def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
-    out = tmp_path / "out"
-    args = _small_cli(store_path, out, "--checkpoint-every", "1", "--no-progress")
+def _kill_when(args: list[str], ready: Callable[[], bool]) -> None:
+    """Start `args` and kill -9 it once `ready()` holds (asserting it was still running then)."""
     proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ckpt, deadline = out / "checkpoint.pt", time.time() + 120  # a loaded machine starts slowly
+    deadline = time.time() + 120  # a loaded machine starts slowly
     try:
-        while time.time() < deadline and proc.poll() is None:
-            if ckpt.exists():
-                step = torch.load(ckpt, weights_only=True)["step"]
-                if step >= 3:
-                    break
+        while time.time() < deadline and proc.poll() is None and not ready():
             time.sleep(0.02)
         killed = proc.poll() is None
         proc.send_signal(signal.SIGKILL)
@@ -149,6 +145,13 @@ def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_
         if proc.poll() is None:
             proc.kill()
     assert killed, proc.stdout.read().decode()[-2000:]
+
+
+def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--checkpoint-every", "1", "--no-progress")
+    ckpt = out / "checkpoint.pt"
+    _kill_when(args, lambda: ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 3)
     step = torch.load(ckpt, weights_only=True)["step"]
     assert 3 <= step < 26 and not (out / "config.json").exists()
     res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
@@ -162,20 +165,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     folder holding anything else beside such metrics, or a --no-resume run, is still refused."""
     out = tmp_path / "out"
     args = _small_cli(store_path, out, "--checkpoint-every", "1000", "--log-every", "1", "--no-progress")
-    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    metrics, deadline = out / "metrics.jsonl", time.time() + 120
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if metrics.exists() and '"loss"' in metrics.read_text():
-                break
-            time.sleep(0.01)
-        killed = proc.poll() is None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert killed, proc.stdout.read().decode()[-2000:]
+    metrics = out / "metrics.jsonl"
+    _kill_when(args, lambda: metrics.exists() and '"loss"' in metrics.read_text())
     assert metrics.is_file() and not (out / "checkpoint.pt").exists() and not (out / "config.json").exists()
     (out / "notes.txt").write_text("mine")
     res = CliRunner().invoke(app, args[3:])
