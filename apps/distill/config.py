@@ -75,9 +75,10 @@ class DistillConfig:
 
     def identity(self, recipe: Recipe) -> dict[str, Any]:
         """What makes two runs the same run: the options and what the recipe makes the run do (its digest, not its
-        bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume)."""
+        bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume). Paths are
+        the files they name (out1, out1/, /abs/out1 and a symlink to it are one run)."""
         opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-        return opts | {"recipe_digest": recipe.digest}
+        return _named_files(opts) | {"recipe_digest": recipe.digest}
 
     def difference(self, recorded: dict[str, Any], recipe: Recipe) -> tuple[str, Any, Any] | None:
         """The first key in which a recorded run's identity differs from this one's (the key, then and now), or
@@ -85,9 +86,22 @@ class DistillConfig:
         same bytes now are the same recipe. An option the record lacks is compared at its default
         (common.options.saved_defaults)."""
         now = self.identity(recipe)
-        recorded = {k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded
+        # (a run recorded with its paths as typed, before they were resolved, was typed in this folder: resolved here)
+        recorded = _named_files({k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded)
         if "recipe_sha256" in recorded:
             now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
                 "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}
         key = next((k for k in sorted(set(now) | set(recorded)) if recorded.get(k) != now.get(k)), None)
         return None if key is None else (key, recorded.get(key), now.get(key))
+
+
+PATHS = ("out", "store", "recipe")  # with each of `inputs`: options naming files, compared as the files they name
+
+
+def _named_files(opts: dict[str, Any]) -> dict[str, Any]:
+    """`opts` with each path option resolved (a URI, e.g. s3://, as it is)."""
+    def resolved(v: Any) -> Any:
+        return v if not isinstance(v, str) or "://" in v else str(Path(v).resolve())
+
+    return opts | {k: resolved(opts[k]) for k in PATHS if k in opts} | (
+        {"inputs": [resolved(v) for v in opts["inputs"]]} if isinstance(opts.get("inputs"), list) else {})

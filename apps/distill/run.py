@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -40,8 +40,9 @@ from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
 from kd.common import progress
 from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
+from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kind_of, locked_output, write_text
+from kd.common.outputs import STORE, claim_output, kind_of, write_text
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
@@ -56,6 +57,7 @@ from kd.student.train_config import TrainConfig
 from kd.student.trainer import train
 
 STATE = "distill.json"
+LOCK = ".kd-distill.lock"  # held by the process running the recipe in OUT (see _held)
 WEIGHTS = "weights.json"  # several teachers: the weights chosen on STS-B dev, with each one's score
 CARD = Path(__file__).with_name("templates") / "model_card.md"
 FORMAT = "kd-distill"
@@ -232,16 +234,15 @@ def distill(cfg: DistillConfig) -> DistillResult:
         raise InputError("dry_run is set: this call would run the recipe", "kd distill",
                          "call kd.apps.distill.plan.estimate(cfg) for the plan, or unset dry_run")
     recipe = cfg.plan()
-    # One process per OUT: two runs there would interleave their writes of distill.json and of the steps' files
-    # (the store and each stage hold locks of their own, the run's state had none).
-    with locked_output(cfg.out, "kd distill"):
-        return _run_steps(_Run(cfg, recipe))
+    run = _Run(cfg, recipe)
+    _check(run)  # before anything is created: a refused run leaves nothing behind
+    with _held(run):
+        return _run_steps(run, _state(run))
 
 
-def _run_steps(run: _Run) -> DistillResult:
-    """Every step not yet done in run.out, recorded after each; the run's result."""
+def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
+    """Every step not yet done in run.out (`state`: its distill.json), recorded after each; the run's result."""
     cfg = run.cfg
-    state = _claim(run)
     steps = steps_of(run)
     seconds: dict[str, float] = {}
     for i, step in enumerate(steps, 1):
@@ -272,10 +273,8 @@ def _say(cfg: DistillConfig, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _claim(run: _Run) -> dict[str, Any]:
-    """Check OUT (never an input, never another kd output) and read or start its state; a rerun with other
-    options is refused naming the first that differs."""
-
+def _check(run: _Run) -> None:
+    """The inputs, OUT (never an input, never another kd output), --store, --reuse and the recipe's models."""
     expand_inputs(run.cfg.inputs)  # a missing corpus is refused before a run is recorded under its name
     claim_output(run.out, "kd distill", (), run.cfg.inputs)
     if run.cfg.store:
@@ -283,10 +282,30 @@ def _claim(run: _Run) -> dict[str, Any]:
     if run.cfg.reuse:
         check_reuse(run)
     run.check_models()
-    path = run.out / STATE
-    if not path.is_file() and run.out.is_dir() and any(run.out.iterdir()):
+
+
+@contextlib.contextmanager
+def _held(run: _Run) -> Iterator[None]:
+    """OUT for this process alone: two runs there would interleave their writes of distill.json and of the steps'
+    files (the store and each stage hold locks of their own). The lock is a flock on a file inside OUT, as
+    train-student's is inside its folder (beside it, a writable OUT in a folder one cannot write was refused); the
+    kernel releases it when the process dies, kill -9 included."""
+    if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
-    ident = run.cfg.identity(run.recipe)
+    run.out.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(run.out / LOCK)
+    if lock is None:
+        raise InputError("another kd distill is writing --out right now (its lock is held)", str(run.out),
+                         "wait for it to finish, or pass another --out")
+    try:
+        yield
+    finally:
+        lock.close()
+
+
+def _state(run: _Run) -> dict[str, Any]:
+    """OUT's distill.json, or a new one; a rerun with other options is refused naming the first that differs."""
+    path = run.out / STATE
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
         differs = run.cfg.difference(state.get("identity", {}), run.recipe)
@@ -295,8 +314,7 @@ def _claim(run: _Run) -> dict[str, Any]:
             raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
                              str(run.out), "run with the same options to resume it, or pass a new --out")
         return state
-    run.out.mkdir(parents=True, exist_ok=True)
-    state = {"format": FORMAT, "identity": ident, "done": []}
+    state = {"format": FORMAT, "identity": run.cfg.identity(run.recipe), "done": []}
     _save_state(run, state)
     return state
 

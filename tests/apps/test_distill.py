@@ -17,7 +17,7 @@ from conftest import build_tiny_bert
 from typer.testing import CliRunner
 
 from kd.apps.distill import recipe as R
-from kd.apps.distill.run import DistillConfig, distill
+from kd.apps.distill.run import LOCK, DistillConfig, _held, _Run, distill
 from kd.apps.distill.shared_stages import untouched
 from kd.cli import app
 from kd.common.errors import InputError
@@ -249,21 +249,52 @@ def test_a_second_process_on_the_same_out_is_refused_until_the_first_ends(uninte
     untouched; the lock dies with its holder (kill -9 here), so the next run goes on."""
     state = (uninterrupted / "distill.json").read_bytes()
     holder = subprocess.Popen(  # a kd distill at work in this OUT, as far as its lock says
-        [sys.executable, "-c", "import time\nfrom kd.common.outputs import locked_output\n"
-         f"with locked_output({str(uninterrupted)!r}, 'kd distill'):\n    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT.parent)})
+        [sys.executable, "-c", "import time\nfrom kd.common.locks import try_lock\n"
+         f"f = try_lock({str(uninterrupted / LOCK)!r})\nprint('held' if f else 'not held', flush=True)\n"
+         "time.sleep(60)"], stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT.parent)})
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(InputError, match="another kd distill is writing --out"):
             distill(_cfg(corpus, uninterrupted, recipe_file))
-        res = CliRunner().invoke(app, ["distill", *_args(corpus, uninterrupted, recipe_file)])
-        assert res.exit_code == 2 and "another kd distill" in res.output, res.output
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, Path(f"{uninterrupted}/"), recipe_file)])
+        assert res.exit_code == 2 and "another kd distill" in res.output, res.output  # the same OUT, spelt otherwise
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
     assert (uninterrupted / "distill.json").read_bytes() == state
     distill(_cfg(corpus, uninterrupted, recipe_file))  # done already: a no-op once the holder is gone
-    assert not list(uninterrupted.parent.glob(".*kd-lock"))
+
+
+def test_a_refused_run_creates_nothing_and_a_writable_out_needs_no_writable_parent(tmp_path, corpus, recipe_file):
+    """The checks come before the lock: a refused run leaves no folder behind; the lock is inside OUT, so an OUT
+    one may write inside a folder one may not is a run like any other (and -o / is refused, not a traceback)."""
+    out = tmp_path / "new" / "deeper" / "run"
+    with pytest.raises(InputError, match="not found|no file"):
+        distill(_cfg(tmp_path / "nosuch.txt", out, recipe_file))
+    assert not (tmp_path / "new").exists()
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, Path("/"), recipe_file)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    parent = tmp_path / "readonly"
+    (parent / "run").mkdir(parents=True)
+    parent.chmod(0o555)
+    try:  # (root writes there anyway: where the lock lies is what this checks)
+        with _held(_Run(_cfg(corpus, parent / "run", recipe_file), R.load(str(recipe_file)))):
+            assert (parent / "run" / LOCK).is_file() and sorted(p.name for p in parent.iterdir()) == ["run"]
+    finally:
+        parent.chmod(0o755)
+
+
+def test_a_run_is_the_same_run_however_its_paths_are_spelt(uninterrupted, corpus, recipe_file, monkeypatch):
+    """out1, out1/, /abs/out1 or a path from another folder name one run: resuming it with a trailing slash (a
+    shell's completion) was refused as "out was 'run', now 'run/'"."""
+    before = _weights(uninterrupted)
+    monkeypatch.chdir(uninterrupted.parent)
+    distill(_cfg(os.path.relpath(corpus), f"{uninterrupted.name}/", os.path.relpath(recipe_file)))
+    assert _weights(uninterrupted) == before
+    link = uninterrupted.parent / "link"
+    link.symlink_to(uninterrupted)
+    distill(_cfg(corpus, link, recipe_file))
+    assert _weights(uninterrupted) == before
 
 
 def _run_until(args: list[str], done: callable, timeout: float = 120.0) -> None:
