@@ -310,16 +310,18 @@ def test_a_binary_agreement_file_is_an_input_error(trained, tiny_teacher, tmp_pa
 
 
 def test_a_folder_with_only_a_lock_and_metrics_is_not_called_a_student(store_path, tmp_path):
+    """What a kill before the first checkpoint leaves: neither a student nor a refusal (it asked for --overwrite),
+    the same command trains again from step 0, the dead run's metrics replaced."""
     from kd.common.outputs import TRAIN_LOCK
     from kd.student.metrics import METRICS
 
     out = tmp_path / "s"
     out.mkdir()
     (out / TRAIN_LOCK).write_text("")
-    (out / METRICS).write_text('{"step": 1, "loss": 0.5}\n')
+    (out / METRICS).write_text('{"step": 1, "loss": 123.5}\n')
     res = _run("train-student", "--shards", str(store_path), "--out", str(out), "--max-steps", "1", "--no-progress")
-    out_text = _clean_exit(res, 2, "unfinished run", "--overwrite")
-    assert "holds a student" not in out_text
+    assert res.exit_code == 0 and "holds a student" not in res.output, res.output
+    assert (out / "model.safetensors").is_file() and "123.5" not in (out / METRICS).read_text()
 
 
 @pytest.mark.parametrize("delimiter", [";;", "", '"', "\n"])
