@@ -165,8 +165,12 @@ class UnitWorker:
 
     def __init__(self, root: str, specs: dict[str, TeacherSpec], outputs: dict[str, list[str]], load: dict, pairs: bool,
                  dtype: str, batch_tokens: int | None, threads: int | None) -> None:
+        import pyarrow.dataset  # noqa: F401
         import torch
 
+        # pq.read_table imports pyarrow.dataset, whose pandas shim imports pandas: done at a task's first read, it
+        # raced another thread of the worker and failed with "partially initialized module 'pandas'" (a CI run on a
+        # loaded machine); imported here, before any task runs. (Only here: pandas costs every kd command ~0.5 s.)
         if threads:
             torch.set_num_threads(threads)
         self.loc = fs.resolve(root)
