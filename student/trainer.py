@@ -72,6 +72,9 @@ from kd.student.setup import Setup, initial_student, setup
 from kd.student.train_config import Schedule, TrainConfig
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
+# The options of a run that has not finished yet: a run killed before its first checkpoint starts again only on the
+# same command (another command would delete metrics it did not write); dropped with the checkpoint at the end.
+STARTED = ".kd-started.json"
 DIVERGED = "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr (with --overwrite)"
 
 
@@ -238,7 +241,8 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
         if (out / "config.json").exists() and not _kd_trained(out):  # a checkpoint or a user's folder, not kd's
             raise KdError("--overwrite replaces only a student kd train-student wrote; this folder's config.json is "
                           "not one", str(out), "use a new --out (nothing was changed)")
-        for name in (CHECKPOINT, BEST, METRICS, CURVE, "config.json", "model.safetensors", "training_args.json"):
+        for name in (CHECKPOINT, BEST, METRICS, CURVE, STARTED, "config.json", "model.safetensors",
+                     "training_args.json"):
             (out / name).unlink(missing_ok=True)
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
@@ -252,13 +256,26 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
                           f"{'; '.join(other)})" if other else ""), str(out),
                           "use a new --out, or pass --overwrite to train it again with these options")
         if (out / METRICS).exists():  # a run that stopped before its first checkpoint (or lost it)
-            if not (cfg.resume and killed_before_a_checkpoint(out)):
-                raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to "
-                              "resume and no student", str(out), "pass --overwrite to start again, or use a new --out")
-            for name in (METRICS, CURVE, BEST):  # nothing to resume from: the same command starts it again
-                (out / name).unlink(missing_ok=True)
+            _restart_killed_run(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
+    if d.main:
+        fs.atomic_write_bytes(fs.resolve(out), json.dumps(cfg.to_json(), sort_keys=True).encode(), STARTED)
     return out, None
+
+
+def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
+    """Start again in a folder a run left before its first checkpoint, if this is the command that started it."""
+    if not (cfg.resume and killed_before_a_checkpoint(out)):
+        raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to "
+                      "resume and no student", str(out), "pass --overwrite to start again, or use a new --out")
+    started = _options_in(out / STARTED)  # none recorded (kd before 2026-11-30): taken as the same command
+    other = _other_options(started, cfg)[:3] if started else []
+    if other:
+        raise KdError(f"the output folder holds the metrics of an unfinished run started with other options "
+                      f"({'; '.join(other)}), with no checkpoint to resume", str(out),
+                      "repeat its options to start it again, pass --overwrite to replace it, or use a new --out")
+    for name in (METRICS, CURVE, BEST):  # nothing to resume from: the same command starts it again
+        (out / name).unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -318,8 +335,9 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
     return total / n if n else None
 
 
-# What a rerun may change and still be the same run (how it is shown, where it runs, how it may resume)
-_SAME_RUN_IGNORES = ("progress", "overwrite", "resume", "device", "num_workers", "log_every")
+# What a rerun may change and still be the same run (how it is shown, where it runs, how it may resume; `out` is the
+# folder we are reading, however it is spelt)
+_SAME_RUN_IGNORES = ("out", "progress", "overwrite", "resume", "device", "num_workers", "log_every")
 
 
 def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
@@ -339,8 +357,13 @@ def _other_options(done: dict, cfg: TrainConfig) -> list[str]:
 
 
 def _finished_with(out: Path) -> dict:
+    return _options_in(out / "training_args.json")
+
+
+def _options_in(path: Path) -> dict:
+    """The options a run wrote to `path` ({} when absent or unreadable: nothing to compare with)."""
     try:
-        done = json.loads((out / "training_args.json").read_text(encoding="utf-8"))
+        done = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return done if isinstance(done, dict) else {}
@@ -394,7 +417,7 @@ def _rerun_after_a_full_disk(out: Path, cfg: TrainConfig) -> str:
 def _remove_if_nothing_kept(out: Path) -> None:
     """A run that failed before its first checkpoint, into a folder it created, leaves no folder: its lock and
     first metrics alone would make the rerun ask for --overwrite (the error already said what went wrong)."""
-    if out.is_dir() and {p.name for p in out.iterdir()} <= {TRAIN_LOCK, METRICS}:
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {TRAIN_LOCK, METRICS, STARTED}:
         shutil.rmtree(out, ignore_errors=True)
 
 
@@ -622,6 +645,7 @@ def _finish(run: _Run, st: TrainState) -> None:
         # The run is complete: its checkpoint (torch's pickle-based format, even if loaded weights-only)
         # is dropped so a student folder that travels holds safetensors and JSON only.
         (run.out / CHECKPOINT).unlink(missing_ok=True)
+        (run.out / STARTED).unlink(missing_ok=True)
     barrier(run.d)
 
 

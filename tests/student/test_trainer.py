@@ -174,10 +174,16 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     (out / "notes.txt").unlink()
     res = CliRunner().invoke(app, [*args[3:], "--no-resume"])
     assert res.exit_code == 2 and "metrics of an unfinished run" in res.output, res.output
+    dead = metrics.read_bytes()
+    res = CliRunner().invoke(app, [*args[3:], "--lr", "0.003"])  # another command would delete what it did not write
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "started with other options (lr:" in said and "0.003 here" in said, res.output
+    assert metrics.read_bytes() == dead
     res = CliRunner().invoke(app, args[3:])
     assert res.exit_code == 0, res.output
     _assert_same_weights(reference, out)
     assert _train_losses(out) == _train_losses(reference)  # the dead run's metrics are gone, not mixed in
+    assert not (out / ".kd-started.json").exists()  # a finished student holds only what it always held
 
 
 def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
