@@ -7,7 +7,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import weakref
 from typing import IO
+
+# The lock files this process holds. A forked child shares their open file descriptions, and with them the flock:
+# a DataLoader worker kept a killed run's lock for ~5 s, until it noticed its parent was gone (a probe's rerun in
+# that window was refused as "another run is writing").
+_held: weakref.WeakSet[IO] = weakref.WeakSet()
 
 
 def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False) -> IO | None:
@@ -24,8 +30,25 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False) -> I
             f.close()
             return None
         if not unlinked_on_release:
+            _held.add(f)
             return f
         with contextlib.suppress(FileNotFoundError):
             if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
+                _held.add(f)
                 return f
         f.close()
+
+
+def let_go_of_inherited_locks(*_: object) -> None:
+    """In a forked child that only helps its parent (a DataLoader worker): stop sharing the parent's locks, so they
+    end with the parent. Each descriptor is pointed at /dev/null rather than closed (closing would leave its number
+    free for reuse while the inherited file object may still close it), and never unlocked (that would release the
+    parent's lock too). Takes and ignores a DataLoader's worker id."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        for f in list(_held):
+            if not f.closed:
+                os.dup2(null, f.fileno())
+    finally:
+        os.close(null)
+    _held.clear()

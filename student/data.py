@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from kd.common.errors import InputError, StoreError
 from kd.common.fast_tokenizer import FastTokenizer
 from kd.common.finite import MAX_ABS, unusable_rows
+from kd.common.locks import let_go_of_inherited_locks
 from kd.common.padding import pad_rows
 from kd.storage.int8 import DAMAGED, is_scale_column
 from kd.storage.manifest import teacher_table
@@ -564,6 +565,7 @@ def train_batches(store: Store, plan: Plan, epoch: int, start: int, rank: int = 
         TrainStream(store, plan, epoch, rank, skip, tokenizer), batch_size=None, num_workers=nw,
         generator=torch.Generator(),  # keeps DataLoader from drawing on the global RNG (exact resume)
         prefetch_factor=2 if nw else None, pin_memory=pin,
+        worker_init_fn=let_go_of_inherited_locks,  # a killed run's lock must not outlive it in its workers
     )
     waiting: list[deque] = [deque() for _ in range(plan.readers_per_rank)]
     it = iter(loader)

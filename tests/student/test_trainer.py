@@ -186,6 +186,21 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     assert not (out / ".kd-started.json").exists()  # a finished student holds only what it always held
 
 
+def test_a_killed_runs_lock_does_not_live_on_in_its_data_workers(store_path, tmp_path):
+    """kill -9 of a run reading with DataLoader workers: its lock is free at once, not when the orphaned workers
+    notice their parent is gone (~5 s, in which a probe's rerun was refused as 'another kd train-student')."""
+    from kd.common.locks import try_lock
+    from kd.common.outputs import TRAIN_LOCK
+
+    out = tmp_path / "out"
+    args = _small_cli(store_path, out, "--workers", "1", "--log-every", "1", "--no-progress")
+    metrics = out / "metrics.jsonl"
+    _kill_when(args, lambda: metrics.exists() and '"loss"' in metrics.read_text())
+    lock = try_lock(out / TRAIN_LOCK)
+    assert lock is not None, "a data worker of the killed run still holds its lock"
+    lock.close()
+
+
 def test_sigterm_saves_a_checkpoint_at_the_step_and_resumes_identically(store_path, reference, tmp_path):
     # --checkpoint-every 1000: no periodic save in the run, so the checkpoint is the stop's own
     out = tmp_path / "out"
