@@ -315,6 +315,9 @@ def precompute(job: PrecomputeJob) -> None:
         term.print(f"restored {', '.join(s.files_written)}")
     term.print(
         f"wrote {s.shards_written} shard(s) to {s.store}: {s.rows_computed:,} rows encoded of {s.rows_total:,} "
+        # each teacher encodes every row, and its truncated rows are its own: two teachers over 300 rows said
+        # "600 rows encoded of 300" (probe)
+        + (f"x {len(s.teachers)} teachers " if len(s.teachers) > 1 else "")
         + (f"and {s.rows_reused:,} copied from --reuse " if s.rows_reused else "")
         + f"({s.shards_skipped} shard(s) already done); dropped {s.empty_dropped} empty, "
         f"{s.duplicates_dropped} duplicate; {s.truncated} truncated; {s.seconds:.1f} s, "

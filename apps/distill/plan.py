@@ -33,6 +33,7 @@ from rich.table import Table
 
 from kd.apps.distill import recipe as R
 from kd.apps.distill.run import (
+    LOCK,
     DistillConfig,
     Step,
     StepKind,
@@ -53,6 +54,7 @@ from kd.apps.eval.suite_tasks import suite_text_sets
 from kd.common import progress
 from kd.common.errors import KdError
 from kd.common.layers import parse_layers
+from kd.common.locks import try_lock
 from kd.common.outputs import claim_output
 from kd.pipeline.job import PER_TEACHER
 from kd.pipeline.precompute import PrecomputeJob, corpus_rows
@@ -98,7 +100,9 @@ class Plan:
     rows: int
     steps: list[PlannedStep] = field(default_factory=list)
     calibration_seconds: float = 0.0
-    warning: str | None = None  # Recipe.size_warning: the corpus is below where the preset beat its baseline
+    # the table's caption: Recipe.size_warning (the corpus is below where the preset beat its baseline), a run
+    # writing --out right now
+    notes: list[str] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
@@ -112,8 +116,8 @@ class Plan:
         for s in self.steps:
             t.add_row(s.name, _minutes(s.seconds), s.detail)
         t.add_row("total", _minutes(self.seconds), "")
-        if self.warning:
-            t.caption = f"note: {self.warning}"
+        if self.notes:
+            t.caption = "\n".join(f"note: {n}" for n in self.notes)
         return t
 
     def __str__(self) -> str:
@@ -142,10 +146,23 @@ def estimate(cfg: DistillConfig) -> Plan:
     run.check_models()
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         c = _Calibration(run, Path(tmp))
-        plan = Plan(recipe, c.rows, warning=recipe.size_warning(c.rows))  # the table's caption
+        plan = Plan(recipe, c.rows, notes=[n for n in (recipe.size_warning(c.rows), _running(run)) if n])
         plan.steps = [_ESTIMATES[step.kind](c, step) for step in steps_of(run)]
     plan.calibration_seconds = time.perf_counter() - t0
     return plan
+
+
+def _running(run: _Run) -> str | None:
+    """A note when another kd distill holds --out: the plan then shows its unfinished steps as not begun (a dry run
+    is never refused: it writes nothing, and the lock is only tested, never created)."""
+    if not (run.out / LOCK).is_file():
+        return None
+    lock = try_lock(run.out / LOCK)
+    if lock is not None:
+        lock.close()
+        return None
+    return ("another kd distill is running in --out now; the steps it has not finished are planned as not begun "
+            "(its distill.json says where it is)")
 
 
 class _Calibration:

@@ -258,6 +258,9 @@ def test_a_second_process_on_the_same_out_is_refused_until_the_first_ends(uninte
             distill(_cfg(corpus, uninterrupted, recipe_file))
         res = CliRunner().invoke(app, ["distill", *_args(corpus, Path(f"{uninterrupted}/"), recipe_file)])
         assert res.exit_code == 2 and "another kd distill" in res.output, res.output  # the same OUT, spelt otherwise
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, uninterrupted, recipe_file), "--dry-run"])
+        said = " ".join(res.output.split())  # a dry run writes nothing: it plans, saying what it cannot know
+        assert res.exit_code == 0 and "note: another kd distill is running in --out now" in said, said
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
@@ -338,6 +341,7 @@ def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe
     for step in ("precompute the teacher", "precompute the start model", "train stage two", "train stage one",
                  "choose on STS-B dev", "export"):
         assert step in text, text
+    assert "another kd distill is running" not in text, text
 
 
 def test_the_dry_run_plans_exactly_the_steps_the_run_records(uninterrupted, corpus, recipe_file, tmp_path):

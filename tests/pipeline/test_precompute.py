@@ -113,6 +113,15 @@ def test_complete_store_does_nothing_and_says_so(tmp_path, tiny_teacher, sentenc
     assert again.exit_code == 0 and "nothing to do" in again.stdout
 
 
+def test_the_summary_counts_rows_per_teacher(tmp_path, tiny_teacher, sentences):
+    """Each teacher encodes every row: two teachers over 20 rows said "40 rows encoded of 20" (probe)."""
+    src = _write_lines(tmp_path / "s.txt", sentences[:20])
+    res = CliRunner().invoke(app, ["precompute", src, "--teacher", f"a={tiny_teacher}", "--teacher",
+                                   f"b={tiny_teacher}", "--out", str(tmp_path / "st"), "--no-progress"])
+    said = " ".join(res.stdout.split())
+    assert res.exit_code == 0 and "40 rows encoded of 20 x 2 teachers (0 shard(s) already done)" in said, said
+
+
 def test_asking_for_fewer_outputs_than_a_store_holds_is_no_other_setting(tmp_path, tiny_teacher, sentences):
     """A teacher stored with more outputs than a run asks for (kd distill's start model stores MiniLM's default
     outputs; tiny6-ensemble then asks MiniLM for `sentence` on that store) has every row the run needs: the run
