@@ -95,12 +95,24 @@ def _describe(kind: str) -> str:
     return f"a {kind} (written by {COMMANDS[kind]})"
 
 
+def is_uri(path: str | os.PathLike) -> bool:
+    """A remote address (s3://, gs://, hdfs://): kd compares it as it is written. file:// is a local path."""
+    text = os.fspath(path)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(path: str | os.PathLike) -> Path:
+    """The file a local path names, as kd compares paths: file:// dropped, made absolute, symlinks followed (so
+    `run`, `run/`, `/abs/run`, `file:///abs/run` and a link to it are one)."""
+    return Path(os.fspath(path).removeprefix("file://")).resolve()
+
+
 def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str) -> None:
     """Rule 1 on resolved paths (symlinks followed): `out` is no input, is not inside one, holds none."""
     for raw in inputs:
-        if raw is None or "://" in os.fspath(raw):
+        if raw is None or is_uri(raw):
             continue
-        inp = Path(raw).resolve()
+        inp = local_path(raw)
         if out == inp:
             raise InputError(f"{flag} is the input {raw}; it would be overwritten", str(out),
                              f"pass another {flag}")
@@ -159,7 +171,7 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     """
     if not os.fspath(out).strip():  # Path('') is the working folder: never guess that
         raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
-    path = Path(os.fspath(out).removeprefix("file://")).resolve()
+    path = local_path(out)
     if file and path.is_dir():
         raise InputError(f"{flag} is an existing folder, {command} writes one file", str(out),
                          f"pass a file path for {flag}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
+from kd.common.outputs import is_uri, local_path
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -99,9 +100,9 @@ PATHS = ("out", "store", "recipe")  # with each of `inputs`: options naming file
 
 
 def _named_files(opts: dict[str, Any]) -> dict[str, Any]:
-    """`opts` with each path option resolved (a URI, e.g. s3://, as it is)."""
+    """`opts` with each path option as the file it names (claim_output's rule: a URI, e.g. s3://, as it is)."""
     def resolved(v: Any) -> Any:
-        return v if not isinstance(v, str) or "://" in v else str(Path(v).resolve())
+        return v if not isinstance(v, str) or is_uri(v) else str(local_path(v))
 
     return opts | {k: resolved(opts[k]) for k in PATHS if k in opts} | (
         {"inputs": [resolved(v) for v in opts["inputs"]]} if isinstance(opts.get("inputs"), list) else {})

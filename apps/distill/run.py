@@ -42,7 +42,7 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kind_of, write_text
+from kd.common.outputs import STORE, claim_output, kind_of, local_path, write_text
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
@@ -104,10 +104,10 @@ class _Run:
 
     def __init__(self, cfg: DistillConfig, recipe: R.Recipe) -> None:
         self.cfg, self.recipe = cfg, recipe
-        self.out = Path(cfg.out).resolve()
+        self.out = local_path(cfg.out)
         # Another run's store: its precompute finds the outputs there and has nothing to do (the teacher pass is
         # most of a run's time: two presets on one corpus should pay it once).
-        self.store = Path(cfg.store).resolve() if cfg.store else self.out / "store"
+        self.store = local_path(cfg.store) if cfg.store else self.out / "store"
         self.exclude = self.out / "exclude.txt"
         teachers = cfg.teacher.split(",") if cfg.teacher else recipe.teachers
         # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the

@@ -297,6 +297,8 @@ def test_a_run_is_the_same_run_however_its_paths_are_spelt(uninterrupted, corpus
     link = uninterrupted.parent / "link"
     link.symlink_to(uninterrupted)
     distill(_cfg(corpus, link, recipe_file))
+    done = distill(_cfg(corpus, f"file://{uninterrupted}", recipe_file))  # claim_output's spelling too (review)
+    assert done.out == uninterrupted and not (uninterrupted.parent / "file:").exists()
     assert _weights(uninterrupted) == before
 
 
