@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 import weakref
 from typing import IO
 
@@ -16,19 +17,23 @@ from typing import IO
 _held: weakref.WeakSet[IO] = weakref.WeakSet()
 
 
-def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False) -> IO | None:
+def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False, wait_s: float = 0.0) -> IO | None:
     """An open file holding an exclusive flock on `path` (created if needed), or None when another process holds
-    it. Keep the file open for as long as the lock is needed.
+    it (still, after `wait_s` seconds of retries). Keep the file open for as long as the lock is needed.
 
     `unlinked_on_release`: the lock's holders delete the file when they let go, so a file we opened may be
     unlinked before our flock lands; a lock on an unlinked inode guards nothing, so we check and try again."""
+    give_up = time.monotonic() + wait_s
     while True:
         f = open(path, "a+")  # noqa: SIM115 - held by the caller
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            return None
+            if time.monotonic() >= give_up:
+                return None
+            time.sleep(0.02)
+            continue
         if not unlinked_on_release:
             _held.add(f)
             return f
@@ -37,6 +42,23 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False) -> I
                 _held.add(f)
                 return f
         f.close()
+
+
+def held_elsewhere(path: str | os.PathLike) -> bool:
+    """Whether another process holds the lock on `path` (an existing file), asked without taking it: a shared flock
+    on a read-only open, which an exclusive holder refuses, dropped at once. Nothing is created or written (a dry
+    run may look at a folder it cannot write); a run that meets the shared flock in that instant waits it out
+    (`try_lock`'s `wait_s`)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def let_go_of_inherited_locks(*_: object) -> None:

@@ -44,6 +44,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
@@ -105,6 +106,17 @@ def local_path(path: str | os.PathLike) -> Path:
     """The file a local path names, as kd compares paths: file:// dropped, made absolute, symlinks followed (so
     `run`, `run/`, `/abs/run`, `file:///abs/run` and a link to it are one)."""
     return Path(os.fspath(path).removeprefix("file://")).resolve()
+
+
+def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """`opts` with each option of `keys` (a path, or a list of paths) as the file it names (`local_path`; a URI as
+    it is): how kd tells whether a rerun names the same files as the run it continues."""
+    def named(v: Any) -> Any:
+        if isinstance(v, list):
+            return [named(x) for x in v]
+        return str(local_path(v)) if isinstance(v, str) and not is_uri(v) else v
+
+    return opts | {k: named(opts[k]) for k in keys if k in opts}
 
 
 def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str) -> None:
@@ -276,7 +288,7 @@ def _remove_stale_temps(path: Path) -> None:
 
 def temp_path(path: str | os.PathLike) -> Path:
     """The temporary file beside `path` that write_file writes and renames into place (this process's)."""
-    path = Path(path).resolve()
+    path = local_path(path)
     return path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
 
 
@@ -285,7 +297,7 @@ def write_file(path: str | os.PathLike, write: Callable[[Path], object], command
     """Write one output file the kd way: missing parent folders created, `write(tmp)` into a temporary file
     beside it (same suffix, so writers that read it see the right format), the sidecar, then a rename.
     An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path."""
-    path = Path(path).resolve()
+    path = local_path(path)
     tmp = temp_path(path)
     side = sidecar(path)
     side_tmp = temp_path(side)
@@ -320,7 +332,7 @@ def _lock_file(path: Path) -> Path:
 def locked_output(path: str | os.PathLike, command: str, flag: str = "--out") -> Iterator[Path]:
     """Hold the output folder `path` (resolved, already claimed) for this process: a second writer of the same
     folder is refused. The lock dies with the process (flock), so a killed run leaves none behind."""
-    path = Path(path).resolve()
+    path = local_path(path)
     lock = _lock_file(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from kd.common.errors import KdError
+from kd.common.outputs import named_files
 from kd.storage import fs
 from kd.storage.manifest import Manifest
 
@@ -136,16 +137,18 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int, store_id: str,
-         defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+         defaults: dict[str, Any] | None = None, paths: tuple[str, ...] = ()) -> dict[str, Any]:
     """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size and store; an
-    option its config lacks is compared at its value in `defaults` (one kd added after the checkpoint was made)."""
+    option its config lacks is compared at its value in `defaults` (one kd added after the checkpoint was made),
+    the options in `paths` as the files they name."""
     state = _read(path)
     if state.get("store") != store_id:
         raise KdError("the checkpoint was made on another store (the store at --shards was rebuilt or changed "
                       "since); resuming would continue the old run on new data", str(path),
                       "use a new --out, or pass --overwrite to start over on this store")
-    saved = (defaults or {}) | state["config"]
-    diff = [k for k in config if k not in resumable and saved.get(k) != config[k]]
+    saved = named_files((defaults or {}) | state["config"], paths)
+    named = named_files(config, paths)
+    diff = [k for k in config if k not in resumable and saved.get(k) != named[k]]
     if diff or state["world"] != world:
         what = ", ".join(f"{k}: {saved.get(k)!r} -> {config[k]!r}" for k in diff) or \
             f"world size {state['world']} -> {world}"

@@ -178,6 +178,8 @@ class TrainConfig:
     overwrite: bool = option(False, help="Discard a previous run in --out")
     progress: bool = option(True, help="Show a progress bar")
 
+    # options naming files: a rerun names the same ones however it spells them (common.outputs.named_files)
+    PATHS = ("out", "store", "init", "exclude_ids")
     # options that may differ between a run and its resumption (the rest must match)
     RESUMABLE = ("epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every", "device",
                  "progress", "resume", "overwrite")

@@ -56,7 +56,7 @@ from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
 from kd.common.options import saved_defaults
-from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
+from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of, local_path, named_files
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
@@ -207,7 +207,7 @@ def _kd_trained(out: Path) -> bool:
 
 def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
-    out = Path(cfg.out)
+    out = local_path(cfg.out)
     ckpt = out / CHECKPOINT
     if out.exists() and not out.is_dir():
         raise KdError("--out is an existing file, not a folder", str(out), "pass a folder path for the student")
@@ -248,7 +248,7 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
         return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id,
-                                    saved_defaults(TrainConfig))
+                                    saved_defaults(TrainConfig), TrainConfig.PATHS)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists():
             other = _other_options(_finished_with(out), cfg)[:3]
@@ -343,7 +343,7 @@ _SAME_RUN_IGNORES = ("out", "progress", "overwrite", "resume", "device", "num_wo
 def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
     """Whether `out` holds the finished student this very config trains: the same command run again (a script
     rerun after a kill that came too late) then has nothing to do, as a complete store has for precompute."""
-    out = Path(cfg.out)
+    out = local_path(cfg.out)
     if cfg.overwrite or (out / CHECKPOINT).exists() or not _kd_trained(out):
         return False
     done = _finished_with(out)
@@ -351,9 +351,12 @@ def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
 
 
 def _other_options(done: dict, cfg: TrainConfig) -> list[str]:
-    """The options in which `cfg` differs from a finished run's training_args.json, as 'name: there -> here'."""
-    return [f"{k}: {done.get(k)!r} there, {v!r} here" for k, v in cfg.to_json().items()
-            if k not in _SAME_RUN_IGNORES and done.get(k) != v]
+    """The options in which `cfg` differs from those a run recorded (training_args.json, .kd-started.json), as
+    'name: there, here'; an option the record lacks at its default, paths as the files they name."""
+    there = named_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS)
+    here = named_files(cfg.to_json(), TrainConfig.PATHS)
+    return [f"{k}: {done.get(k)!r} there, {cfg.to_json()[k]!r} here" for k, v in here.items()
+            if k not in _SAME_RUN_IGNORES and there.get(k) != v]
 
 
 def _finished_with(out: Path) -> dict:
@@ -373,15 +376,15 @@ def train(cfg: TrainConfig) -> Path:
     """Train a student as configured; returns the output folder (a loadable student)."""
     if _finished_by_the_same_command(cfg):
         print(f"{cfg.out} already holds the student this command trains: nothing to do", file=sys.stderr)
-        return Path(cfg.out)
+        return local_path(cfg.out)
     d = init_dist(cfg.device)
-    fresh = not Path(cfg.out).exists()
+    fresh = not local_path(cfg.out).exists()
     try:
         return _train(cfg, d)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        out = Path(cfg.out)
+        out = local_path(cfg.out)
         if d.main and _HELD_LOCKS:  # only what this run wrote under its lock: never another run's files
             _clean_after_a_full_disk(out)
         raise KdError(f"the disk is full: {e.strerror} while writing {e.filename or 'the output'}", str(cfg.out),
@@ -389,7 +392,7 @@ def train(cfg: TrainConfig) -> Path:
                       ) from e
     finally:
         if fresh and d.main and _HELD_LOCKS:  # only a run that held the folder's lock: a refused second run
-            _remove_if_nothing_kept(Path(cfg.out))  # must never remove the folder the first one is writing
+            _remove_if_nothing_kept(local_path(cfg.out))  # must never remove the folder the first one is writing
         while _HELD_LOCKS:
             _HELD_LOCKS.pop().close()
         shutdown(d)
@@ -644,8 +647,8 @@ def _finish(run: _Run, st: TrainState) -> None:
         plot_curve(run.out / METRICS, run.out / CURVE)
         # The run is complete: its checkpoint (torch's pickle-based format, even if loaded weights-only)
         # is dropped so a student folder that travels holds safetensors and JSON only.
+        (run.out / STARTED).unlink(missing_ok=True)  # (first: a kill between the two leaves a checkpoint to resume)
         (run.out / CHECKPOINT).unlink(missing_ok=True)
-        (run.out / STARTED).unlink(missing_ok=True)
     barrier(run.d)
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.outputs import is_uri, local_path
+from kd.common.outputs import named_files
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -79,7 +79,7 @@ class DistillConfig:
         bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume). Paths are
         the files they name (out1, out1/, /abs/out1 and a symlink to it are one run)."""
         opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-        return _named_files(opts) | {"recipe_digest": recipe.digest}
+        return named_files(opts, PATHS) | {"recipe_digest": recipe.digest}
 
     def difference(self, recorded: dict[str, Any], recipe: Recipe) -> tuple[str, Any, Any] | None:
         """The first key in which a recorded run's identity differs from this one's (the key, then and now), or
@@ -88,7 +88,7 @@ class DistillConfig:
         (common.options.saved_defaults)."""
         now = self.identity(recipe)
         # (a run recorded with its paths as typed, before they were resolved, was typed in this folder: resolved here)
-        recorded = _named_files({k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded)
+        recorded = named_files({k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded, PATHS)
         if "recipe_sha256" in recorded:
             now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
                 "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}
@@ -96,13 +96,4 @@ class DistillConfig:
         return None if key is None else (key, recorded.get(key), now.get(key))
 
 
-PATHS = ("out", "store", "recipe")  # with each of `inputs`: options naming files, compared as the files they name
-
-
-def _named_files(opts: dict[str, Any]) -> dict[str, Any]:
-    """`opts` with each path option as the file it names (claim_output's rule: a URI, e.g. s3://, as it is)."""
-    def resolved(v: Any) -> Any:
-        return v if not isinstance(v, str) or is_uri(v) else str(local_path(v))
-
-    return opts | {k: resolved(opts[k]) for k in PATHS if k in opts} | (
-        {"inputs": [resolved(v) for v in opts["inputs"]]} if isinstance(opts.get("inputs"), list) else {})
+PATHS = ("out", "store", "recipe", "inputs")  # options naming files (inputs: a list), compared as the files they name

@@ -54,7 +54,7 @@ from kd.apps.eval.suite_tasks import suite_text_sets
 from kd.common import progress
 from kd.common.errors import KdError
 from kd.common.layers import parse_layers
-from kd.common.locks import try_lock
+from kd.common.locks import held_elsewhere
 from kd.common.outputs import claim_output
 from kd.pipeline.job import PER_TEACHER
 from kd.pipeline.precompute import PrecomputeJob, corpus_rows
@@ -154,12 +154,8 @@ def estimate(cfg: DistillConfig) -> Plan:
 
 def _running(run: _Run) -> str | None:
     """A note when another kd distill holds --out: the plan then shows its unfinished steps as not begun (a dry run
-    is never refused: it writes nothing, and the lock is only tested, never created)."""
-    if not (run.out / LOCK).is_file():
-        return None
-    lock = try_lock(run.out / LOCK)
-    if lock is not None:
-        lock.close()
+    is never refused: it writes nothing, and the lock is only looked at, never taken or created)."""
+    if not held_elsewhere(run.out / LOCK):
         return None
     return ("another kd distill is running in --out now; the steps it has not finished are planned as not begun "
             "(its distill.json says where it is)")

@@ -293,7 +293,7 @@ def _held(run: _Run) -> Iterator[None]:
     if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
     run.out.mkdir(parents=True, exist_ok=True)
-    lock = try_lock(run.out / LOCK)
+    lock = try_lock(run.out / LOCK, wait_s=1.0)  # (a dry run's look at the lock lasts an instant: see plan._running)
     if lock is None:
         raise InputError("another kd distill is writing --out right now (its lock is held)", str(run.out),
                          "wait for it to finish, or pass another --out")

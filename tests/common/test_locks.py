@@ -4,6 +4,8 @@ import os
 import signal
 import time
 
+from conftest import ROOT
+
 from kd.common.locks import let_go_of_inherited_locks, try_lock
 
 
@@ -35,3 +37,48 @@ def test_a_forked_helper_keeps_the_lock_only_until_it_lets_go(tmp_path):
         if again is not None:
             again.close()
     assert try_lock(path) is not None  # once the child is gone the lock is free in either case
+
+
+def _holder(path, hold_s: float):
+    """Another process holding the lock on `path` for `hold_s` seconds (returns once it holds it)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kd.common.locks import try_lock\n"
+                             f"f = try_lock({str(path)!r})\nprint('held', flush=True)\ntime.sleep({hold_s})"],
+                            stdout=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT.parent)})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_look_at_a_lock_neither_takes_nor_creates_it(tmp_path):
+    """kd distill --dry-run looks at a run's lock: it must not create the file, need write access, or keep a run
+    that starts in that instant from taking it."""
+    from kd.common.locks import held_elsewhere
+
+    path = tmp_path / "x.lock"
+    assert not held_elsewhere(path) and not path.exists()  # absent: nothing held, nothing made
+    proc = _holder(path, 30)
+    try:
+        assert held_elsewhere(path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not held_elsewhere(path)
+    mine = try_lock(path)
+    assert mine is not None  # the look held nothing
+    mine.close()
+
+
+def test_a_lock_taken_with_a_wait_gets_it_once_a_brief_holder_lets_go(tmp_path):
+    path = tmp_path / "x.lock"
+    proc = _holder(path, 0.4)
+    try:
+        assert try_lock(path) is None
+        t0 = time.monotonic()
+        got = try_lock(path, wait_s=10.0)
+        assert got is not None and time.monotonic() - t0 < 5.0
+        got.close()
+    finally:
+        proc.kill()
+        proc.wait()

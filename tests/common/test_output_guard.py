@@ -255,3 +255,13 @@ def test_an_export_is_readable_by_others_as_a_plain_file_is(built, tmp_path):
     modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "exp").rglob("*")
              if p.is_file()}
     assert "exp/model.safetensors" in modes and set(modes.values()) == {"0o644"}, modes
+
+
+def test_a_file_uri_names_the_local_file(tmp_path, monkeypatch):
+    """`kd eval --json file:///abs/x.json` wrote ./file:/abs/x.json (a probe): every gate reads file:// as the path."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "out" / "x.json"
+    claimed = claim_output(f"file://{target}", "kd eval", file=True)
+    written = write_text(f"file://{target}", "{}\n", "kd eval")
+    assert claimed == written == target and target.read_text() == "{}\n" and is_kd_file(target)
+    assert not (tmp_path / "file:").exists()

@@ -147,16 +147,24 @@ def _kill_when(args: list[str], ready: Callable[[], bool]) -> None:
     assert killed, proc.stdout.read().decode()[-2000:]
 
 
-def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path):
+def test_sigkill_then_resume_gives_identical_weights(store_path, reference, tmp_path, monkeypatch):
+    """...with the store and the output spelt otherwise on the rerun (a relative path, file://, a trailing slash):
+    the same files, so the same run (a probe's rerun with --shards store/ was refused as other options, and
+    --out file:///abs/out wrote into ./file:/abs/out)."""
     out = tmp_path / "out"
     args = _small_cli(store_path, out, "--checkpoint-every", "1", "--no-progress")
     ckpt = out / "checkpoint.pt"
     _kill_when(args, lambda: ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 3)
     step = torch.load(ckpt, weights_only=True)["step"]
     assert 3 <= step < 26 and not (out / "config.json").exists()
-    res = CliRunner().invoke(app, args[3:-3] + ["--checkpoint-every", "5", "--no-progress"])
+    monkeypatch.chdir(store_path.parent)
+    again = [a.replace(str(store_path), f"{store_path.name}/").replace(str(out), f"file://{out}") for a in args[3:-3]]
+    res = CliRunner().invoke(app, again + ["--checkpoint-every", "5", "--no-progress"])
     assert res.exit_code == 0, res.output
     _assert_same_weights(reference, out)
+    assert not (store_path.parent / "file:").exists()
+    res = CliRunner().invoke(app, [*args[3:-3], "--checkpoint-every", "5", "--no-progress"])  # the first spelling
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_command(store_path, reference, tmp_path):
