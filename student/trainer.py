@@ -336,8 +336,9 @@ def evaluate(model: nn.Module, batches: list[dict], d: Dist, progress: float, au
 
 
 # What a rerun may change and still be the same run (how it is shown, where it runs, how it may resume; `out` is the
-# folder we are reading, however it is spelt)
-_SAME_RUN_IGNORES = ("out", "progress", "overwrite", "resume", "device", "num_workers", "log_every")
+# folder we are reading, however it is spelt). Not num_workers: its readers deal the rows, so another count trains
+# other weights (a finished --workers 0 student said "nothing to do" to --workers 2).
+_SAME_RUN_IGNORES = ("out", "progress", "overwrite", "resume", "device", "log_every")
 
 
 def _finished_by_the_same_command(cfg: TrainConfig) -> bool:

@@ -186,6 +186,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     res = CliRunner().invoke(app, [*args[3:], "--lr", "0.003"])  # another command would delete what it did not write
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "started with other options (lr:" in said and "0.003 here" in said, res.output
+    res = CliRunner().invoke(app, [*args[3:], "--workers", "2"])  # two readers deal the rows otherwise
+    assert res.exit_code == 2 and "num_workers: 0 there, 2 here" in " ".join(res.output.split()), res.output
     assert metrics.read_bytes() == dead
     res = CliRunner().invoke(app, args[3:])
     assert res.exit_code == 0, res.output
