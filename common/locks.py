@@ -47,8 +47,10 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False, wait
 def held_elsewhere(path: str | os.PathLike) -> bool:
     """Whether another process holds the lock on `path` (an existing file), asked without taking it: a shared flock
     on a read-only open, which an exclusive holder refuses, dropped at once. Nothing is created or written (a dry
-    run may look at a folder it cannot write); a run that meets the shared flock in that instant waits it out
+    run may look at a lock file it cannot write); a run that meets the shared flock in that instant waits it out
     (`try_lock`'s `wait_s`)."""
+    if not os.path.isfile(path):  # none (a FIFO would block the open below forever: probe)
+        return False
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError:

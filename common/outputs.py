@@ -45,6 +45,7 @@ import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
@@ -97,15 +98,26 @@ def _describe(kind: str) -> str:
 
 
 def is_uri(path: str | os.PathLike) -> bool:
-    """A remote address (s3://, gs://, hdfs://): kd compares it as it is written. file:// is a local path."""
+    """A remote address (s3://, gs://, hdfs://): kd compares it as it is written. A file: URI is a local path."""
     text = os.fspath(path)
-    return "://" in text and not text.startswith("file://")
+    return "://" in text and not text.startswith("file:")
 
 
 def local_path(path: str | os.PathLike) -> Path:
-    """The file a local path names, as kd compares paths: file:// dropped, made absolute, symlinks followed (so
+    """The file a local path names, as kd compares paths: a file: URI read as one (file:///abs, file:/abs,
+    file://localhost/abs, %20 for a space, as `Path.as_uri()` writes them), made absolute, symlinks followed (so
     `run`, `run/`, `/abs/run`, `file:///abs/run` and a link to it are one)."""
-    return Path(os.fspath(path).removeprefix("file://")).resolve()
+    text = os.fspath(path)
+    if is_uri(text):  # Path("s3://b/x") is ./s3:/b/x: a probe's outputs landed there, exit 0
+        raise InputError("a remote address where kd needs a local path", text,
+                         "pass a local path, and copy the result there afterwards")
+    if text.startswith("file:"):
+        uri = urlparse(text)
+        if uri.netloc not in ("", "localhost"):
+            raise InputError("a file: URI of another machine is no local path", text,
+                             "pass a local path (file:///abs/path or /abs/path)")
+        text = unquote(uri.path)  # (url2pathname on POSIX; urllib.request costs 19 ms at import)
+    return Path(text).resolve()
 
 
 def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
@@ -183,6 +195,9 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     """
     if not os.fspath(out).strip():  # Path('') is the working folder: never guess that
         raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
+    if is_uri(out):  # (precompute writes a store to a URI itself, claiming only a local one)
+        raise InputError(f"{flag} is a remote address; {command} writes here, on this machine", os.fspath(out),
+                         f"pass a local path for {flag} and copy the result there afterwards")
     path = local_path(out)
     if file and path.is_dir():
         raise InputError(f"{flag} is an existing folder, {command} writes one file", str(out),

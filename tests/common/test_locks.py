@@ -58,6 +58,8 @@ def test_a_look_at_a_lock_neither_takes_nor_creates_it(tmp_path):
 
     path = tmp_path / "x.lock"
     assert not held_elsewhere(path) and not path.exists()  # absent: nothing held, nothing made
+    os.mkfifo(tmp_path / "fifo")
+    assert not held_elsewhere(tmp_path / "fifo")  # no lock kd took (its open blocked forever: a probe)
     proc = _holder(path, 30)
     try:
         assert held_elsewhere(path)

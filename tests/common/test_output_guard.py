@@ -257,11 +257,35 @@ def test_an_export_is_readable_by_others_as_a_plain_file_is(built, tmp_path):
     assert "exp/model.safetensors" in modes and set(modes.values()) == {"0o644"}, modes
 
 
-def test_a_file_uri_names_the_local_file(tmp_path, monkeypatch):
-    """`kd eval --json file:///abs/x.json` wrote ./file:/abs/x.json (a probe): every gate reads file:// as the path."""
+@pytest.mark.parametrize("form", ["file://{}", "file:{}", "file://localhost{}", "uri"])
+def test_a_file_uri_names_the_local_file(tmp_path, monkeypatch, form):
+    """`kd eval --json file:///abs/x.json` wrote ./file:/abs/x.json, and file:/abs, file://localhost/abs and %20 (as
+    Path.as_uri() writes a space) were misread too (probes): every gate reads a file: URI as the path it names."""
     monkeypatch.chdir(tmp_path)
-    target = tmp_path / "out" / "x.json"
-    claimed = claim_output(f"file://{target}", "kd eval", file=True)
-    written = write_text(f"file://{target}", "{}\n", "kd eval")
+    target = tmp_path / "out put" / "x.json"
+    uri = target.as_uri() if form == "uri" else form.format(target)
+    claimed = claim_output(uri, "kd eval", file=True)
+    written = write_text(uri, "{}\n", "kd eval")
     assert claimed == written == target and target.read_text() == "{}\n" and is_kd_file(target)
-    assert not (tmp_path / "file:").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out put"]
+
+
+def test_leakage_names_the_file_it_wrote_as_exclude_ids_reads_it(built, tmp_path):
+    """--exclude-out file:///abs/ids.txt printed "--exclude-ids file:///abs/ids.txt", which train-student cannot
+    read."""
+    out = tmp_path / "ids.txt"
+    res = _leakage(built["store"], f"file://{out}")  # type: ignore[arg-type]
+    assert res.exit_code == 0 and f"--exclude-ids {out}" in " ".join(res.output.split()), res.output
+
+
+def test_a_remote_address_is_refused_where_kd_writes_locally(tmp_path, monkeypatch, built):
+    """s3://bucket/x as an output was written to ./s3:/bucket/x with exit 0 (a probe)."""
+    store_path = built["store"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="remote address"):
+        claim_output("s3://bucket/x.json", "kd eval", file=True)
+    for args in (["train-student", "--shards", str(store_path), "--out", "s3://bucket/x", "--max-steps", "1"],
+                 ["query", str(store_path), "select 1 as n", "-f", "csv", "-o", "s3://bucket/q.csv"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "remote address" in res.output, res.output
+    assert list(tmp_path.iterdir()) == []
