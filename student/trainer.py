@@ -405,7 +405,7 @@ def _clean_after_a_full_disk(out: Path) -> None:
     past the claim, which refuses a folder holding another run's metrics."""
     _remove_temps(out)
     if not (out / CHECKPOINT).exists() and not (out / "config.json").exists():
-        for name in (METRICS, BEST, CURVE):
+        for name in (METRICS, BEST, CURVE, STARTED):
             (out / name).unlink(missing_ok=True)
 
 
