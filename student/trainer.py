@@ -75,6 +75,8 @@ BEST = "best.safetensors"  # the best validated weights so far (exported at the 
 # The options of a run that has not finished yet: a run killed before its first checkpoint starts again only on the
 # same command (another command would delete metrics it did not write); dropped with the checkpoint at the end.
 STARTED = ".kd-started.json"
+# What a run writes before its first checkpoint: nothing there can be resumed (see killed_before_a_checkpoint)
+BEFORE_A_CHECKPOINT = (METRICS, CURVE, BEST)
 DIVERGED = "run kd validate on the store (it reports NaN/Inf vectors); otherwise lower --lr (with --overwrite)"
 
 
@@ -225,7 +227,7 @@ def killed_before_a_checkpoint(out: Path) -> bool:
     first steps leaves metrics and no checkpoint): nothing to resume from and nothing of a user's, so a rerun of
     the same command starts again rather than asking for --overwrite (kd distill's resume depends on it). Anything
     else beside them (a user's file) keeps the refusal. An empty folder counts."""
-    return out.is_dir() and all(p.name in (METRICS, CURVE, BEST) or p.name.startswith(".kd-") for p in out.iterdir())
+    return out.is_dir() and all(p.name in BEFORE_A_CHECKPOINT or p.name.startswith(".kd-") for p in out.iterdir())
 
 
 def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) -> tuple[Path, dict | None]:
@@ -274,7 +276,7 @@ def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
         raise KdError(f"the output folder holds the metrics of an unfinished run started with other options "
                       f"({'; '.join(other)}), with no checkpoint to resume", str(out),
                       "repeat its options to start it again, pass --overwrite to replace it, or use a new --out")
-    for name in (METRICS, CURVE, BEST):  # nothing to resume from: the same command starts it again
+    for name in BEFORE_A_CHECKPOINT:  # nothing to resume from: the same command starts it again
         (out / name).unlink(missing_ok=True)
 
 
@@ -354,9 +356,10 @@ def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
 def _other_options(done: dict, cfg: TrainConfig) -> list[str]:
     """The options in which `cfg` differs from those a run recorded (training_args.json, .kd-started.json), as
     'name: there, here'; an option the record lacks at its default, paths as the files they name."""
+    now = cfg.to_json()
     there = named_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS)
-    here = named_files(cfg.to_json(), TrainConfig.PATHS)
-    return [f"{k}: {done.get(k)!r} there, {cfg.to_json()[k]!r} here" for k, v in here.items()
+    here = named_files(now, TrainConfig.PATHS)
+    return [f"{k}: {done.get(k)!r} there, {now[k]!r} here" for k, v in here.items()
             if k not in _SAME_RUN_IGNORES and there.get(k) != v]
 
 
@@ -405,7 +408,7 @@ def _clean_after_a_full_disk(out: Path) -> None:
     past the claim, which refuses a folder holding another run's metrics."""
     _remove_temps(out)
     if not (out / CHECKPOINT).exists() and not (out / "config.json").exists():
-        for name in (METRICS, BEST, CURVE, STARTED):
+        for name in (*BEFORE_A_CHECKPOINT, STARTED):
             (out / name).unlink(missing_ok=True)
 
 
