@@ -7,9 +7,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import time
 import weakref
 from typing import IO
+
+from kd.common.errors import InputError
 
 # The lock files this process holds. A forked child shares their open file descriptions, and with them the flock:
 # a DataLoader worker kept a killed run's lock for ~5 s, until it noticed its parent was gone (a probe's rerun in
@@ -23,6 +26,7 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False, wait
 
     `unlinked_on_release`: the lock's holders delete the file when they let go, so a file we opened may be
     unlinked before our flock lands; a lock on an unlinked inode guards nothing, so we check and try again."""
+    _refuse_no_regular_file(path)
     give_up = time.monotonic() + wait_s
     while True:
         f = open(path, "a+")  # noqa: SIM115 - held by the caller
@@ -42,6 +46,19 @@ def try_lock(path: str | os.PathLike, *, unlinked_on_release: bool = False, wait
                 _held.add(f)
                 return f
         f.close()
+
+
+def _refuse_no_regular_file(path: str | os.PathLike) -> None:
+    """A lock path holding something other than a file: opening a FIFO to append raised a traceback (probe), a
+    folder an OS error, and kd must not lock, or later delete, what a user put there."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "no regular file"
+        raise InputError(f"kd's lock file is {kind}", os.fspath(path),
+                         "move it away (kd creates the lock file itself) and run again")
 
 
 def held_elsewhere(path: str | os.PathLike) -> bool:

@@ -270,7 +270,12 @@ def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
     if not (cfg.resume and killed_before_a_checkpoint(out)):
         raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to "
                       "resume and no student", str(out), "pass --overwrite to start again, or use a new --out")
-    started = _options_in(out / STARTED)  # none recorded (kd before 2026-11-30): taken as the same command
+    record = out / STARTED
+    started = _options_in(record) if record.exists() else None  # kd before 2026-11-30 wrote none: the same command
+    if started is not None and "store" not in started:  # (every record kd writes holds --shards)
+        raise KdError(f"the output folder holds the metrics of an unfinished run and a {STARTED} that is not the "
+                      "record kd train-student writes, so which command started the run is unknown", str(record),
+                      "pass --overwrite to start again, or use a new --out")
     other = _other_options(started, cfg)[:3] if started else []
     if other:
         raise KdError(f"the output folder holds the metrics of an unfinished run started with other options "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -266,6 +267,23 @@ def test_a_second_process_on_the_same_out_is_refused_until_the_first_ends(uninte
         holder.wait()
     assert (uninterrupted / "distill.json").read_bytes() == state
     distill(_cfg(corpus, uninterrupted, recipe_file))  # done already: a no-op once the holder is gone
+
+
+def test_a_lock_path_holding_no_file_is_refused_with_a_message(uninterrupted, corpus, recipe_file):
+    """Something a user put where kd keeps its lock (a FIFO here) is no lock: the run is refused naming it (it was a
+    traceback from opening a FIFO to append), the dry run plans as usual, and with it moved away the run goes on."""
+    lock = uninterrupted / LOCK
+    lock.unlink(missing_ok=True)
+    os.mkfifo(lock)
+    try:
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, uninterrupted, recipe_file)])
+        assert res.exit_code == 2 and "lock file is a FIFO" in res.output and str(lock) in res.output, res.output
+        res = CliRunner().invoke(app, ["distill", *_args(corpus, uninterrupted, recipe_file), "--dry-run"])
+        assert res.exit_code == 0 and "another kd distill" not in res.output, res.output
+        assert stat.S_ISFIFO(lock.stat().st_mode)  # left as the user put it
+    finally:
+        lock.unlink()
+    distill(_cfg(corpus, uninterrupted, recipe_file))
 
 
 def test_a_refused_run_creates_nothing_and_a_writable_out_needs_no_writable_parent(tmp_path, corpus, recipe_file):

@@ -2,11 +2,14 @@
 
 import os
 import signal
+import stat
 import time
 
+import pytest
 from conftest import ROOT
 
-from kd.common.locks import let_go_of_inherited_locks, try_lock
+from kd.common.errors import InputError
+from kd.common.locks import held_elsewhere, let_go_of_inherited_locks, try_lock
 
 
 def _fork(then_inherited: bool) -> int:
@@ -54,8 +57,6 @@ def _holder(path, hold_s: float):
 def test_a_look_at_a_lock_neither_takes_nor_creates_it(tmp_path):
     """kd distill --dry-run looks at a run's lock: it must not create the file, need write access, or keep a run
     that starts in that instant from taking it."""
-    from kd.common.locks import held_elsewhere
-
     path = tmp_path / "x.lock"
     assert not held_elsewhere(path) and not path.exists()  # absent: nothing held, nothing made
     os.mkfifo(tmp_path / "fifo")
@@ -84,3 +85,13 @@ def test_a_lock_taken_with_a_wait_gets_it_once_a_brief_holder_lets_go(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_lock_path_holding_no_regular_file_is_refused(tmp_path):
+    """A FIFO or a folder where kd keeps a lock: opening the FIFO to append raised io.UnsupportedOperation."""
+    os.mkfifo(tmp_path / "fifo.lock")
+    (tmp_path / "dir.lock").mkdir()
+    for name, kind in (("fifo.lock", "a FIFO"), ("dir.lock", "a folder")):
+        with pytest.raises(InputError, match=f"lock file is {kind}"):
+            try_lock(tmp_path / name)
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo.lock").st_mode) and (tmp_path / "dir.lock").is_dir()  # left so

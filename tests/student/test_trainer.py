@@ -188,7 +188,19 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     assert res.exit_code == 2 and "started with other options (lr:" in said and "0.003 here" in said, res.output
     res = CliRunner().invoke(app, [*args[3:], "--workers", "2"])  # two readers deal the rows otherwise
     assert res.exit_code == 2 and "num_workers: 0 there, 2 here" in " ".join(res.output.split()), res.output
+    record = out / ".kd-started.json"
+    kept = record.read_bytes()
+    for other in ("", "{}", '{"lr": 0.003}'):  # none of them tells which command started the run
+        record.write_text(other)
+        res = CliRunner().invoke(app, args[3:])
+        assert res.exit_code == 2 and "is not the record kd train-student writes" in res.output, (other, res.output)
+    record.unlink()
+    record.mkdir()
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 2 and "is not the record" in res.output, res.output
     assert metrics.read_bytes() == dead
+    record.rmdir()
+    record.write_bytes(kept)
     res = CliRunner().invoke(app, args[3:])
     assert res.exit_code == 0, res.output
     _assert_same_weights(reference, out)
