@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import secrets
+import shlex
 import signal
 import sys
 import types
@@ -36,7 +37,7 @@ from kd.common import bounds as B
 from kd.common import options
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.options import Option
-from kd.common.outputs import local_path
+from kd.common.paths import local_path
 from kd.common.stop import Stopped, sigterm_interrupts
 from kd.dataset.cluster_config import ClusterConfig
 from kd.dataset.index_config import IndexConfig
@@ -386,8 +387,9 @@ def leakage(cfg: LeakageConfig) -> None:
     term.print(table)
     term.print(f"{len(res.ids):,} of {res.rows:,} store rows overlap an evaluation set")
     if cfg.exclude_out:
-        written = local_path(cfg.exclude_out)  # the file, not a file: URI that --exclude-ids would not read (probe)
-        term.print(f"their ids are in {written}: kd train-student ... --exclude-ids {written}")
+        written = local_path(cfg.exclude_out)  # the file, as a shell reads it (a space broke the pasted line: probe)
+        term.print(f"their ids are in {written}: kd train-student ... --exclude-ids {shlex.quote(str(written))}",
+                   highlight=False)
 
 
 @app.command()

@@ -25,6 +25,7 @@ from typing import BinaryIO
 from kd.common.errors import InputError
 from kd.common.file_kinds import special_file
 from kd.common.parsing import LongInteger, bounded_int
+from kd.common.paths import plain_path
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".tsv", ".parquet")
 # The longest text kd reads, in UTF-8 bytes. A teacher reads at most 512 tokens (about 2-3 KB of text) and
@@ -100,7 +101,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     """Expand globs, keep the user's order, refuse missing files and unknown formats."""
     files: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
-    for pat in map(os.fspath, patterns):  # (a Python caller's Path objects too)
+    for pat in map(plain_path, patterns):  # (a Python caller's Path objects too; a file: URI as its path)
         hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
         if not hits:
             raise InputError("no file matches the pattern", pat, "check the path or quote the glob")

@@ -44,11 +44,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
 
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
+from kd.common.paths import is_uri, local_path
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
 COMMANDS = {STORE: "kd precompute", STUDENT: "kd train-student", FINETUNE: "kd finetune",
@@ -95,40 +94,6 @@ def kind_of(folder: Path) -> str | None:
 
 def _describe(kind: str) -> str:
     return f"a {kind} (written by {COMMANDS[kind]})"
-
-
-def is_uri(path: str | os.PathLike) -> bool:
-    """A remote address (s3://, gs://, hdfs://): kd compares it as it is written. A file: URI is a local path."""
-    text = os.fspath(path)
-    return "://" in text and not text.startswith("file:")
-
-
-def local_path(path: str | os.PathLike) -> Path:
-    """The file a local path names, as kd compares paths: a file: URI read as one (file:///abs, file:/abs,
-    file://localhost/abs, %20 for a space, as `Path.as_uri()` writes them), made absolute, symlinks followed (so
-    `run`, `run/`, `/abs/run`, `file:///abs/run` and a link to it are one)."""
-    text = os.fspath(path)
-    if is_uri(text):  # Path("s3://b/x") is ./s3:/b/x: a probe's outputs landed there, exit 0
-        raise InputError("a remote address where kd needs a local path", text,
-                         "pass a local path, and copy the result there afterwards")
-    if text.startswith("file:"):
-        uri = urlparse(text)
-        if uri.netloc not in ("", "localhost"):
-            raise InputError("a file: URI of another machine is no local path", text,
-                             "pass a local path (file:///abs/path or /abs/path)")
-        text = unquote(uri.path)  # (url2pathname on POSIX; urllib.request costs 19 ms at import)
-    return Path(text).resolve()
-
-
-def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
-    """`opts` with each option of `keys` (a path, or a list of paths) as the file it names (`local_path`; a URI as
-    it is): how kd tells whether a rerun names the same files as the run it continues."""
-    def named(v: Any) -> Any:
-        if isinstance(v, list):
-            return [named(x) for x in v]
-        return str(local_path(v)) if isinstance(v, str) and not is_uri(v) else v
-
-    return opts | {k: named(opts[k]) for k in keys if k in opts}
 
 
 def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], flag: str) -> None:

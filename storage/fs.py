@@ -23,6 +23,7 @@ from kd.common.errors import StoreError
 from kd.common.file_kinds import special_file
 from kd.common.locks import try_lock
 from kd.common.options import path_argument
+from kd.common.paths import is_uri, plain_path
 from kd.storage.names import inside, real_inside
 
 TMP_MARK = ".tmp-"  # atomic writes go to NAME.tmp-XXXXXXXX first
@@ -54,16 +55,15 @@ def resolve(uri: str | os.PathLike | Location) -> Location:
     if isinstance(uri, Location):
         return uri
     text = path_argument(uri, "the store", "Store.open", "a path or URI (a str or os.PathLike)")
-    if "://" in text and not text.startswith("file://"):
+    if is_uri(text):
         try:
             fs, root = pafs.FileSystem.from_uri(text)
         except (pa.ArrowException, OSError) as e:  # an unknown scheme (http://) was pyarrow's traceback
             raise StoreError(f"no store can be opened at this address ({e})", text, "pass a local folder, or a "
                              "URI of a filesystem pyarrow reads (s3://, gs://, hdfs://)") from None
         return Location(fs, root)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    return Location(pafs.LocalFileSystem(), os.path.abspath(text))
+    # file: URIs by the one rule (file:/abs and file://localhost/abs were written under ./file:/ and ./localhost/)
+    return Location(pafs.LocalFileSystem(), os.path.abspath(plain_path(text)))
 
 
 def check_relative(rel: object, source: str, field: str) -> str:

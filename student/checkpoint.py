@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kd.common.errors import KdError
-from kd.common.outputs import named_files
+from kd.common.paths import named_files
 from kd.storage import fs
 from kd.storage.manifest import Manifest
 

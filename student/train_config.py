@@ -12,6 +12,7 @@ from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.hardware import check_device, device_kind
 from kd.common.options import bounded, check_ranges, check_types, flag, one_value_as_sequence, option
+from kd.common.paths import named_files, plain_path
 
 
 class Schedule(str, Enum):
@@ -182,11 +183,14 @@ class TrainConfig:
     PATHS = ("out", "store", "init", "exclude_ids")
     # options that may differ between a run and its resumption (the rest must match)
     RESUMABLE = ("epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every", "device",
-                 "progress", "resume", "overwrite")
+                 "progress", "resume", "overwrite", "out")  # (out: the checkpoint lies in it, a folder moved or not)
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
         check_types(self, "train-student options")  # before the arch is looked up: `arch=["a"]` from Python
+        for name in ("init", "exclude_ids"):  # files read by path: a file: URI as the path it names (common.paths)
+            if getattr(self, name) is not None:
+                setattr(self, name, plain_path(getattr(self, name)))
         # The arch's defaults are filled in here, the one place: the CLI, the demo and the Python API pass None
         # for what the user left out, so every door trains the same student from the same options.
         tuned = arch_defaults(self.arch, {k: getattr(self, k) for k in TUNED}, init=self.init is not None)
@@ -213,3 +217,10 @@ class TrainConfig:
         d["schedule"], d["init_embeddings"] = self.schedule.value, self.init_embeddings.value
         d["head_init"] = self.head_init.value
         return d
+
+    def record(self) -> dict[str, Any]:
+        """`to_json()` with each of PATHS as the file it names (absolute, links followed): what a run writes to its
+        records (.kd-started.json, the checkpoint, training_args.json), so that a rerun from another folder compares
+        files, not spellings (a probe: `--shards store` recorded as typed matched another folder's store, and the
+        dead run's metrics were deleted)."""
+        return named_files(self.to_json(), self.PATHS)

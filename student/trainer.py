@@ -56,7 +56,8 @@ from kd.common.errors import InputError, KdError
 from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
 from kd.common.options import saved_defaults
-from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of, local_path, named_files
+from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
+from kd.common.paths import local_path, named_files
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
@@ -261,7 +262,7 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
             _restart_killed_run(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
     if d.main:
-        fs.atomic_write_bytes(fs.resolve(out), json.dumps(cfg.to_json(), sort_keys=True).encode(), STARTED)
+        fs.atomic_write_bytes(fs.resolve(out), json.dumps(cfg.record(), sort_keys=True).encode(), STARTED)
     return out, None
 
 
@@ -374,6 +375,8 @@ def _finished_with(out: Path) -> dict:
 
 def _options_in(path: Path) -> dict:
     """The options a run wrote to `path` ({} when absent or unreadable: nothing to compare with)."""
+    if not path.is_file():  # (a FIFO there would block the read forever: probe)
+        return {}
     try:
         done = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -637,7 +640,7 @@ def _save_checkpoint(run: _Run, st: TrainState) -> None:
     require_finite_weights(run.tr.model.state_dict(), str(run.out / CHECKPOINT), DIVERGED)
     rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
     if run.d.main:
-        checkpoint.save(run.out, run.cfg.to_json(), run.d.world, st, run.tr, rng, run.store_id)
+        checkpoint.save(run.out, run.cfg.record(), run.d.world, st, run.tr, rng, run.store_id)
 
 
 def _finish(run: _Run, st: TrainState) -> None:
@@ -652,7 +655,7 @@ def _finish(run: _Run, st: TrainState) -> None:
                 "best_step": early.best_step or st.step,
                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
         save_student(run.out, model.student, list(model.objectives), s.data.tokenizer_path(s.store),
-                     run.cfg.to_json() | {"resolved": info}, s.store.manifest.fingerprint, info)
+                     run.cfg.record() | {"resolved": info}, s.store.manifest.fingerprint, info)
         plot_curve(run.out / METRICS, run.out / CURVE)
         # The run is complete: its checkpoint (torch's pickle-based format, even if loaded weights-only)
         # is dropped so a student folder that travels holds safetensors and JSON only.

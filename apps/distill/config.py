@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.outputs import named_files
+from kd.common.paths import named_files, plain_path
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -61,10 +61,10 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
-        self.inputs = [os.fspath(p) for p in self.inputs]
+        self.inputs = [plain_path(p) for p in self.inputs]  # (file: URIs as the paths they name: common.paths)
         self.out = os.fspath(self.out)
         self.store = None if self.store is None else os.fspath(self.store)
-        self.reuse = None if self.reuse is None else os.fspath(self.reuse)
+        self.reuse = None if self.reuse is None else plain_path(self.reuse)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

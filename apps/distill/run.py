@@ -42,7 +42,8 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kind_of, local_path, write_text
+from kd.common.outputs import STORE, claim_output, kind_of, write_text
+from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute

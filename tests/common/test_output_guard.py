@@ -7,6 +7,7 @@ The store: real news sentences through a tiny random BERT; a static student trai
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -271,11 +272,19 @@ def test_a_file_uri_names_the_local_file(tmp_path, monkeypatch, form):
 
 
 def test_leakage_names_the_file_it_wrote_as_exclude_ids_reads_it(built, tmp_path):
-    """--exclude-out file:///abs/ids.txt printed "--exclude-ids file:///abs/ids.txt", which train-student cannot
-    read."""
-    out = tmp_path / "ids.txt"
+    """--exclude-out file:///abs/ids.txt printed "--exclude-ids file:///abs/ids.txt", and a path with a space
+    unquoted, which broke the line a user pastes. train-student reads file: URIs as the files they name (they were
+    "not found") and records the files, not the spellings."""
+    out = tmp_path / "the ids.txt"
     res = _leakage(built["store"], f"file://{out}")  # type: ignore[arg-type]
-    assert res.exit_code == 0 and f"--exclude-ids {out}" in " ".join(res.output.split()), res.output
+    assert res.exit_code == 0 and f"--exclude-ids '{out}'" in " ".join(res.output.split()), res.output
+    student = tmp_path / "st"
+    res = _cli("train-student", "--shards", f"file://localhost{built['store']}", "--exclude-ids", out.as_uri(),
+               "--out", student.as_uri(), "--arch", "static", "--target", "tiny.mean", "--embed-dim", "8",
+               "--max-steps", "1", "--no-progress")
+    assert res.exit_code == 0, res.output
+    args = json.loads((student / "training_args.json").read_text())
+    assert (args["store"], args["exclude_ids"]) == (str(built["store"].resolve()), str(out)), args
 
 
 def test_a_remote_address_is_refused_where_kd_writes_locally(tmp_path, monkeypatch, built):

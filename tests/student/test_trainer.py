@@ -131,9 +131,9 @@ def _small_cli(store_path: Path, out: Path, *extra: str) -> list[str]:
             "--no-bucket", *extra]
 
 
-def _kill_when(args: list[str], ready: Callable[[], bool]) -> None:
+def _kill_when(args: list[str], ready: Callable[[], bool], cwd: Path = ROOT) -> None:
     """Start `args` and kill -9 it once `ready()` holds (asserting it was still running then)."""
-    proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120  # a loaded machine starts slowly
     try:
         while time.time() < deadline and proc.poll() is None and not ready():
@@ -206,6 +206,35 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_the_same_comma
     _assert_same_weights(reference, out)
     assert _train_losses(out) == _train_losses(reference)  # the dead run's metrics are gone, not mixed in
     assert not (out / ".kd-started.json").exists()  # a finished student holds only what it always held
+
+
+def test_a_rerun_from_another_folder_compares_the_files_its_paths_name(store_path, tmp_path, monkeypatch):
+    """A run records its paths as the files they name: `--shards store` typed in two folders is two stores (a probe:
+    recorded as typed, the rerun from the other folder deleted the dead run's metrics and trained on its store),
+    while the same store spelt absolute from a third folder is the same command."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    (here / "store").symlink_to(store_path)
+    shutil.copytree(store_path, there / "store")
+    out = tmp_path / "out"
+    args = _small_cli(Path("store"), Path("../out"), "--checkpoint-every", "1000", "--log-every", "1", "--no-progress")
+    metrics = out / "metrics.jsonl"
+    _kill_when(args, lambda: metrics.exists() and '"loss"' in metrics.read_text(), cwd=here)
+    assert json.loads((out / ".kd-started.json").read_text())["store"] == str(store_path.resolve())
+    dead = metrics.read_bytes()
+    monkeypatch.chdir(there)
+    res = CliRunner().invoke(app, args[3:])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"started with other options (store: '{store_path.resolve()}' there" in said, said
+    assert metrics.read_bytes() == dead
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, _small_cli(store_path, Path("out"), "--checkpoint-every", "1000", "--log-every",
+                                             "1", "--no-progress")[3:])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "training_args.json").read_text())["store"] == str(store_path.resolve())
+    monkeypatch.chdir(there)  # finished: the other folder's `store` is another store, so another student
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 2 and "finished student trained with other options (store:" in res.output, res.output
 
 
 def test_a_killed_runs_lock_does_not_live_on_in_its_data_workers(store_path, tmp_path):

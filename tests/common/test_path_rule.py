@@ -1,0 +1,45 @@
+"""common.paths: the one rule for the file a path names (file: URIs, remote addresses, NUL), and the readers and
+the store layer that follow it (a probe: `kd precompute -o file:/abs` wrote ./file:/abs, `file://localhost/abs`
+wrote ./localhost/abs, and inputs given as file: URIs were "not found")."""
+
+import pytest
+
+from kd.common.errors import InputError
+from kd.common.inputs import expand_inputs
+from kd.common.paths import is_uri, local_path, plain_path
+from kd.storage import fs
+
+
+@pytest.mark.parametrize("form", ["file://{}", "file:{}", "file://localhost{}", "FILE://{}", "uri"])
+def test_a_file_uri_is_the_path_it_names(tmp_path, form):
+    target = tmp_path / "a b#1" / "x.txt"
+    uri = target.as_uri() if form == "uri" else form.format(str(target).replace("#", "%23").replace(" ", "%20"))
+    assert not is_uri(uri) and plain_path(uri) == str(target) and local_path(uri) == target
+    assert fs.resolve(uri).root == str(target)  # the store layer reads it as the same folder
+
+
+def test_paths_and_remote_addresses_are_told_apart(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for remote in ("s3://bucket/x", "gs://b/q.csv", "hdfs://host:9000/x"):
+        assert is_uri(remote) and plain_path(remote) == remote
+        with pytest.raises(InputError, match="remote address"):
+            local_path(remote)
+    for local in ("./a://b", "a:b", "C:\\x.csv", "notes.csv", "sub/dir/"):  # paths, however odd
+        assert not is_uri(local) and plain_path(local) == local
+        assert local_path(local) == (tmp_path / local.rstrip("/")).resolve()
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("file://otherhost/tmp/x", "another machine"), ("file:", "naming no path"), ("file://localhost", "naming no path"),
+    ("file:///tmp/run#1.csv", "query or fragment"), ("file:///tmp/x?v=2", "query or fragment"),
+    ("file:///tmp/x%00.csv", "NUL"), ("/tmp/a\0b", "NUL"),
+])
+def test_what_names_no_local_file_is_refused(bad, why):
+    with pytest.raises(InputError, match=why):
+        plain_path(bad)
+
+
+def test_a_corpus_given_as_a_file_uri_is_read(tmp_path):
+    corpus = tmp_path / "my corpus.txt"
+    corpus.write_text("one sentence.\n")
+    assert expand_inputs([corpus.as_uri()]) == [str(corpus)]
