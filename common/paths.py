@@ -73,3 +73,29 @@ def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
         return str(local_path(v)) if isinstance(v, str) and not is_uri(v) else v
 
     return opts | {k: named(opts[k]) for k in keys if k in opts}
+
+
+def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, *, unknown: str = "here") -> dict[str, Any]:
+    """`named_files` for a record a run left in its folder `out` (now local_path'ed). kd before 2026-11-30 recorded
+    paths as typed, relative to the folder the run was started from: that folder is `out` less the parts of the
+    recorded out (`--out runs/a` in /w: /w), and a relative path is read against it. Where the recorded out cannot
+    tell (absent, absolute, or climbing with '..'), `unknown` says how a relative path is read: "here" against the
+    current folder (a rerun from the same folder matches, as before), "other" as a name that equals no file (where
+    a wrong match would delete the run's work)."""
+    typed = record.get("out")
+    start = None
+    if isinstance(typed, str) and typed and not is_uri(typed) and not os.path.isabs(plain_path(typed)):
+        parts = Path(plain_path(typed)).parts
+        if parts and ".." not in parts:
+            start = out.parents[len(parts) - 1]
+
+    def named(v: Any) -> Any:
+        if isinstance(v, list):
+            return [named(x) for x in v]
+        if not isinstance(v, str) or is_uri(v) or os.path.isabs(plain_path(v)):
+            return named_files({"v": v}, ["v"])["v"]
+        if start is not None:
+            return str(local_path(start / plain_path(v)))
+        return str(local_path(v)) if unknown == "here" else f"{v} (relative to a folder the record does not name)"
+
+    return record | {k: named(record[k]) for k in keys if k in record}

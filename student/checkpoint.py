@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from kd.common.errors import KdError
-from kd.common.paths import named_files
+from kd.common.paths import named_files, recorded_files
 from kd.storage import fs
 from kd.storage.manifest import Manifest
 
@@ -146,7 +146,7 @@ def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: 
         raise KdError("the checkpoint was made on another store (the store at --shards was rebuilt or changed "
                       "since); resuming would continue the old run on new data", str(path),
                       "use a new --out, or pass --overwrite to start over on this store")
-    saved = named_files((defaults or {}) | state["config"], paths)
+    saved = recorded_files((defaults or {}) | state["config"], paths, path.parent)
     named = named_files(config, paths)
     diff = [k for k in config if k not in resumable and saved.get(k) != named[k]]
     if diff or state["world"] != world:

@@ -40,6 +40,7 @@ from kd.apps.eval.speed import SizeResult, SpeedResult, measure_speed, picked_th
 from kd.apps.eval.store_teacher import StoreTeacher
 from kd.common.errors import InputError
 from kd.common.outputs import claim_output, write_text
+from kd.common.paths import local_path
 from kd.common.progress import Bar, showing
 from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher, resolve_teacher
 
@@ -299,8 +300,8 @@ def check_outputs(cfg: EvalConfig) -> None:
     inputs = [*cfg.students, cfg.store, cfg.pairs, cfg.agreement_texts, cfg.baseline_dir]
     files = [("--json", cfg.json_path), ("--markdown", cfg.markdown_path)]
     if cfg.plot_dir is not None:
-        claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
-        files += [("--plot", str(Path(cfg.plot_dir) / name)) for name in PLOT_FILES]
+        plots = claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
+        files += [("--plot", str(plots / name)) for name in PLOT_FILES]
     seen: dict[Path, str] = {}
     for flag, path in files:
         if path is None:
@@ -354,7 +355,7 @@ def write_outputs(report: EvalReport, cfg: EvalConfig) -> None:
     if cfg.markdown_path:
         write_text(cfg.markdown_path, report.markdown(), "kd eval", "--markdown")
     if cfg.plot_dir:
-        report.info["plots"] = [str(p) for p in write_plots(report, Path(cfg.plot_dir))]
+        report.info["plots"] = [str(p) for p in write_plots(report, local_path(cfg.plot_dir))]  # (file: URIs)
 
 
 def _json_default(o: object) -> object:

@@ -43,3 +43,20 @@ def test_a_corpus_given_as_a_file_uri_is_read(tmp_path):
     corpus = tmp_path / "my corpus.txt"
     corpus.write_text("one sentence.\n")
     assert expand_inputs([corpus.as_uri()]) == [str(corpus)]
+
+
+def test_a_relative_path_in_an_old_record_is_read_from_the_folder_the_run_started_in(tmp_path, monkeypatch):
+    """kd before 2026-11-30 recorded paths as typed: read against the current folder, `--shards store` typed in
+    another folder matched another store (a probe: the dead run's metrics were deleted). The folder the run
+    started in is its out less the parts of the recorded out; where that cannot be told, `unknown` decides."""
+    from kd.common.paths import recorded_files
+
+    out = tmp_path / "w" / "runs" / "a"
+    monkeypatch.chdir(tmp_path)
+    told = recorded_files({"out": "runs/a", "store": "store", "init": None}, ["out", "store", "init"], out)
+    assert told == {"out": str(out), "store": str(tmp_path / "w" / "store"), "init": None}
+    climbing = {"out": "../runs/a", "store": "store"}
+    assert recorded_files(climbing, ["store"], out)["store"] == str(tmp_path / "store")  # "here": as before
+    assert "does not name" in recorded_files(climbing, ["store"], out, unknown="other")["store"]
+    absolute = {"out": "../x", "store": str(tmp_path / "data" / "store"), "exclude_ids": ["s3://b/ids"]}
+    assert recorded_files(absolute, ["store", "exclude_ids"], out, unknown="other") == absolute

@@ -226,6 +226,14 @@ def test_a_rerun_from_another_folder_compares_the_files_its_paths_name(store_pat
     res = CliRunner().invoke(app, args[3:])
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and f"started with other options (store: '{store_path.resolve()}' there" in said, said
+    record = out / ".kd-started.json"
+    kept = record.read_text()
+    record.write_text(kept.replace(f'"{store_path.resolve()}"', '"store"').replace(f'"{out}"', '"../out"'))
+    for folder in (there, here):  # a record of kd before 2026-11-30, its paths as typed: which store is unknown
+        monkeypatch.chdir(folder)
+        res = CliRunner().invoke(app, args[3:])
+        assert res.exit_code == 2 and "started with other options (store: 'store' there" in res.output, res.output
+    record.write_text(kept)
     assert metrics.read_bytes() == dead
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, _small_cli(store_path, Path("out"), "--checkpoint-every", "1000", "--log-every",
