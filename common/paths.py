@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -67,35 +67,38 @@ def local_path(path: str | os.PathLike) -> Path:
 def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     """`opts` with each option of `keys` (a path, or a list of paths) as the file it names (`local_path`; a URI as
     it is): how kd tells whether a rerun names the same files as the run it continues."""
-    def named(v: Any) -> Any:
-        if isinstance(v, list):
-            return [named(x) for x in v]
-        return str(local_path(v)) if isinstance(v, str) and not is_uri(v) else v
-
-    return opts | {k: named(opts[k]) for k in keys if k in opts}
+    return opts | {k: _named(opts[k], _file_named) for k in keys if k in opts}
 
 
-def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, *, unknown: str = "here") -> dict[str, Any]:
-    """`named_files` for a record a run left in its folder `out` (now local_path'ed). kd before 2026-11-30 recorded
-    paths as typed, relative to the folder the run was started from: that folder is `out` less the parts of the
-    recorded out (`--out runs/a` in /w: /w), and a relative path is read against it. Where the recorded out cannot
-    tell (absent, absolute, or climbing with '..'), `unknown` says how a relative path is read: "here" against the
-    current folder (a rerun from the same folder matches, as before), "other" as a name that equals no file (where
-    a wrong match would delete the run's work)."""
+def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, *, guess_here: bool = True
+                   ) -> dict[str, Any]:
+    """`named_files` for a record a run left in its folder `out` (absolute, links followed). kd before 2026-11-30
+    recorded paths as typed, relative to the folder the run was started from: that folder is `out` less the parts
+    of the recorded out (`--out runs/a` in /w: /w), and a relative path is read against it. Where the recorded out
+    cannot tell (absent, absolute, climbing with '..', or not the end of `out`: a moved folder), `guess_here` reads a
+    relative path against the current folder (a rerun from the same folder matches, as before), else as a name that
+    equals no file (where a wrong match would delete the run's work)."""
     typed = record.get("out")
     start = None
     if isinstance(typed, str) and typed and not is_uri(typed) and not os.path.isabs(plain_path(typed)):
         parts = Path(plain_path(typed)).parts
-        if parts and ".." not in parts:
+        if parts and ".." not in parts and out.parts[-len(parts):] == parts:
             start = out.parents[len(parts) - 1]
 
-    def named(v: Any) -> Any:
-        if isinstance(v, list):
-            return [named(x) for x in v]
+    def file_named(v: Any) -> Any:
         if not isinstance(v, str) or is_uri(v) or os.path.isabs(plain_path(v)):
-            return named_files({"v": v}, ["v"])["v"]
+            return _file_named(v)
         if start is not None:
             return str(local_path(start / plain_path(v)))
-        return str(local_path(v)) if unknown == "here" else f"{v} (relative to a folder the record does not name)"
+        return str(local_path(v)) if guess_here else f"{v} (relative to a folder the record does not name)"
 
-    return record | {k: named(record[k]) for k in keys if k in record}
+    return record | {k: _named(record[k], file_named) for k in keys if k in record}
+
+
+def _file_named(v: Any) -> Any:
+    return str(local_path(v)) if isinstance(v, str) and not is_uri(v) else v
+
+
+def _named(v: Any, file_named: Callable[[Any], Any]) -> Any:
+    """An option's value with each path in it (one, or a list) as `file_named` reads it."""
+    return [file_named(x) for x in v] if isinstance(v, list) else file_named(v)

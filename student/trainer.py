@@ -277,7 +277,7 @@ def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
         raise KdError(f"the output folder holds the metrics of an unfinished run and a {STARTED} that is not the "
                       "record kd train-student writes, so which command started the run is unknown", str(record),
                       "pass --overwrite to start again, or use a new --out")
-    other = _other_options(started, cfg, unknown="other")[:3] if started else []  # (a wrong match deletes)
+    other = _other_options(started, cfg, guess_here=False)[:3] if started else []  # (a wrong match deletes)
     if other:
         raise KdError(f"the output folder holds the metrics of an unfinished run started with other options "
                       f"({'; '.join(other)}), with no checkpoint to resume", str(out),
@@ -359,11 +359,12 @@ def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
     return bool(done) and not _other_options(done, cfg)
 
 
-def _other_options(done: dict, cfg: TrainConfig, unknown: str = "here") -> list[str]:
+def _other_options(done: dict, cfg: TrainConfig, guess_here: bool = True) -> list[str]:
     """The options in which `cfg` differs from those a run recorded (training_args.json, .kd-started.json), as
     'name: there, here'; an option the record lacks at its default, paths as the files they name."""
     now = cfg.to_json()
-    there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, local_path(cfg.out), unknown=unknown)
+    there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, local_path(cfg.out),
+                           guess_here=guess_here)
     here = named_files(now, TrainConfig.PATHS)
     return [f"{k}: {done.get(k)!r} there, {now[k]!r} here" for k, v in here.items()
             if k not in _SAME_RUN_IGNORES and there.get(k) != v]

@@ -57,6 +57,10 @@ def test_a_relative_path_in_an_old_record_is_read_from_the_folder_the_run_starte
     assert told == {"out": str(out), "store": str(tmp_path / "w" / "store"), "init": None}
     climbing = {"out": "../runs/a", "store": "store"}
     assert recorded_files(climbing, ["store"], out)["store"] == str(tmp_path / "store")  # "here": as before
-    assert "does not name" in recorded_files(climbing, ["store"], out, unknown="other")["store"]
+    assert "does not name" in recorded_files(climbing, ["store"], out, guess_here=False)["store"]
+    moved = {"out": "deep/er/runs/b", "store": "store"}  # not the end of out (more parts than it has, too)
+    assert "does not name" in recorded_files(moved, ["store"], out, guess_here=False)["store"]
+    deeper = {"out": "a/" * 30, "store": "s"}
+    assert "does not name" in recorded_files(deeper, ["store"], out, guess_here=False)["store"]
     absolute = {"out": "../x", "store": str(tmp_path / "data" / "store"), "exclude_ids": ["s3://b/ids"]}
-    assert recorded_files(absolute, ["store", "exclude_ids"], out, unknown="other") == absolute
+    assert recorded_files(absolute, ["store", "exclude_ids"], out, guess_here=False) == absolute
