@@ -84,6 +84,20 @@ def store_identity(manifest: Manifest, tables: list[str]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def rows_left_out(ids: tuple[int, ...]) -> str | None:
+    """The ids a run leaves out (--exclude-ids) as a digest: the file it read them from may be edited between a
+    kill and the resume under the same path (a probe: the resumed run then trained on two row sets)."""
+    return hashlib.sha256(np.asarray(sorted(set(ids)), np.int64).tobytes()).hexdigest() if ids else None
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What a run trains on, as a checkpoint records it: `store_identity` and `rows_left_out`."""
+
+    store: str
+    left_out: str | None
+
+
 def rng_state() -> dict[str, Any]:
     """Every RNG's state as tensors, strings and numbers (what `torch.load(weights_only=True)` accepts)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -105,13 +119,14 @@ def set_rng_state(s: dict[str, Any]) -> None:
 
 
 def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trainables, rng: list[dict],
-         store_id: str) -> None:
+         reads: Reads) -> None:
     """Write out/checkpoint.pt; `rng` holds every rank's `rng_state()`, in rank order."""
     state = {
-        "config": config, "world": world, "store": store_id, "step": st.step, "epoch": st.epoch, "batch": st.batch_no,
-        "rows": st.rows_seen, "model": tr.model.state_dict(), "optimizer": tr.opt.state_dict(),
-        "scheduler": tr.sched.state_dict(), "plateau": tr.plateau.state_dict() if tr.plateau else None,
-        "scaler": tr.scaler.state_dict(), "early": asdict(st.early), "rng": rng,
+        "config": config, "world": world, "store": reads.store, "left_out": reads.left_out, "step": st.step,
+        "epoch": st.epoch, "batch": st.batch_no, "rows": st.rows_seen, "model": tr.model.state_dict(),
+        "optimizer": tr.opt.state_dict(), "scheduler": tr.sched.state_dict(),
+        "plateau": tr.plateau.state_dict() if tr.plateau else None, "scaler": tr.scaler.state_dict(),
+        "early": asdict(st.early), "rng": rng,
     }
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -136,16 +151,21 @@ def _read(path: Path) -> dict[str, Any]:
     return state
 
 
-def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int, store_id: str,
+def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int, reads: Reads,
          defaults: dict[str, Any] | None = None, paths: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size and store; an
-    option its config lacks is compared at its value in `defaults` (one kd added after the checkpoint was made),
-    the options in `paths` as the files they name."""
+    """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size, store and rows
+    left out (`rows_left_out`; a checkpoint of kd before 2026-12-01 recorded none); an option its config lacks is
+    compared at its value in `defaults` (one kd added after the checkpoint was made), the options in `paths` as the
+    files they name."""
     state = _read(path)
-    if state.get("store") != store_id:
+    if state.get("store") != reads.store:
         raise KdError("the checkpoint was made on another store (the store at --shards was rebuilt or changed "
                       "since); resuming would continue the old run on new data", str(path),
                       "use a new --out, or pass --overwrite to start over on this store")
+    if "left_out" in state and state["left_out"] != reads.left_out:
+        raise KdError("the checkpoint was made leaving out other rows (the file --exclude-ids names holds other ids "
+                      "than when the run started); resuming would continue the run on another row set", str(path),
+                      "put the file's ids back as they were, use a new --out, or pass --overwrite to start over")
     saved = recorded_files((defaults or {}) | state["config"], paths, path.parent)
     named = named_files(config, paths)
     diff = [k for k in config if k not in resumable and saved.get(k) != named[k]]

@@ -69,7 +69,7 @@ from kd.student.head_fit import HeadFit, fit_head, wants_fit
 from kd.student.metrics import CURVE, METRICS, Metrics, plot_curve
 from kd.student.models import Student, StudentOutput
 from kd.student.saved import save_student, weights_state, write_weights
-from kd.student.setup import Setup, initial_student, setup
+from kd.student.setup import Setup, initial_student, read_ids, setup
 from kd.student.train_config import Schedule, TrainConfig
 
 BEST = "best.safetensors"  # the best validated weights so far (exported at the end)
@@ -208,7 +208,7 @@ def _kd_trained(out: Path) -> bool:
         and (out / "training_args.json").is_file()
 
 
-def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict | None]:
+def _prepare_out(cfg: TrainConfig, d: Dist, reads: checkpoint.Reads) -> tuple[Path, dict | None]:
     """Create/clean the output folder; return a checkpoint to resume from (or None)."""
     out = local_path(cfg.out)
     ckpt = out / CHECKPOINT
@@ -216,7 +216,7 @@ def _prepare_out(cfg: TrainConfig, d: Dist, store_id: str) -> tuple[Path, dict |
         raise KdError("--out is an existing file, not a folder", str(out), "pass a folder path for the student")
     made_lock = d.main and not (out / TRAIN_LOCK).exists()
     try:
-        return _claim_out(cfg, d, out, ckpt, store_id)
+        return _claim_out(cfg, d, out, ckpt, reads)
     except KdError:
         if made_lock and not (out / CHECKPOINT).exists() and not (out / METRICS).exists():
             (out / TRAIN_LOCK).unlink(missing_ok=True)  # refused before any work: leave the folder as it was
@@ -231,7 +231,7 @@ def killed_before_a_checkpoint(out: Path) -> bool:
     return out.is_dir() and all(p.name in BEFORE_A_CHECKPOINT or p.name.startswith(".kd-") for p in out.iterdir())
 
 
-def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) -> tuple[Path, dict | None]:
+def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, reads: checkpoint.Reads) -> tuple[Path, dict | None]:
     if d.main:
         # Two runs into one folder would interleave metrics and race on every rename: the second stops.
         lock = fs.exclusive_lock(str(out / TRAIN_LOCK))
@@ -250,7 +250,7 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, store_id: str) 
         shutil.rmtree(out / "tokenizer", ignore_errors=True)
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
-        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, store_id,
+        return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, reads,
                                     saved_defaults(TrainConfig), TrainConfig.PATHS)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists():
@@ -308,7 +308,7 @@ class _Run:
     metrics: Metrics
     val: list[dict]  # this rank's validation batches (may be none, even when other ranks have some)
     has_val: bool  # the same on every rank
-    store_id: str  # checkpoint.store_identity of what this run reads
+    reads: checkpoint.Reads  # what this run trains on, as its checkpoints record it
 
 
 @dataclass
@@ -366,8 +366,16 @@ def _other_options(done: dict, cfg: TrainConfig, guess_here: bool = True) -> lis
     there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, local_path(cfg.out),
                            guess_here=guess_here)
     here = named_files(now, TrainConfig.PATHS)
-    return [f"{k}: {done.get(k)!r} there, {now[k]!r} here" for k, v in here.items()
-            if k not in _SAME_RUN_IGNORES and there.get(k) != v]
+    other = [f"{k}: {done.get(k)!r} there, {now[k]!r} here" for k, v in here.items()
+             if k not in _SAME_RUN_IGNORES and there.get(k) != v]
+    resolved = done.get("resolved")  # a finished student's (kd before 2026-12-01 recorded no left_out)
+    if isinstance(resolved, dict) and "left_out" in resolved and resolved["left_out"] != _left_out(cfg):
+        other.append("exclude_ids: the file names other rows than the student was trained without")
+    return other
+
+
+def _left_out(cfg: TrainConfig) -> str | None:
+    return checkpoint.rows_left_out(read_ids(cfg.exclude_ids) if cfg.exclude_ids else ())
 
 
 def _finished_with(out: Path) -> dict:
@@ -476,8 +484,9 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
                          s.store.root, "raise --val-percent or use --schedule cosine")
     autocast, scaler = make_amp(cfg, d)
     tr = Trainables(model, opt, sched, plateau, scaler)
-    store_id = checkpoint.store_identity(s.store.manifest, plan.columns.tables())
-    out, ckpt = _prepare_out(cfg, d, store_id)
+    reads = checkpoint.Reads(checkpoint.store_identity(s.store.manifest, plan.columns.tables()),
+                             checkpoint.rows_left_out(s.data.exclude))
+    out, ckpt = _prepare_out(cfg, d, reads)
     # a fresh run only: a resumed one restores the fitted (and trained) head from its checkpoint
     fit = _fit_head(cfg, s, plan, model.student, d) if ckpt is None else None
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks differ per rank
@@ -491,7 +500,7 @@ def _start(cfg: TrainConfig, d: Dist) -> tuple[_Run, TrainState]:
     metrics = Metrics(out / METRICS, d.main, st.step if ckpt is not None else None)
     if fit is not None:
         metrics.log({"step": 0, "head_fit": dataclasses.asdict(fit)})
-    return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, store_id), st
+    return _Run(cfg, d, s, plan, tr, ddp, warm, total, autocast, out, metrics, val, has_val, reads), st
 
 
 def _build_model(cfg: TrainConfig, s: Setup, d: Dist) -> Distiller:
@@ -641,7 +650,7 @@ def _save_checkpoint(run: _Run, st: TrainState) -> None:
     require_finite_weights(run.tr.model.state_dict(), str(run.out / CHECKPOINT), DIVERGED)
     rng = gather(checkpoint.rng_state(), run.d)  # a collective: every rank sends its RNG states, rank 0 writes
     if run.d.main:
-        checkpoint.save(run.out, run.cfg.record(), run.d.world, st, run.tr, rng, run.store_id)
+        checkpoint.save(run.out, run.cfg.record(), run.d.world, st, run.tr, rng, run.reads)
 
 
 def _finish(run: _Run, st: TrainState) -> None:
@@ -652,8 +661,8 @@ def _finish(run: _Run, st: TrainState) -> None:
             _load_best(model, run.out / BEST)
         info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
                 "total_steps": run.total, "world_size": run.d.world, "train_rows": run.plan.train_rows(),
-                "val_rows": run.plan.num_val, "excluded_rows": run.plan.excluded, "steps": st.step,
-                "best_step": early.best_step or st.step,
+                "val_rows": run.plan.num_val, "excluded_rows": run.plan.excluded, "left_out": run.reads.left_out,
+                "steps": st.step, "best_step": early.best_step or st.step,
                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
         save_student(run.out, model.student, list(model.objectives), s.data.tokenizer_path(s.store),
                      run.cfg.record() | {"resolved": info}, s.store.manifest.fingerprint, info)

@@ -30,8 +30,10 @@ def train_cli(*args: str) -> Result:
     return CliRunner().invoke(app, ["train-student", *args, "--max-steps", "1", "--no-progress"])
 
 
-def killed_run(store_path: Path, out: Path, monkeypatch: pytest.MonkeyPatch, after: int = 7) -> None:
-    """A run stopped after `after` steps, with a checkpoint (checkpoint_every=5) and no student yet."""
+def killed_run(store_path: Path, out: Path, monkeypatch: pytest.MonkeyPatch, after: int = 7, **options: object
+               ) -> None:
+    """A run of SMALL | `options` stopped after `after` steps, with a checkpoint (checkpoint_every=5) and no student
+    yet."""
     real = D.train_batches
 
     def crashing(*a, **kw):
@@ -42,7 +44,7 @@ def killed_run(store_path: Path, out: Path, monkeypatch: pytest.MonkeyPatch, aft
 
     monkeypatch.setattr(T.D, "train_batches", crashing)
     with pytest.raises(KeyboardInterrupt):
-        T.train(T.TrainConfig(str(store_path), str(out), **SMALL))
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL | options))
     monkeypatch.setattr(T.D, "train_batches", real)
     assert (out / "checkpoint.pt").exists() and not (out / "config.json").exists()
 

@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.common.errors import KdError
 from kd.storage.store import Store
+from kd.student import checkpoint
 from kd.student import data as D
 from kd.student import setup as S
 from kd.student import trainer as T
@@ -476,6 +477,32 @@ def test_resume_refuses_other_options(store_path, tmp_path, monkeypatch):
     assert res.exit_code == 2 and "lr" in res.output and "--overwrite" in res.output
 
 
+def test_an_exclude_ids_file_edited_since_the_run_is_refused(store_path, tmp_path, monkeypatch):
+    """Editing the --exclude-ids file between a kill and the resume trained the rest of the run on another row set
+    (the checkpoint compared the file's path, not its ids: exit 0), and a finished student said "nothing to do" to
+    other ids. Both are refused now, naming the file's rows; the same ids, however written, resume and finish."""
+    store = Store.open(str(store_path))
+    ids = sorted(pq.read_table(store.loc.path(store.table("texts").shards[0].file), columns=["id"])["id"].to_pylist())
+    f, out = tmp_path / "ids.txt", tmp_path / "out"
+    f.write_text(f"{ids[0]}\n{ids[5]}\n")
+    killed_run(store_path, out, monkeypatch, exclude_ids=str(f))
+    f.write_text(f"{ids[0]}\n{ids[7]}\n")
+    checkpoint_before = (out / "checkpoint.pt").read_bytes()
+    with pytest.raises(KdError, match="leaving out other rows") as e:
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL, exclude_ids=str(f)))
+    assert e.value.where == str(out / "checkpoint.pt") and (out / "checkpoint.pt").read_bytes() == checkpoint_before
+    f.write_text(f"# the same rows\n{ids[5]}\n{ids[0]}\n{ids[5]}\n")
+    T.train(T.TrainConfig(str(store_path), str(out), **SMALL, exclude_ids=str(f)))
+    resolved = json.loads((out / "training_args.json").read_text())["resolved"]
+    assert resolved["excluded_rows"] == 2 and resolved["left_out"] == checkpoint.rows_left_out((ids[0], ids[5]))
+    f.write_text(f"{ids[0]}\n")
+    with pytest.raises(KdError, match="finished student trained with other options .*exclude_ids: the file names "
+                                      "other rows"):
+        T.train(T.TrainConfig(str(store_path), str(out), **SMALL, exclude_ids=str(f)))
+    f.write_text(f"{ids[0]}\n{ids[5]}\n")
+    assert T._finished_by_the_same_command(T.TrainConfig(str(store_path), str(out), **SMALL, exclude_ids=str(f)))
+
+
 def test_a_finished_student_folder_holds_no_pickle(reference):
     assert not (reference / "checkpoint.pt").exists()
     assert not [p for p in reference.rglob("*") if p.suffix in (".pt", ".pkl", ".bin", ".pickle")]
@@ -496,7 +523,6 @@ def test_a_checkpoint_saved_before_an_option_existed_resumes_at_its_default(tmp_
     """A kd that adds a training option still resumes a checkpoint an older kd saved without it (that run trained as
     the default does); another value is refused, naming it. Every default is compared as a saved config holds it."""
     from kd.common.options import saved_defaults
-    from kd.student import checkpoint
     from kd.student.train_config import TrainConfig
 
     config, defaults = TrainConfig("s", "o").to_json(), saved_defaults(TrainConfig)
@@ -506,8 +532,9 @@ def test_a_checkpoint_saved_before_an_option_existed_resumes_at_its_default(tmp_
     path = tmp_path / "checkpoint.pt"
     torch.save({"config": {k: v for k, v in config.items() if k not in ("seed", "head_init")}, "world": 1,
                 "store": "a-store", "model": {}, "rng": []}, path)
-    assert checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, "a-store", defaults)["world"] == 1
+    reads = checkpoint.Reads("a-store", checkpoint.rows_left_out((3, 1)))  # (no left_out recorded: not compared)
+    assert checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, reads, defaults)["world"] == 1
     with pytest.raises(KdError, match="seed: 0 -> 5"):
-        checkpoint.load(path, config | {"seed": 5}, TrainConfig.RESUMABLE, 1, "a-store", defaults)
+        checkpoint.load(path, config | {"seed": 5}, TrainConfig.RESUMABLE, 1, reads, defaults)
     with pytest.raises(KdError, match="seed: None -> 0"):  # (what it said before, for every option added)
-        checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, "a-store")
+        checkpoint.load(path, config, TrainConfig.RESUMABLE, 1, reads)
