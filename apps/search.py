@@ -23,14 +23,16 @@ from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
+from kd.pipeline.teacher.resolve import recorded_source
 from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")
 
 
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
-    # a teacher of the store by name, or by the spec it was precomputed from (e.g. its path)
-    by_source = [t for t in store.manifest.teachers() if store.table(f"teachers/{t}").meta.get("source") == teacher]
+    # a teacher of the store by name, or by the spec it was precomputed from (e.g. its folder, by any spelling)
+    by_source = [t for t in store.manifest.teachers()
+                 if store.table(f"teachers/{t}").meta.get("source") in (teacher, recorded_source(teacher))]
     name = teacher if teacher in store.manifest.teachers() else (by_source[0] if len(by_source) == 1 else None)
     table = f"teachers/{name}" if name else None
     meta = store.table(table).meta if table else {}

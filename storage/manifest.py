@@ -269,13 +269,17 @@ PLAN_KEYS = ("num_rows", "rows_per_shard", "num_shards", "pairs", "counts")
 # other numbers, so they are not compared; merged, the lowest of each number is kept. `backend_choice` (what
 # --backend auto chose, and why) is a record of the backend setting, which is compared on its own.
 MEASURED_META = ("fidelity", "backend_choice")
+# Table meta keys that say where a teacher was loaded from, not what it computes: its weights' sha256, config and
+# tokenizer (compared) say which teacher it is, and one folder named from another working folder, or moved, or a copy
+# of a packaged teacher, is the same teacher (a probe: `--teacher tiny=/abs/tb` was refused on a store of `tiny=tb`).
+RECORD_META = ("source",)
 # Meta keys added after stores were written, with the value their absence meant.
 META_DEFAULTS = {"backend": "torch", "quantize": "none"}
 
 
 def settings(meta: dict) -> dict:
-    """A table meta's settings: measured keys aside, defaults filled in."""
-    return {**META_DEFAULTS, **{k: v for k, v in meta.items() if k not in MEASURED_META}}
+    """A table meta's settings: measured and record keys aside, defaults filled in."""
+    return {**META_DEFAULTS, **{k: v for k, v in meta.items() if k not in MEASURED_META + RECORD_META}}
 
 
 def same_settings(a: dict, b: dict) -> bool:

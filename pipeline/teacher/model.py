@@ -33,7 +33,7 @@ from kd.common.parsing import check_model_folder, read_config
 from kd.common.progress import step
 from kd.common.quiet import hush_libraries
 from kd.pipeline.teacher.batches import encode_all
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, recorded_source, resolve_teacher
 from kd.storage.tokenizer_files import load_tokenizer
 
 if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
@@ -196,7 +196,7 @@ class Teacher:
         if self._sha is None:
             self._sha = weights_sha256(self.ref.path)
         return {
-            "source": self.ref.source,
+            "source": recorded_source(self.ref.source),
             "weights_sha256": self._sha,
             "architecture": self.architecture,
             "model_type": self.model_type,

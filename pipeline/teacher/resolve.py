@@ -95,11 +95,17 @@ def check_distinct(specs: list[TeacherSpec], where: str, one_target: bool = Fals
     if len(set(names)) < len(names):
         raise InputError(f"two teachers share a name ({', '.join(map(str, specs))})", where,
                          "name each one: --teacher a=PATH,b=PATH")
-    # a folder by any spelling (relative, through a symlink) is one folder; a packaged name is itself
-    sources = [s.source if s.source in KNOWN_NAMES else os.path.realpath(s.source) for s in specs]
+    sources = [recorded_source(s.source) for s in specs]
     if one_target and len(set(sources)) < len(sources):
         raise InputError(f"a teacher is given twice ({', '.join(s.source for s in specs)})", where,
                          "give each teacher once")
+
+
+def recorded_source(source: str) -> str:
+    """A source as kd compares and records it: a folder by any spelling (relative, through a symlink) as its absolute
+    path, links followed, so that a store's record reads the same from any working folder; a packaged name or a
+    Hugging Face id as itself."""
+    return source if source in KNOWN_NAMES or not os.path.isdir(source) else os.path.realpath(source)
 
 
 def resolve_teacher(spec: str | TeacherSpec | TeacherRef, flag: str = "--teacher") -> TeacherRef:

@@ -14,7 +14,7 @@ import duckdb
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, shared_file
+from conftest import ROOT, build_tiny_bert, shared_file
 from typer.testing import CliRunner
 
 from kd.cli import app
@@ -137,6 +137,30 @@ def test_asking_for_fewer_outputs_than_a_store_holds_is_no_other_setting(tmp_pat
     assert after == before
     with pytest.raises(StoreError, match="written with other settings"):
         precompute([src], str(out), [str(tiny_teacher)], outputs=["mean", "layers"], progress=False)
+
+
+def test_one_teacher_folder_by_any_spelling_is_one_teacher(tmp_path, tiny_teacher, sentences, monkeypatch):
+    """The store recorded a teacher folder as typed and compared it as a setting: the same folder given absolute, or
+    relative from another working folder, was refused as "written with other settings" (exit 2), while a recorded
+    relative path named another folder from elsewhere. The record is now the folder's absolute path; which teacher it
+    is, its weights tell: the same folder by any spelling finds nothing to do, other weights under the name are
+    refused naming them."""
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    os.symlink(tiny_teacher, tmp_path / "work" / "tb")
+    src = _write_lines(tmp_path / "work" / "s.txt", sentences[:12])
+    monkeypatch.chdir(tmp_path / "work")
+    precompute([src], "st", ["tiny=tb"], progress=False)
+    store = Store.open(str(tmp_path / "work" / "st"))
+    assert store.table("teachers/tiny").meta["source"] == os.path.realpath(tiny_teacher)
+    before = (tmp_path / "work" / "st" / "manifest.json").read_bytes()
+    for where, spelling in ((".", str(tiny_teacher)), ("sub", "../tb/"), (str(tmp_path), "work/tb")):
+        monkeypatch.chdir(tmp_path / "work" / where)
+        s = precompute([src], str(tmp_path / "work" / "st"), [f"tiny={spelling}"], progress=False)
+        assert (s.shards_written, s.rows_computed) == (0, 0), spelling
+    assert (tmp_path / "work" / "st" / "manifest.json").read_bytes() == before
+    other = build_tiny_bert(tmp_path / "other", seed=7)
+    with pytest.raises(StoreError, match="written with other settings .*weights"):
+        precompute([src], str(tmp_path / "work" / "st"), [f"tiny={other}"], progress=False)
 
 
 def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentences):
