@@ -17,7 +17,7 @@ class SearchConfig:
 
     store: str = option(argument=True, help="Store folder")
     query: str = option(argument=True, help="Query text")
-    student: str | None = option(None, help="Student directory to embed the query")
+    student: str | None = option(None, path=True, help="Student directory to embed the query")
     teacher: str | None = option(None, help="Teacher of the store to embed the query")
     k: int = option(10, flag="-k", range=B.K, help="How many results")
     table: str | None = option(None, help="Indexed table (default: the teacher's, or by dim)")

@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
+from kd.common.paths import plain_path
 
 KEY = "kd.option"  # the metadata key
 
@@ -34,13 +35,14 @@ class Option:
     argument: bool = False  # positional on the command line (precompute's INPUTS)
     comma: bool = False  # one comma-separated value on the command line, a sequence in the config
     cli: bool = True  # False: a library-only value (no flag), still range-checked
+    path: bool = False  # a local file or folder kd reads by itself: a file: URI is the path it names (common.paths)
 
 
 def option(default: Any = MISSING, *, help: str = "", flag: str | None = None, short: str | None = None,
            range: B.Range | None = None, choices: Any = None, devices: tuple[str, ...] | None = None,
-           argument: bool = False, comma: bool = False, factory: Any = MISSING) -> Any:
+           argument: bool = False, comma: bool = False, factory: Any = MISSING, path: bool = False) -> Any:
     """A dataclass field that is also a command-line option (`factory`: a default built per instance)."""
-    meta = {KEY: Option(help, flag, short, range, choices, devices, argument, comma)}
+    meta = {KEY: Option(help, flag, short, range, choices, devices, argument, comma, path=path)}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -86,7 +88,13 @@ def check_ranges(config: Any, where: str) -> None:
 
 def check_types(config: Any, where: str) -> None:
     """check_ranges' first half, for a __post_init__ to run before anything reads the values (a list where a name
-    was declared, hashed as a dict key, was Python's TypeError), choices included."""
+    was declared, hashed as a dict key, was Python's TypeError), choices included. Each option declared a `path`
+    becomes the path it names first (`file:///x/run` was "not found" where kd reads a file itself: a probe)."""
+    for f, o in declared(type(config)):
+        value = getattr(config, f.name)
+        if o.path and isinstance(value, str | os.PathLike | list):
+            # (object.__setattr__: a frozen config too, before anything has read the value)
+            object.__setattr__(config, f.name, [_plain(v) for v in value] if isinstance(value, list) else _plain(value))
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
         if value is None and f.default is None:  # not given: the config fills it in (`out` from `add_to`)
@@ -96,6 +104,10 @@ def check_types(config: Any, where: str) -> None:
         if allowed and value is not None and getattr(value, "value", value) not in allowed:
             raise InputError(f"{flag_of(f.name, o)} {value!r} is not one of {', '.join(allowed)}", where,
                              f"pass one of: {', '.join(allowed)}")
+
+
+def _plain(value: Any) -> Any:
+    return plain_path(value) if isinstance(value, str | os.PathLike) else value
 
 
 # The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the

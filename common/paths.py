@@ -43,7 +43,7 @@ def plain_path(path: str | os.PathLike) -> str:
     if not _is_file_uri(text):
         return text
     uri = urlparse(text)
-    if uri.netloc not in ("", "localhost"):
+    if uri.netloc.lower() not in ("", "localhost"):  # (a host name is case-insensitive: file://LOCALHOST/x)
         raise InputError("a file: URI of another machine is no local path", text,
                          "pass a local path (file:///abs/path or /abs/path)")
     if uri.query or uri.fragment or text.endswith(("?", "#")):

@@ -14,8 +14,8 @@ from kd.common.options import check_ranges, option
 class EmbedConfig:
     """Whose vectors `kd embed` writes, of which texts, where. Checked when built (ranges, the device)."""
 
-    input: str = option(argument=True, help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")
-    student: str = option(help="Folder written by kd train-student")
+    input: str = option(path=True, argument=True, help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")
+    student: str = option(path=True, help="Folder written by kd train-student")
     out: str | None = option(None, short="-o", help="Store: the same store (default); file input: a Parquet file")
     name: str | None = option(None, help="Table students/NAME (default: the student folder name)")
     text_column: str | None = option(None, help="Text column of a .jsonl/.csv/.parquet input")

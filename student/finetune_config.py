@@ -14,9 +14,9 @@ from kd.common.options import bounded, check_ranges, one_value_as_sequence, opti
 
 @dataclass
 class FinetuneConfig:
-    student: str = option(help="Student folder written by kd train-student (or kd finetune)")
+    student: str = option(path=True, help="Student folder written by kd train-student (or kd finetune)")
     task: str = option(choices=B.Task, help="classification | pair-classification | pair-regression")
-    train: list[str] = option(help="Training file(s) with labels")
+    train: list[str] = option(path=True, help="Training file(s) with labels")
     out: str = option(short="-o", help="Output folder for the fine-tuned student")
     dev: list[str] | None = T.dev()
     kd_store: str | None = option(None, help="SRA+KD: store over the training file with a task teacher's logits")

@@ -12,7 +12,7 @@ from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.hardware import check_device, device_kind
 from kd.common.options import bounded, check_ranges, check_types, flag, one_value_as_sequence, option
-from kd.common.paths import named_files, plain_path
+from kd.common.paths import named_files
 
 
 class Schedule(str, Enum):
@@ -128,8 +128,9 @@ class TrainConfig:
                                     f"{DEFAULT_HIDDEN_DIM}; bilstm/bigru {ARCH_DEFAULTS['bilstm']['hidden_dim']})")
     out_dim: int | None = option(None, range=B.WIDTH, help="Embedding width (default: the target's; no target: "
                                                            "the encoder's)")
-    init: str | None = option(None, help="Start from this trained student folder (same --arch and tokenizer; its "
-                                         "shape stands)")
+    init: str | None = option(None, path=True,
+                              help="Start from this trained student folder (same --arch and tokenizer; its shape "
+                                   "stands)")
     num_layers: int = option(1, flag="--layers", range=B.LAYERS, help="Encoder layers")
     pooling: str = option("mean", choices=B.Pooling, help="mean | max | attentive | cls")
     # None: the arch's default (ARCH_DEFAULTS, `arch_defaults`), as for epochs, batch_size, lr, weight_decay
@@ -164,7 +165,7 @@ class TrainConfig:
     head_init: HeadInit = option(HeadInit.auto, choices=B.HeadInit,
                                  help="The head onto a wider target: auto (lstsq for transformer-init and static) | "
                                       "lstsq (least squares from the start model's vectors) | random")
-    exclude_ids: str | None = option(None, help="File of row ids to leave out (kd leakage --exclude-out)")
+    exclude_ids: str | None = option(None, path=True, help="File of row ids to leave out (kd leakage --exclude-out)")
     # transformer-init default: the only stored init output; with --init default: all of that student's layers
     init_layers: str | None = option(None, help="transformer-init: which stored init output, e.g. 2,5; with "
                                                 "--init, which of that student's layers to keep (a smaller copy)")
@@ -188,9 +189,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
         check_types(self, "train-student options")  # before the arch is looked up: `arch=["a"]` from Python
-        for name in ("init", "exclude_ids"):  # files read by path: a file: URI as the path it names (common.paths)
-            if getattr(self, name) is not None:
-                setattr(self, name, plain_path(getattr(self, name)))
         # The arch's defaults are filled in here, the one place: the CLI, the demo and the Python API pass None
         # for what the user left out, so every door trains the same student from the same options.
         tuned = arch_defaults(self.arch, {k: getattr(self, k) for k in TUNED}, init=self.init is not None)

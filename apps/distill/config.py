@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.paths import named_files, plain_path
+from kd.common.paths import named_files
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -22,13 +22,15 @@ if TYPE_CHECKING:
 class DistillConfig:
     """Every option of `kd distill` (the CLI builds one; `kd.distill(...)` takes the same keywords)."""
 
-    inputs: list[str] = option(argument=True, help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")
+    inputs: list[str] = option(path=True, argument=True,
+                               help="Corpus files or globs: .txt, .jsonl, .csv/.tsv, .parquet")
     out: str = option(short="-o", help="Folder for the store, the stages, the model and the report")
     store: str | None = option(None, help="Use (and grow) this store instead of OUT/store: one that already holds "
                                           "the teacher's outputs for this corpus (another run's) is not recomputed")
-    reuse: str | None = option(None, help="Copy the teacher and start model vectors that another store holds for "
-                                          "this corpus's rows (same text, same settings) instead of computing them: "
-                                          "a grown corpus, or other --segment/--sample, pays only its new rows")
+    reuse: str | None = option(None, path=True,
+                               help="Copy the teacher and start model vectors that another store holds for this "
+                                    "corpus's rows (same text, same settings) instead of computing them: a grown "
+                                    "corpus, or other --segment/--sample, pays only its new rows")
     student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | tiny3-ensemble | static | bilstm "
                                         "(apps/distill/recipes)")
     recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
@@ -61,10 +63,8 @@ class DistillConfig:
 
     def __post_init__(self) -> None:
         one_value_as_sequence(self)
-        self.inputs = [plain_path(p) for p in self.inputs]  # (file: URIs as the paths they name: common.paths)
         self.out = os.fspath(self.out)
         self.store = None if self.store is None else os.fspath(self.store)
-        self.reuse = None if self.reuse is None else plain_path(self.reuse)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

@@ -43,6 +43,7 @@ from kd.apps.distill.run import (
     check_store,
     corpus_header,
     corpus_options,
+    recorded_state,
     steps_of,
     teacher_weights,
 )
@@ -147,7 +148,9 @@ def estimate(cfg: DistillConfig) -> Plan:
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
         c = _Calibration(run, Path(tmp))
         plan = Plan(recipe, c.rows, notes=[n for n in (recipe.size_warning(c.rows), _running(run)) if n])
-        plan.steps = [_ESTIMATES[step.kind](c, step) for step in steps_of(run)]
+        done = (recorded_state(run) or {}).get("done", [])  # a rerun skips them (nothing of theirs is timed)
+        plan.steps = [PlannedStep(step.name, 0.0, "done") if step.name in done else _ESTIMATES[step.kind](c, step)
+                      for step in steps_of(run)]
     plan.calibration_seconds = time.perf_counter() - t0
     return plan
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -305,19 +306,39 @@ def _held(run: _Run) -> Iterator[None]:
 
 
 def _state(run: _Run) -> dict[str, Any]:
-    """OUT's distill.json, or a new one; a rerun with other options is refused naming the first that differs."""
-    path = run.out / STATE
-    if path.is_file():
-        state = json.loads(path.read_text(encoding="utf-8"))
-        differs = run.cfg.difference(state.get("identity", {}), run.recipe)
-        if differs:
-            key, was, now = differs
-            raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
-                             str(run.out), "run with the same options to resume it, or pass a new --out")
-        return state
-    state = {"format": FORMAT, "identity": run.cfg.identity(run.recipe), "done": []}
-    _save_state(run, state)
+    """OUT's distill.json (`recorded_state`), or a new one."""
+    state = recorded_state(run)
+    if state is None:
+        state = {"format": FORMAT, "identity": run.cfg.identity(run.recipe), "done": []}
+        _save_state(run, state)
     return state
+
+
+def recorded_state(run: _Run) -> dict[str, Any] | None:
+    """OUT's distill.json when it records this run (None: no run there yet); a run with other options is refused
+    naming the first that differs. The dry run reads it too: it plans what is left, and is refused as the run is."""
+    path = run.out / STATE
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text(encoding="utf-8"))
+    differs = run.cfg.difference(state.get("identity", {}), run.recipe)
+    if differs and differs[0] == "out":  # the folder was moved or copied: "the same options" would name the old
+        _moved(run, differs[1])          # place (a probe: the fix said to rerun with options that write there)
+    if differs:
+        key, was, now = differs
+        raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
+                         str(run.out), "run with the same options to resume it, or pass a new --out")
+    return state
+
+
+def _moved(run: _Run, made_in: str) -> None:
+    """Refuse a run folder moved or copied from `made_in`: its stages record their store and folders by path, so it
+    continues only where it was made; its store can start a new run without a second teacher pass."""
+    store = run.out / "store" if run.cfg.store is None else run.store
+    raise InputError(f"--out holds a kd distill run made in {made_in}: the folder was moved or copied since, and a run "
+                     "continues only in the folder it was made in", str(run.out),
+                     f"move it back to {made_in} and run the same command there, or start a new run on its teacher "
+                     f"pass: --out NEW --store {shlex.quote(str(store))}")
 
 
 def check_store(run: _Run) -> None:

@@ -29,8 +29,8 @@ def expand_measures(measures: list[Measure] | list[str]) -> list[Measure]:
 class EvalConfig:
     """Every option of `kd eval`; the library-only fields (no flag) size the sets for tests and the demo."""
 
-    students: list[str] = option(factory=list, flag="--student", help="Student folder (kd train-student --out); "
-                                                                      "repeatable")
+    students: list[str] = option(path=True, factory=list, flag="--student",
+                                 help="Student folder (kd train-student --out); repeatable")
     teacher: str | None = option(None, help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its "
                                             "teachers. Neither: students are scored on the gold-label tasks "
                                             "alone (agreement and neighbours need a teacher)")
@@ -42,7 +42,7 @@ class EvalConfig:
     target: str | None = option(None, help="Teacher output compared with (default: the teacher's default_target)")
     sts_split: str | None = option(None, choices=B.StsSplit, help="STS-B split: train | dev | test (default: dev; "
                                                                   "test with --task suite)")
-    pairs: str | None = option(None, help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")
+    pairs: str | None = option(None, path=True, help="A scored pair file (.tsv/.csv/.jsonl) instead of STS-B")
     score_column: str | None = option(None, help="Gold score column of --pairs (name, or 0-based index)")
     text_columns: tuple[str, ...] | None = option(None, comma=True, help="The two text columns of --pairs: A,B")
     max_pairs: int | None = option(None, range=B.ROWS, help="Use only the first N pairs (of STS and of each MRPC "
@@ -54,12 +54,12 @@ class EvalConfig:
     retrieval_articles: int | None = bounded(None, B.EXACT_ROWS)  # None: the bundled sample's (apps.eval.tasks)
     agreement_rows: int = option(10000, range=B.AGREEMENT_ROWS, help="Store rows (or texts) for agreement and "
                                                                      "neighbours")
-    agreement_texts: str | None = option(None, help="Text file (one a line) for agreement without --store")
+    agreement_texts: str | None = option(None, path=True, help="Text file (one a line) for agreement without --store")
     k: int = option(10, range=B.K, help="Neighbours compared per text")
     speed_b1: int = bounded(128, B.BATCH)
     speed_big: int = bounded(1024, B.BATCH)
     baseline: bool = option(True, help="Add a model2vec baseline when model2vec is installed")
-    baseline_dir: str | None = option(None, help="A model2vec model already distilled from the teacher")
+    baseline_dir: str | None = option(None, path=True, help="A model2vec model already distilled from the teacher")
     threads: int | None = option(None, range=B.THREADS, help="Torch threads (default: all, or 1 when the CPUs "
                                                              "are busy)")
     json_path: str | None = option(None, flag="--json", help="Write the report as JSON")

@@ -15,7 +15,7 @@ from kd.common.options import bounded, check_ranges, one_value_as_sequence, opti
 class TeacherFinetuneConfig:
     base: str = option(help="minilm | mpnet | bert-base | DIR: the encoder to fine-tune")
     task: str = option(choices=B.Task, help="pair-regression | pair-classification | classification")
-    train: list[str] = option(help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")
+    train: list[str] = option(path=True, help="Training file(s): .tsv/.csv/.jsonl/.parquet with labels")
     out: str = option(short="-o", help="Output folder: a Hugging Face checkpoint")
     dev: list[str] | None = T.dev()
     epochs: int = option(3, range=B.EPOCHS)

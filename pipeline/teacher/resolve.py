@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kd.common.cache import cache_dir
 from kd.common.errors import InputError, KdError
+from kd.common.paths import plain_path
 from kd.common.progress import step
 from kd.storage.names import check_name
 
@@ -75,6 +76,7 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
                          f"pass {where} minilm, mpnet, a checkpoint folder or NAME=FOLDER")
     text = os.fspath(text)
     name, _, source = text.partition("=") if "=" in text else ("", "", text)
+    source = plain_path(source)  # a folder as a file: URI is the folder (common.paths)
     name = name or (unnamed if unnamed and source not in KNOWN_NAMES else _own_name(source))
     try:
         check_name(name, "teacher name")  # it becomes a folder and a SQL view: no path separators, no "..".

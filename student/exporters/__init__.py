@@ -31,7 +31,7 @@ class ExportConfig:
     """Every option of `kd export`, declared once (kd.common.options); light to import: `kd --help` builds the
     command from these fields. Checked when built, before anything is read or written."""
 
-    student: str = option(argument=True, help="Folder written by kd train-student")
+    student: str = option(path=True, argument=True, help="Folder written by kd train-student")
     out: str = option(short="-o", help="Folder to write (new or empty)")
     format: str = option("sentence-transformers", choices=ExportFormat, help="sentence-transformers | onnx")
     quantize: str = option("none", choices=Quantize, help="none | int8: int8 weights for the ONNX graph's matrix "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -372,6 +373,30 @@ def test_the_dry_run_plans_exactly_the_steps_the_run_records(uninterrupted, corp
     plan = estimate(_cfg(corpus, tmp_path / "planned", recipe_file))
     assert [s.name for s in plan.steps] == json.loads((uninterrupted / "distill.json").read_text())["done"]
     assert all(s.seconds > 0 for s in plan.steps if s.name != "leave out evaluation text"), plan
+
+
+def test_a_dry_run_plans_what_is_left_and_is_refused_as_the_run_is(uninterrupted, corpus, recipe_file, tmp_path):
+    """The dry run of a finished run planned (and timed) every step again, and planned a run its run refuses; a run
+    folder moved or copied was refused with a fix naming no way out ("run with the same options": they write to the
+    old place). Now the dry run shows the steps distill.json records as done and is refused as the run is; a moved
+    run's refusal names where it was made and the store a new run can start from, and that fix works."""
+    from kd.apps.distill.plan import estimate
+
+    done = json.loads((uninterrupted / "distill.json").read_text())["done"]
+    plan = estimate(_cfg(corpus, uninterrupted, recipe_file))
+    assert [(s.name, s.seconds, s.detail) for s in plan.steps] == [(name, 0.0, "done") for name in done]
+    with pytest.raises(InputError, match="seed was 0, now 3"):
+        estimate(_cfg(corpus, uninterrupted, recipe_file, seed=3))
+    moved = tmp_path / "moved"
+    shutil.copytree(uninterrupted, moved)
+    for run in (estimate, distill):
+        with pytest.raises(InputError, match=f"made in {uninterrupted}: the folder was moved or copied") as e:
+            run(_cfg(corpus, moved, recipe_file))
+        assert f"move it back to {uninterrupted}" in e.value.fix and f"--store {moved / 'store'}" in e.value.fix
+    distill(_cfg(corpus, tmp_path / "new", recipe_file, store=str(moved / "store")))
+    rows = json.loads((tmp_path / "new" / "distill.json").read_text())["rows"]
+    assert {step: r["encoded"] for step, r in rows.items()} == {"precompute the teacher": 0,
+                                                                "precompute the start model": 0}
 
 
 def test_the_dry_run_times_training_steps_after_their_warm_up():

@@ -2,15 +2,20 @@
 the store layer that follow it (a probe: `kd precompute -o file:/abs` wrote ./file:/abs, `file://localhost/abs`
 wrote ./localhost/abs, and inputs given as file: URIs were "not found")."""
 
+import pyarrow.parquet as pq
 import pytest
+import training_runs
+from typer.testing import CliRunner
 
+from kd.cli import app
 from kd.common.errors import InputError
 from kd.common.inputs import expand_inputs
 from kd.common.paths import is_uri, local_path, plain_path
 from kd.storage import fs
 
 
-@pytest.mark.parametrize("form", ["file://{}", "file:{}", "file://localhost{}", "FILE://{}", "uri"])
+@pytest.mark.parametrize("form", ["file://{}", "file:{}", "file://localhost{}", "FILE://{}", "file://LocalHost{}",
+                                  "uri"])
 def test_a_file_uri_is_the_path_it_names(tmp_path, form):
     target = tmp_path / "a b#1" / "x.txt"
     uri = target.as_uri() if form == "uri" else form.format(str(target).replace("#", "%23").replace(" ", "%20"))
@@ -64,3 +69,31 @@ def test_a_relative_path_in_an_old_record_is_read_from_the_folder_the_run_starte
     assert "does not name" in recorded_files(deeper, ["store"], out, guess_here=False)["store"]
     absolute = {"out": "../x", "store": str(tmp_path / "data" / "store"), "exclude_ids": ["s3://b/ids"]}
     assert recorded_files(absolute, ["store", "exclude_ids"], out, guess_here=False) == absolute
+
+
+store_path, trained = training_runs.store_path, training_runs.trained
+
+
+def test_every_file_kd_reads_by_itself_may_be_a_file_uri(trained, tiny_teacher, tmp_path):
+    """`kd export|embed|search|eval --student file:///...`, a text file and a teacher folder given as file: URIs
+    were "not found" (only the corpus, the store and the outputs followed the rule): every option declared a `path`
+    now reads one as the path it names, a teacher folder where it is parsed."""
+    texts = tmp_path / "a b" / "t.txt"
+    texts.parent.mkdir()
+    texts.write_text("the cat runs fast.\nthe market rose.\n", encoding="utf-8")
+    student = trained.as_uri()
+
+    def kd(*args: str) -> str:
+        res = CliRunner().invoke(app, list(args))
+        assert res.exit_code == 0, (args, res.output)
+        return " ".join(res.output.split())
+
+    kd("export", student, "-o", str(tmp_path / "export"))
+    assert (tmp_path / "export" / "modules.json").is_file()
+    kd("embed", texts.as_uri(), "--student", student, "-o", str(tmp_path / "e.parquet"))
+    assert pq.read_table(tmp_path / "e.parquet").num_rows == 2
+    assert "│ student │" in kd("eval", "--student", student, "--task", "sts", "--no-baseline", "--no-progress",
+                              "--no-cache")
+    said = kd("precompute", texts.as_uri(), "-o", str(tmp_path / "st"), "--teacher", f"tiny={tiny_teacher.as_uri()}",
+              "--no-progress")
+    assert "2 rows encoded of 2" in said, said
