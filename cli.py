@@ -369,7 +369,7 @@ def train_student(cfg: TrainConfig) -> None:
     except ValueError as e:  # bad enum values (schedule, init-embeddings)
         _fail(KdError(str(e)))
     if int(os.environ.get("RANK", "0")) == 0:
-        term.print(f"student written to {path}")
+        term.print(f"student ready in {path}")  # (written, or there already: train says "nothing to do")
 
 
 @app.command()

@@ -70,20 +70,23 @@ def named_files(opts: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return opts | {k: _named(opts[k], _file_named) for k in keys if k in opts}
 
 
-def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, *, guess_here: bool = True
-                   ) -> dict[str, Any]:
-    """`named_files` for a record a run left in its folder `out` (absolute, links followed). kd before 2026-11-30
-    recorded paths as typed, relative to the folder the run was started from: that folder is `out` less the parts
-    of the recorded out (`--out runs/a` in /w: /w), and a relative path is read against it. Where the recorded out
-    cannot tell (absent, absolute, climbing with '..', or not the end of `out`: a moved folder), `guess_here` reads a
-    relative path against the current folder (a rerun from the same folder matches, as before), else as a name that
-    equals no file (where a wrong match would delete the run's work)."""
-    typed = record.get("out")
-    start = None
-    if isinstance(typed, str) and typed and not is_uri(typed) and not os.path.isabs(plain_path(typed)):
-        parts = Path(plain_path(typed)).parts
-        if parts and ".." not in parts and out.parts[-len(parts):] == parts:
-            start = out.parents[len(parts) - 1]
+def as_given(path: str | os.PathLike) -> Path:
+    """A local path made absolute as given, links not followed (`local_path` follows them): the spelling an old
+    record's relative paths are matched against (`recorded_files`)."""
+    return Path(os.path.abspath(plain_path(path)))
+
+
+def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, record_file: str | os.PathLike, *,
+                   guess_here: bool = True) -> dict[str, Any]:
+    """`named_files` for a record a run left in its folder `out` (`as_given`), read from `record_file`. kd before
+    2026-11-30 recorded paths as typed, relative to the folder the run was started from: that folder is `out` less
+    the parts of the recorded out (`--out runs/a` in /w: /w; `--out .`: out itself), tried as given and then with its
+    links followed, and a relative path is read against it. Where the recorded out cannot tell (absent, absolute,
+    climbing with '..', or not the end of `out`: a moved folder), `guess_here` reads a relative path against the
+    current folder (a rerun from the same folder matches, as before), else as a name that equals no file (where a
+    wrong match would delete the run's work). A recorded value that names no local file is the record's fault, said
+    so (it read as if the user had typed it: a probe)."""
+    start = _start_folder(record.get("out"), out)
 
     def file_named(v: Any) -> Any:
         if not isinstance(v, str) or is_uri(v) or os.path.isabs(plain_path(v)):
@@ -92,7 +95,27 @@ def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, *, gu
             return str(local_path(start / plain_path(v)))
         return str(local_path(v)) if guess_here else f"{v} (relative to a folder the record does not name)"
 
-    return record | {k: _named(record[k], file_named) for k in keys if k in record}
+    try:
+        return record | {k: _named(record[k], file_named) for k in keys if k in record}
+    except InputError as e:
+        raise InputError(f"{os.fspath(record_file)} records a path kd cannot read ({e.what}: {e.where}), so which "
+                         "files its run read is unknown", os.fspath(record_file),
+                         "pass --overwrite to start again, or use a new --out") from None
+
+
+def _start_folder(typed: Any, out: Path) -> Path | None:
+    """The folder a run recorded with out `typed` (as typed) was started from, if `out` tells it."""
+    if not isinstance(typed, str) or not typed or is_uri(typed) or os.path.isabs(plain_path(typed)):
+        return None
+    parts = Path(plain_path(typed)).parts
+    if ".." in parts:
+        return None
+    for folder in dict.fromkeys([out, out.resolve()]):
+        if not parts:  # "." (or "./"): the run was started in its own folder
+            return folder
+        if folder.parts[-len(parts):] == parts and len(folder.parts) > len(parts):
+            return folder.parents[len(parts) - 1]
+    return None
 
 
 def _file_named(v: Any) -> Any:

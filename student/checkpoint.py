@@ -152,11 +152,13 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: int, reads: Reads,
-         defaults: dict[str, Any] | None = None, paths: tuple[str, ...] = ()) -> dict[str, Any]:
+         defaults: dict[str, Any] | None = None, paths: tuple[str, ...] = (), out: Path | None = None
+         ) -> dict[str, Any]:
     """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size, store and rows
     left out (`rows_left_out`; a checkpoint of kd before 2026-12-01 recorded none); an option its config lacks is
     compared at its value in `defaults` (one kd added after the checkpoint was made), the options in `paths` as the
-    files they name."""
+    files they name (`out`: the run's folder as given, where an old record's relative paths are read from; default
+    the checkpoint's folder)."""
     state = _read(path)
     if state.get("store") != reads.store:
         raise KdError("the checkpoint was made on another store (the store at --shards was rebuilt or changed "
@@ -166,11 +168,11 @@ def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: 
         raise KdError("the checkpoint was made leaving out other rows (the file --exclude-ids names holds other ids "
                       "than when the run started); resuming would continue the run on another row set", str(path),
                       "put the file's ids back as they were, use a new --out, or pass --overwrite to start over")
-    saved = recorded_files((defaults or {}) | state["config"], paths, path.parent)
+    saved = recorded_files((defaults or {}) | state["config"], paths, out or path.parent, path)
     named = named_files(config, paths)
     diff = [k for k in config if k not in resumable and saved.get(k) != named[k]]
     if diff or state["world"] != world:
-        what = ", ".join(f"{k}: {saved.get(k)!r} -> {config[k]!r}" for k in diff) or \
+        what = ", ".join(f"{k}: {saved.get(k)!r} -> {named[k]!r}" for k in diff) or \
             f"world size {state['world']} -> {world}"
         raise KdError(f"the checkpoint in the output folder was made with other options ({what})",
                       str(path), "repeat the original options, use a new --out, or pass --overwrite")

@@ -57,7 +57,7 @@ from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
 from kd.common.options import saved_defaults
 from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
-from kd.common.paths import local_path, named_files, recorded_files
+from kd.common.paths import as_given, local_path, named_files, recorded_files
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
@@ -251,22 +251,25 @@ def _claim_out(cfg: TrainConfig, d: Dist, out: Path, ckpt: Path, reads: checkpoi
     barrier(d)  # no rank looks for a checkpoint that rank 0 is deleting
     if ckpt.exists() and cfg.resume:
         return out, checkpoint.load(ckpt, cfg.to_json(), TrainConfig.RESUMABLE, d.world, reads,
-                                    saved_defaults(TrainConfig), TrainConfig.PATHS)
+                                    saved_defaults(TrainConfig), TrainConfig.PATHS, as_given(cfg.out))
     if out.exists() and any(out.iterdir()) and not cfg.overwrite and d.main:
         if (out / "config.json").exists():
-            other = _other_options(_finished_with(out), cfg)[:3]
+            other = _other_options(_finished_with(out), cfg, out / "training_args.json")[:3]
             raise KdError("the output folder holds a finished student" + (f" trained with other options ("
                           f"{'; '.join(other)})" if other else ""), str(out),
                           "use a new --out, or pass --overwrite to train it again with these options")
         if (out / METRICS).exists():  # a run that stopped before its first checkpoint (or lost it)
-            _restart_killed_run(out, cfg)
+            _restart_killed_run(out, cfg, reads)
     out.mkdir(parents=True, exist_ok=True)
     if d.main:
-        fs.atomic_write_bytes(fs.resolve(out), json.dumps(cfg.record(), sort_keys=True).encode(), STARTED)
+        # what the run trains on, too: a store rebuilt at the same path, or other ids in the same --exclude-ids file,
+        # is another run (a probe: the dead run's metrics were deleted and the new data trained on, exit 0)
+        record = cfg.record() | {"reads": dataclasses.asdict(reads)}
+        fs.atomic_write_bytes(fs.resolve(out), json.dumps(record, sort_keys=True).encode(), STARTED)
     return out, None
 
 
-def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
+def _restart_killed_run(out: Path, cfg: TrainConfig, reads: checkpoint.Reads) -> None:
     """Start again in a folder a run left before its first checkpoint, if this is the command that started it."""
     if not (cfg.resume and killed_before_a_checkpoint(out)):
         raise KdError("the output folder holds the metrics of an unfinished run, with no checkpoint to "
@@ -277,11 +280,16 @@ def _restart_killed_run(out: Path, cfg: TrainConfig) -> None:
         raise KdError(f"the output folder holds the metrics of an unfinished run and a {STARTED} that is not the "
                       "record kd train-student writes, so which command started the run is unknown", str(record),
                       "pass --overwrite to start again, or use a new --out")
-    other = _other_options(started, cfg, guess_here=False)[:3] if started else []  # (a wrong match deletes)
+    other = _other_options(started, cfg, record, guess_here=False)[:3] if started else []  # (a wrong match deletes)
     if other:
         raise KdError(f"the output folder holds the metrics of an unfinished run started with other options "
                       f"({'; '.join(other)}), with no checkpoint to resume", str(out),
                       "repeat its options to start it again, pass --overwrite to replace it, or use a new --out")
+    if started and isinstance(started.get("reads"), dict) and started["reads"] != dataclasses.asdict(reads):
+        raise KdError("the output folder holds the metrics of an unfinished run on other data (the store at --shards "
+                      "was rebuilt or changed since it started, or the --exclude-ids file names other rows), with no "
+                      "checkpoint to resume", str(out), "pass --overwrite to start again on this data, or use a new "
+                      "--out")
     for name in BEFORE_A_CHECKPOINT:  # nothing to resume from: the same command starts it again
         (out / name).unlink(missing_ok=True)
 
@@ -356,17 +364,17 @@ def _finished_by_the_same_command(cfg: TrainConfig) -> bool:
     if cfg.overwrite or (out / CHECKPOINT).exists() or not _kd_trained(out):
         return False
     done = _finished_with(out)
-    return bool(done) and not _other_options(done, cfg)
+    return bool(done) and not _other_options(done, cfg, out / "training_args.json")
 
 
-def _other_options(done: dict, cfg: TrainConfig, guess_here: bool = True) -> list[str]:
-    """The options in which `cfg` differs from those a run recorded (training_args.json, .kd-started.json), as
-    'name: there, here'; an option the record lacks at its default, paths as the files they name."""
-    now = cfg.to_json()
-    there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, local_path(cfg.out),
+def _other_options(done: dict, cfg: TrainConfig, record: Path, guess_here: bool = True) -> list[str]:
+    """The options in which `cfg` differs from those a run recorded in `record` (training_args.json,
+    .kd-started.json), as 'name: there, here'; an option the record lacks at its default, paths as the files they
+    name (both sides: "'storeA' there, 'storeA' here" told nothing)."""
+    there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, as_given(cfg.out), record,
                            guess_here=guess_here)
-    here = named_files(now, TrainConfig.PATHS)
-    other = [f"{k}: {done.get(k)!r} there, {now[k]!r} here" for k, v in here.items()
+    here = named_files(cfg.to_json(), TrainConfig.PATHS)
+    other = [f"{k}: {there.get(k)!r} there, {v!r} here" for k, v in here.items()
              if k not in _SAME_RUN_IGNORES and there.get(k) != v]
     resolved = done.get("resolved")  # a finished student's (kd before 2026-12-01 recorded no left_out)
     if isinstance(resolved, dict) and "left_out" in resolved and resolved["left_out"] != _left_out(cfg):

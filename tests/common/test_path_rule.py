@@ -56,19 +56,33 @@ def test_a_relative_path_in_an_old_record_is_read_from_the_folder_the_run_starte
     started in is its out less the parts of the recorded out; where that cannot be told, `unknown` decides."""
     from kd.common.paths import recorded_files
 
-    out = tmp_path / "w" / "runs" / "a"
+    out, rec = tmp_path / "w" / "runs" / "a", tmp_path / "w" / "runs" / "a" / ".kd-started.json"
     monkeypatch.chdir(tmp_path)
-    told = recorded_files({"out": "runs/a", "store": "store", "init": None}, ["out", "store", "init"], out)
+    told = recorded_files({"out": "runs/a", "store": "store", "init": None}, ["out", "store", "init"], out, rec)
     assert told == {"out": str(out), "store": str(tmp_path / "w" / "store"), "init": None}
     climbing = {"out": "../runs/a", "store": "store"}
-    assert recorded_files(climbing, ["store"], out)["store"] == str(tmp_path / "store")  # "here": as before
-    assert "does not name" in recorded_files(climbing, ["store"], out, guess_here=False)["store"]
+    assert recorded_files(climbing, ["store"], out, rec)["store"] == str(tmp_path / "store")  # "here": as before
+    assert "does not name" in recorded_files(climbing, ["store"], out, rec, guess_here=False)["store"]
     moved = {"out": "deep/er/runs/b", "store": "store"}  # not the end of out (more parts than it has, too)
-    assert "does not name" in recorded_files(moved, ["store"], out, guess_here=False)["store"]
+    assert "does not name" in recorded_files(moved, ["store"], out, rec, guess_here=False)["store"]
     deeper = {"out": "a/" * 30, "store": "s"}
-    assert "does not name" in recorded_files(deeper, ["store"], out, guess_here=False)["store"]
+    assert "does not name" in recorded_files(deeper, ["store"], out, rec, guess_here=False)["store"]
     absolute = {"out": "../x", "store": str(tmp_path / "data" / "store"), "exclude_ids": ["s3://b/ids"]}
-    assert recorded_files(absolute, ["store", "exclude_ids"], out, guess_here=False) == absolute
+    assert recorded_files(absolute, ["store", "exclude_ids"], out, rec, guess_here=False) == absolute
+    # (a probe) `--out .` was started in out itself; an out reached through a link is matched as given first (its
+    # links followed, `runs/a` named a folder the user never used); a recorded value that names no local file is
+    # the record's fault, not the user's input
+    assert recorded_files({"out": ".", "store": "s"}, ["store"], out, rec, guess_here=False)["store"] == str(out / "s")
+    (tmp_path / "scratch" / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "runs").symlink_to(tmp_path / "scratch" / "runs")
+    linked = recorded_files({"out": "runs/a", "store": "s"}, ["store"], tmp_path / "ws" / "runs" / "a", rec,
+                            guess_here=False)
+    assert linked["store"] == str(tmp_path / "ws" / "s")
+    for bad in ("file://otherhost/x", "a\0b", "file:"):
+        with pytest.raises(InputError, match="records a path kd cannot read") as e:
+            recorded_files({"out": "runs/a", "store": bad}, ["store"], out, rec)
+        assert e.value.where == str(rec) and "--overwrite" in e.value.fix
 
 
 store_path, trained = training_runs.store_path, training_runs.trained

@@ -233,7 +233,9 @@ def test_a_rerun_from_another_folder_compares_the_files_its_paths_name(store_pat
     for folder in (there, here):  # a record of kd before 2026-11-30, its paths as typed: which store is unknown
         monkeypatch.chdir(folder)
         res = CliRunner().invoke(app, args[3:])
-        assert res.exit_code == 2 and "started with other options (store: 'store' there" in res.output, res.output
+        said = " ".join(res.output.split())
+        unknown = "(store: 'store (relative to a folder the record does not name)' there"
+        assert res.exit_code == 2 and unknown in said, said
     record.write_text(kept)
     assert metrics.read_bytes() == dead
     monkeypatch.chdir(tmp_path)
@@ -244,6 +246,36 @@ def test_a_rerun_from_another_folder_compares_the_files_its_paths_name(store_pat
     monkeypatch.chdir(there)  # finished: the other folder's `store` is another store, so another student
     res = CliRunner().invoke(app, args[3:])
     assert res.exit_code == 2 and "finished student trained with other options (store:" in res.output, res.output
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_not_restarted_on_other_data(store_path, tmp_path):
+    """The record of a run killed before its first checkpoint held its options only: a store rebuilt at the same
+    path, or other ids in the same --exclude-ids file, restarted it as the same command (a probe: the dead run's
+    metrics deleted, the new data trained on, exit 0), where a checkpoint's resume is refused. Both refused now."""
+    store = shutil.copytree(store_path, tmp_path / "store")
+    first = Store.open(str(store)).table("texts").shards[0].file
+    ids = sorted(pq.read_table(store / first, columns=["id"])["id"].to_pylist())
+    excluded = tmp_path / "ids.txt"
+    excluded.write_text(f"{ids[0]}\n{ids[3]}\n")
+    out = tmp_path / "out"
+    args = _small_cli(store, out, "--exclude-ids", str(excluded), "--checkpoint-every", "1000", "--log-every", "1",
+                      "--no-progress")
+    metrics = out / "metrics.jsonl"
+    _kill_when(args, lambda: metrics.exists() and '"loss"' in metrics.read_text())
+    dead = metrics.read_bytes()
+    excluded.write_text(f"{ids[0]}\n{ids[4]}\n")
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 2 and "unfinished run on other data" in res.output, res.output
+    excluded.write_text(f"{ids[3]}\n{ids[0]}\n")  # the same rows, written otherwise
+    shutil.rmtree(store)
+    make_store(store, rows=120, shards=2, tmp=tmp_path / "tmp")  # another store at the same path
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 2 and "unfinished run on other data" in res.output, res.output
+    assert metrics.read_bytes() == dead
+    shutil.rmtree(store)
+    shutil.copytree(store_path, store)
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 0 and metrics.read_bytes() != dead, res.output
 
 
 def test_a_killed_runs_lock_does_not_live_on_in_its_data_workers(store_path, tmp_path):
@@ -400,7 +432,7 @@ def test_cli_defaults_on_a_tiny_store(store_path, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["train-student", "--shards", str(store_path), "--out", str(out), "--max-steps", "3",
                                    "--batch-size", "8", "--hidden-dim", "16", "--no-progress"])
     assert res.exit_code == 0, res.output
-    assert "student written to" in res.output
+    assert "student ready in" in res.output
     assert read == {"id", "text", "sentence"}
     info = json.loads((out / "config.json").read_text())
     assert info["student"]["arch"] == "bilstm" and info["objectives"] == ["cosine:1"]
