@@ -155,7 +155,7 @@ def load(path: Path, config: dict[str, Any], resumable: tuple[str, ...], world: 
          defaults: dict[str, Any] | None = None, paths: tuple[str, ...] = (), out: Path | None = None
          ) -> dict[str, Any]:
     """The checkpoint at `path`, if it was made with these options (bar `resumable`), world size, store and rows
-    left out (`rows_left_out`; a checkpoint of kd before 2026-12-01 recorded none); an option its config lacks is
+    left out (`rows_left_out`; an older kd's checkpoint recorded none: not compared); an option its config lacks is
     compared at its value in `defaults` (one kd added after the checkpoint was made), the options in `paths` as the
     files they name (`out`: the run's folder as given, where an old record's relative paths are read from; default
     the checkpoint's folder)."""

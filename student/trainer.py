@@ -376,7 +376,7 @@ def _other_options(done: dict, cfg: TrainConfig, record: Path, guess_here: bool 
     here = named_files(cfg.to_json(), TrainConfig.PATHS)
     other = [f"{k}: {there.get(k)!r} there, {v!r} here" for k, v in here.items()
              if k not in _SAME_RUN_IGNORES and there.get(k) != v]
-    resolved = done.get("resolved")  # a finished student's (kd before 2026-12-01 recorded no left_out)
+    resolved = done.get("resolved")  # a finished student's (an older kd recorded no left_out: not compared)
     if isinstance(resolved, dict) and "left_out" in resolved and resolved["left_out"] != _left_out(cfg):
         other.append("exclude_ids: the file names other rows than the student was trained without")
     return other
