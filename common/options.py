@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.paths import plain_path
+from kd.common.paths import is_uri, plain_path
 
 KEY = "kd.option"  # the metadata key
 
@@ -35,7 +35,9 @@ class Option:
     argument: bool = False  # positional on the command line (precompute's INPUTS)
     comma: bool = False  # one comma-separated value on the command line, a sequence in the config
     cli: bool = True  # False: a library-only value (no flag), still range-checked
-    path: bool = False  # a local file or folder kd reads by itself: a file: URI is the path it names (common.paths)
+    # a local file or folder kd reads by itself: a file: URI is the path it names (common.paths), a remote address
+    # is refused (`--init s3://b/s` said "no trained student here")
+    path: bool = False
 
 
 def option(default: Any = MISSING, *, help: str = "", flag: str | None = None, short: str | None = None,
@@ -93,8 +95,8 @@ def check_types(config: Any, where: str) -> None:
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
         if o.path and isinstance(value, str | os.PathLike | list):
-            # (object.__setattr__: a frozen config too, before anything has read the value)
-            object.__setattr__(config, f.name, [_plain(v) for v in value] if isinstance(value, list) else _plain(value))
+            plain = [_plain(v, f.name, o) for v in value] if isinstance(value, list) else _plain(value, f.name, o)
+            object.__setattr__(config, f.name, plain)  # (a frozen config too, before anything has read the value)
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
         if value is None and f.default is None:  # not given: the config fills it in (`out` from `add_to`)
@@ -106,8 +108,14 @@ def check_types(config: Any, where: str) -> None:
                              f"pass one of: {', '.join(allowed)}")
 
 
-def _plain(value: Any) -> Any:
-    return plain_path(value) if isinstance(value, str | os.PathLike) else value
+def _plain(value: Any, name: str, opt: Option) -> Any:
+    if not isinstance(value, str | os.PathLike):
+        return value  # (the type check below names it)
+    if is_uri(value):
+        shown = name.upper() if opt.argument else flag_of(name, opt)  # (a positional has no flag: kd export STUDENT)
+        raise InputError(f"{shown} {os.fspath(value)}: a remote address, where kd reads a local file or folder",
+                         shown, "copy it to this machine and pass its local path")
+    return plain_path(value)
 
 
 # The plain annotations a config field may carry, and what a value of each is. A Python caller is not held by the

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from kd.common import bounds as B
 from kd.common.hardware import check_device
 from kd.common.options import check_ranges, option
+from kd.common.paths import plain_path
 
 
 @dataclass(frozen=True)
 class EmbedConfig:
     """Whose vectors `kd embed` writes, of which texts, where. Checked when built (ranges, the device)."""
 
-    input: str = option(path=True, argument=True, help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")
+    input: str = option(argument=True, help="A kd store, or a .txt/.jsonl/.csv/.parquet file of texts")
     student: str = option(path=True, help="Folder written by kd train-student")
     out: str | None = option(None, short="-o", help="Store: the same store (default); file input: a Parquet file")
     name: str | None = option(None, help="Table students/NAME (default: the student folder name)")
@@ -27,4 +28,6 @@ class EmbedConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "kd embed options")
+        # a store (local or remote) or a local file of texts: not a `path` option, which refuses remote addresses
+        object.__setattr__(self, "input", plain_path(self.input))
         check_device(self.device)

@@ -57,7 +57,7 @@ from kd.common.finite import require_finite_weights
 from kd.common.hardware import native_bf16
 from kd.common.options import saved_defaults
 from kd.common.outputs import STUDENT, TRAIN_LOCK, claim_output, kind_of
-from kd.common.paths import as_given, local_path, named_files, recorded_files
+from kd.common.paths import as_given, local_path, recorded_files
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
@@ -373,7 +373,7 @@ def _other_options(done: dict, cfg: TrainConfig, record: Path, guess_here: bool 
     name (both sides: "'storeA' there, 'storeA' here" told nothing)."""
     there = recorded_files(saved_defaults(TrainConfig) | done, TrainConfig.PATHS, as_given(cfg.out), record,
                            guess_here=guess_here)
-    here = named_files(cfg.to_json(), TrainConfig.PATHS)
+    here = cfg.record()
     other = [f"{k}: {there.get(k)!r} there, {v!r} here" for k, v in here.items()
              if k not in _SAME_RUN_IGNORES and there.get(k) != v]
     resolved = done.get("resolved")  # a finished student's (an older kd recorded no left_out: not compared)

@@ -111,3 +111,17 @@ def test_every_file_kd_reads_by_itself_may_be_a_file_uri(trained, tiny_teacher, 
     said = kd("precompute", texts.as_uri(), "-o", str(tmp_path / "st"), "--teacher", f"tiny={tiny_teacher.as_uri()}",
               "--no-progress")
     assert "2 rows encoded of 2" in said, said
+
+
+def test_a_remote_address_where_kd_reads_a_local_file_is_refused_naming_the_option(store_path, tmp_path):
+    """`--init s3://b/s` said "no trained student here", `kd eval --student gs://...` "not found": an option declared
+    `path` names a local file or folder, so a remote address there is refused as one, naming the option."""
+    for args, option in ((["train-student", "-s", str(store_path), "-o", str(tmp_path / "o"), "--init", "s3://b/s"],
+                          "--init"),
+                         (["eval", "--student", "gs://b/student", "--task", "sts"], "--student"),
+                         (["export", "hdfs://h:9000/s", "-o", str(tmp_path / "e")], "STUDENT")):
+        res = CliRunner().invoke(app, args)
+        said = " ".join(res.output.split())
+        assert res.exit_code == 2 and "a remote address, where kd reads a local file or folder" in said, said
+        assert f"where: {option}" in said and "copy it to this machine" in said, said
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
