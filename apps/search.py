@@ -23,17 +23,23 @@ from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
-from kd.pipeline.teacher.resolve import recorded_source
+from kd.pipeline.teacher.resolve import parse_teacher, recorded_source
 from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")
 
 
-def _teacher_vector(store: Store, teacher: str, text: str, column: str | None) -> tuple[np.ndarray, str | None, str]:
-    # a teacher of the store by name, or by the spec it was precomputed from (e.g. its folder, by any spelling)
-    by_source = [t for t in store.manifest.teachers()
-                 if store.table(f"teachers/{t}").meta.get("source") in (teacher, recorded_source(teacher))]
-    name = teacher if teacher in store.manifest.teachers() else (by_source[0] if len(by_source) == 1 else None)
+def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, table_given: bool
+                    ) -> tuple[np.ndarray, str | None, str]:
+    # a teacher of the store by name, or by the spec it was precomputed from (NAME=DIR, its folder by any spelling)
+    spec, teachers = parse_teacher(teacher), store.manifest.teachers()
+    by_source = [t for t in teachers if store.table(f"teachers/{t}").meta.get("source") in
+                 (spec.source, recorded_source(spec.source))]
+    name = next((t for t in (teacher, spec.name) if t in teachers), by_source[0] if len(by_source) == 1 else None)
+    if name is None and not table_given:  # (another teacher's index was searched: a probe)
+        raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
+                         "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "
+                         "or the folder it was precomputed from), or name the table to search with --table")
     table = f"teachers/{name}" if name else None
     meta = store.table(table).meta if table else {}
     column = column or meta.get("default_target", "mean")
@@ -69,7 +75,7 @@ def search_store(cfg: SearchConfig) -> SearchResult:
     store = Store.open(cfg.store, content=True)
     table, column = cfg.table, cfg.column
     if cfg.teacher is not None:
-        vec, teacher_table, column = _teacher_vector(store, cfg.teacher, cfg.query, column)
+        vec, teacher_table, column = _teacher_vector(store, cfg.teacher, cfg.query, column, table is not None)
         table = table or teacher_table
     else:
         vec = _student_vector(cfg.student, cfg.query)

@@ -94,9 +94,11 @@ def check_types(config: Any, where: str) -> None:
     becomes the path it names first (`file:///x/run` was "not found" where kd reads a file itself: a probe)."""
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
-        if o.path and isinstance(value, str | os.PathLike | list):
-            plain = [_plain(v, f.name, o) for v in value] if isinstance(value, list) else _plain(value, f.name, o)
-            object.__setattr__(config, f.name, plain)  # (a frozen config too, before anything has read the value)
+        if isinstance(value, os.PathLike | list):  # a Path where a str is declared is its text (.split() was an
+            value = [_text(v) for v in value] if isinstance(value, list) else _text(value)  # AttributeError: probe)
+        if o.path and isinstance(value, str | list):
+            value = [_plain(v, f.name, o) for v in value] if isinstance(value, list) else _plain(value, f.name, o)
+        object.__setattr__(config, f.name, value)  # (a frozen config too, before anything has read the value)
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
         if value is None and f.default is None:  # not given: the config fills it in (`out` from `add_to`)
@@ -108,8 +110,12 @@ def check_types(config: Any, where: str) -> None:
                              f"pass one of: {', '.join(allowed)}")
 
 
+def _text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 def _plain(value: Any, name: str, opt: Option) -> Any:
-    if not isinstance(value, str | os.PathLike):
+    if not isinstance(value, str):
         return value  # (the type check below names it)
     if is_uri(value):
         shown = name.upper() if opt.argument else flag_of(name, opt)  # (a positional has no flag: kd export STUDENT)

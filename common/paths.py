@@ -86,8 +86,6 @@ def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, recor
     current folder (a rerun from the same folder matches, as before), else as a name that equals no file (where a
     wrong match would delete the run's work). A recorded value that names no local file is the record's fault, said
     so (it read as if the user had typed it: a probe)."""
-    start = _start_folder(record.get("out"), out)
-
     def file_named(v: Any) -> Any:
         if not isinstance(v, str) or is_uri(v) or os.path.isabs(plain_path(v)):
             return _file_named(v)
@@ -96,6 +94,7 @@ def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, recor
         return str(local_path(v)) if guess_here else f"{v} (relative to a folder the record does not name)"
 
     try:
+        start = _start_folder(record.get("out"), out)
         return record | {k: _named(record[k], file_named) for k in keys if k in record}
     except InputError as e:
         raise InputError(f"{os.fspath(record_file)} records a path kd cannot read ({e.what}: {e.where}), so which "

@@ -61,6 +61,7 @@ from kd.common.paths import as_given, local_path, recorded_files
 from kd.common.progress import Bar, step
 from kd.common.stop import Stopped, StopRequest
 from kd.storage import fs
+from kd.storage.store import Store
 from kd.student import checkpoint
 from kd.student import data as D
 from kd.student.checkpoint import CHECKPOINT, Trainables, TrainState
@@ -376,14 +377,22 @@ def _other_options(done: dict, cfg: TrainConfig, record: Path, guess_here: bool 
     here = cfg.record()
     other = [f"{k}: {there.get(k)!r} there, {v!r} here" for k, v in here.items()
              if k not in _SAME_RUN_IGNORES and there.get(k) != v]
-    resolved = done.get("resolved")  # a finished student's (an older kd recorded no left_out: not compared)
-    if isinstance(resolved, dict) and "left_out" in resolved and resolved["left_out"] != _left_out(cfg):
-        other.append("exclude_ids: the file names other rows than the student was trained without")
-    return other
+    resolved = done.get("resolved")  # a finished student's
+    return other + _other_data(resolved.get("reads") if isinstance(resolved, dict) else None, cfg)
 
 
-def _left_out(cfg: TrainConfig) -> str | None:
-    return checkpoint.rows_left_out(read_ids(cfg.exclude_ids) if cfg.exclude_ids else ())
+def _other_data(recorded: Any, cfg: TrainConfig) -> list[str]:
+    """How the data a finished student was trained on (its record's `reads`) differs from what `cfg` reads now: a
+    store rebuilt at its path, or other ids in its --exclude-ids file, said "nothing to do" (a probe). An older kd
+    recorded none: not compared."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("tables"), list):
+        return []
+    store = checkpoint.store_identity(Store.open(cfg.store).manifest, recorded["tables"])
+    left_out = checkpoint.rows_left_out(read_ids(cfg.exclude_ids) if cfg.exclude_ids else ())
+    return [what for what, same in (
+        ("the store at --shards: rebuilt or changed since the student was trained", recorded.get("store") == store),
+        ("exclude_ids: the file names other rows than the student was trained without",
+         recorded.get("left_out") == left_out)) if not same]
 
 
 def _finished_with(out: Path) -> dict:
@@ -669,7 +678,8 @@ def _finish(run: _Run, st: TrainState) -> None:
             _load_best(model, run.out / BEST)
         info = {"target": s.target, "tokenizer": s.tokenizer, "objectives": [o.spec for o in s.objectives],
                 "total_steps": run.total, "world_size": run.d.world, "train_rows": run.plan.train_rows(),
-                "val_rows": run.plan.num_val, "excluded_rows": run.plan.excluded, "left_out": run.reads.left_out,
+                "val_rows": run.plan.num_val, "excluded_rows": run.plan.excluded,
+                "reads": dataclasses.asdict(run.reads) | {"tables": sorted(run.plan.columns.tables())},
                 "steps": st.step, "best_step": early.best_step or st.step,
                 "best_val_loss": None if math.isinf(early.best) else early.best, "stopped_early": early.stop}
         save_student(run.out, model.student, list(model.objectives), s.data.tokenizer_path(s.store),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.paths import named_files
+from kd.common.paths import as_given, named_files, recorded_files
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -33,7 +33,8 @@ class DistillConfig:
                                     "corpus, or other --segment/--sample, pays only its new rows")
     student: str = option("tiny6", help="Preset: tiny6 | tiny6-ensemble | tiny3 | tiny3-ensemble | static | bilstm "
                                         "(apps/distill/recipes)")
-    recipe: str | None = option(None, help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
+    recipe: str | None = option(None, path=True,
+                                help="Your own recipe file (TOML; see docs/distill.md); overrides --student")
     teacher: str | None = option(None, short="-t", help="Replace the recipe's teacher: a packaged name or a "
                                                         "checkpoint folder; several as one target: mpnet,minilm")
     weights: str | None = option(None, help="Several teachers: their weights, e.g. 0.7,0.3 (default: the recipe's, "
@@ -74,21 +75,26 @@ class DistillConfig:
 
         return load(self.recipe or self.student)
 
-    def identity(self, recipe: Recipe) -> dict[str, Any]:
+    def identity(self, recipe: Recipe, teachers: dict[str, str | None]) -> dict[str, Any]:
         """What makes two runs the same run: the options and what the recipe makes the run do (its digest, not its
         bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume). Paths are
-        the files they name (out1, out1/, /abs/out1 and a symlink to it are one run)."""
+        the files they name (out1, out1/, /abs/out1 and a symlink to it are one run); `teachers`: --teacher and
+        --start as the run parsed them, each folder by the file it names (`_Run.given_teachers`)."""
         opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
-        return named_files(opts, PATHS) | {"recipe_digest": recipe.digest}
+        return named_files(opts, PATHS) | teachers | {"recipe_digest": recipe.digest}
 
-    def difference(self, recorded: dict[str, Any], recipe: Recipe) -> tuple[str, Any, Any] | None:
-        """The first key in which a recorded run's identity differs from this one's (the key, then and now), or
-        None: the same run. A run recorded before the digest holds `recipe_sha256`, the recipe file's bytes; the
-        same bytes now are the same recipe. An option the record lacks is compared at its default
-        (common.options.saved_defaults)."""
-        now = self.identity(recipe)
-        # (a run recorded with its paths as typed, before they were resolved, was typed in this folder: resolved here)
-        recorded = named_files({k: v for k, v in saved_defaults(DistillConfig).items() if k in now} | recorded, PATHS)
+    def difference(self, recorded: dict[str, Any], recipe: Recipe, teachers: dict[str, str | None],
+                   record_file: Path) -> tuple[str, Any, Any] | None:
+        """The first key in which the identity a run recorded in `record_file` differs from this one's (the key,
+        then and now), or None: the same run. A run recorded before the digest holds `recipe_sha256`, the recipe
+        file's bytes; the same bytes now are the same recipe. An option the record lacks is compared at its default
+        (common.options.saved_defaults). A record of an older kd holds its paths as typed, read from the folder the
+        run started in (`recorded_files`: a moved-folder refusal named a place the run never was), and its teachers
+        as typed: the same text now is the same teacher."""
+        now = self.identity(recipe, teachers)
+        defaults = {k: v for k, v in saved_defaults(DistillConfig).items() if k in now}
+        recorded = recorded_files(defaults | recorded, PATHS, as_given(self.out), record_file)
+        recorded |= {k: now[k] for k in teachers if recorded.get(k) == getattr(self, k)}
         if "recipe_sha256" in recorded:
             now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
                 "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}

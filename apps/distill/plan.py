@@ -44,6 +44,7 @@ from kd.apps.distill.run import (
     corpus_header,
     corpus_options,
     recorded_state,
+    refuse_foreign_out,
     steps_of,
     teacher_weights,
 )
@@ -140,6 +141,7 @@ def estimate(cfg: DistillConfig) -> Plan:
     recipe = cfg.plan()
     run = _Run(cfg, recipe)
     claim_output(run.out, "kd distill", (), cfg.inputs)  # the checks a real run makes first, nothing created
+    refuse_foreign_out(run)
     if cfg.store:
         check_store(run)
     if cfg.reuse:

@@ -24,7 +24,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from string import Template
@@ -48,7 +48,7 @@ from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher, recorded_source
 from kd.storage.store import Store
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
@@ -85,6 +85,7 @@ class Step:
     kind: StepKind
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
+    leaves: Path | None = None  # what it writes that later steps read: gone, the step is not done (`_intact`)
 
     @property
     def name(self) -> str:
@@ -124,6 +125,11 @@ class _Run:
         check_distinct([self.specs[r] for r in self.teacher_roles], "--teacher" if cfg.teacher else recipe.path,
                        one_target=True)
         self.names = {role: spec.name for role, spec in self.specs.items() if spec}
+        self.given_teachers = {  # as distill.json records them: a folder by the file it names (recorded_source)
+            "teacher": ",".join(str(replace(self.specs[r], source=recorded_source(self.specs[r].source)))
+                                for r in self.teacher_roles) if cfg.teacher else None,
+            "start": str(replace(self.specs["start"], source=recorded_source(self.specs["start"].source)))
+            if cfg.start else None}
         self.refs: dict[str, TeacherRef] = {}  # each role's model found, by check_models
         self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)
         self._keys: dict[str, str] = {}
@@ -292,8 +298,7 @@ def _held(run: _Run) -> Iterator[None]:
     files (the store and each stage hold locks of their own). The lock is a flock on a file inside OUT, as
     train-student's is inside its folder (beside it, a writable OUT in a folder one cannot write was refused); the
     kernel releases it when the process dies, kill -9 included."""
-    if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
-        raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
+    refuse_foreign_out(run)
     run.out.mkdir(parents=True, exist_ok=True)
     lock = try_lock(run.out / LOCK, wait_s=1.0)  # (a dry run's look at the lock lasts an instant: see plan._running)
     if lock is None:
@@ -305,11 +310,17 @@ def _held(run: _Run) -> Iterator[None]:
         lock.close()
 
 
+def refuse_foreign_out(run: _Run) -> None:
+    """OUT is new, empty, or a kd distill run's (the dry run checks it too: it planned where the run is refused)."""
+    if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
+        raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
+
+
 def _state(run: _Run) -> dict[str, Any]:
     """OUT's distill.json (`recorded_state`), or a new one."""
     state = recorded_state(run)
     if state is None:
-        state = {"format": FORMAT, "identity": run.cfg.identity(run.recipe), "done": []}
+        state = {"format": FORMAT, "identity": run.cfg.identity(run.recipe, run.given_teachers), "done": []}
         _save_state(run, state)
     return state
 
@@ -320,14 +331,31 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
     path = run.out / STATE
     if not path.is_file():
         return None
-    state = json.loads(path.read_text(encoding="utf-8"))
-    differs = run.cfg.difference(state.get("identity", {}), run.recipe)
+    state = _read_state(path)
+    differs = run.cfg.difference(state["identity"], run.recipe, run.given_teachers, path)
     if differs and differs[0] == "out":  # the folder was moved or copied: "the same options" would name the old
         _moved(run, differs[1])          # place (a probe: the fix said to rerun with options that write there)
     if differs:
         key, was, now = differs
         raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
                          str(run.out), "run with the same options to resume it, or pass a new --out")
+    return state | {"done": _intact(run, state["done"])}
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """A distill.json as kd distill writes it: {identity: {...}, done: [step names], ...}; anything else (a damaged
+    or foreign file) is refused naming it (it was a traceback: a probe)."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        state = e
+    if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
+            and all(isinstance(s, str) for s in state["done"])):
+        why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
+        store = shlex.quote(str(path.parent / "store"))
+        raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
+                         "unknown", str(path), f"pass a new --out (with --store {store} to start from its teacher "
+                         "pass, if it holds one)")
     return state
 
 
@@ -396,22 +424,36 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 def steps_of(run: _Run) -> list[Step]:
     """The run's steps, in order: the one list the run executes and the dry run estimates (each step's condition
     is written here only)."""
-    K = StepKind
-    steps = [Step(K.teacher, lambda: _rows_record(run, _precompute(run, "teacher")))]
+    K, out, manifest = StepKind, run.out, run.store / "manifest.json"
+    steps = [Step(K.teacher, lambda: _rows_record(run, _precompute(run, "teacher")), leaves=manifest)]
     if run.specs["start"] and run.recipe.outputs["start"]:
-        steps.append(Step(K.start, lambda: _rows_record(run, _precompute(run, "start"))))
+        steps.append(Step(K.start, lambda: _rows_record(run, _precompute(run, "start")), leaves=manifest))
     if run.weights is None and len(run.teacher_roles) > 1:
-        steps.append(Step(K.weights, lambda: _choose_weights(run)))
+        steps.append(Step(K.weights, lambda: _choose_weights(run), leaves=out / WEIGHTS))
     if run.cfg.exclude_leakage:
-        steps.append(Step(K.leakage, lambda: _leakage(run)))
+        steps.append(Step(K.leakage, lambda: _leakage(run), leaves=run.exclude))
     for stage in run.recipe.students:
-        steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name))
-    steps.append(Step(K.choose, lambda: _choose(run)))
+        steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
+                          run.stage_dir(stage.name) / "model.safetensors"))
+    steps.append(Step(K.choose, lambda: _choose(run), leaves=out / "choice.json"))
     if run.cfg.export:
-        steps.append(Step(K.export, lambda: _export(run)))
+        steps.append(Step(K.export, lambda: _export(run), leaves=out / "model"))
     if run.cfg.evaluate:
-        steps.append(Step(K.suite, lambda: _evaluate(run)) if run.cfg.suite else Step(K.sts, lambda: _sts_report(run)))
+        steps.append(Step(K.suite, lambda: _evaluate(run), leaves=out / "report.json") if run.cfg.suite else
+                     Step(K.sts, lambda: _sts_report(run), leaves=out / "report.json"))
     return steps
+
+
+def _intact(run: _Run, done: list[str]) -> list[str]:
+    """The steps `done` records whose work is still there: up to the first whose file is gone (a stage folder
+    deleted to train it again; a probe: the run said "chose stage one" with stages/one gone), which is done again
+    with every step after it (they read what it makes)."""
+    for step in steps_of(run):
+        if step.name in done and step.leaves is not None and not step.leaves.exists():
+            _say(run.cfg, f"{step.name}: {step.leaves} is gone, so it is done again, and every step after it")
+            steps = [s.name for s in steps_of(run)]
+            return [name for name in done if name in steps and steps.index(name) < steps.index(step.name)]
+    return done
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:

@@ -387,6 +387,10 @@ def test_a_dry_run_plans_what_is_left_and_is_refused_as_the_run_is(uninterrupted
     assert [(s.name, s.seconds, s.detail) for s in plan.steps] == [(name, 0.0, "done") for name in done]
     with pytest.raises(InputError, match="seed was 0, now 3"):
         estimate(_cfg(corpus, uninterrupted, recipe_file, seed=3))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="holds files that are not a kd distill run"):  # (it planned: a probe)
+        estimate(_cfg(corpus, tmp_path / "mine", recipe_file))
     moved = tmp_path / "moved"
     shutil.copytree(uninterrupted, moved)
     for run in (estimate, distill):
@@ -397,6 +401,52 @@ def test_a_dry_run_plans_what_is_left_and_is_refused_as_the_run_is(uninterrupted
     rows = json.loads((tmp_path / "new" / "distill.json").read_text())["rows"]
     assert {step: r["encoded"] for step, r in rows.items()} == {"precompute the teacher": 0,
                                                                 "precompute the start model": 0}
+
+
+def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninterrupted, corpus, recipe_file, tmp_path):
+    """A stage folder deleted to train it again: the run said "chose stage one" with stages/one gone, and the dry run
+    showed every step done. The first step whose work is gone is done again, with every step after it."""
+    from kd.apps.distill.plan import estimate
+
+    out = tmp_path / "run"
+    distill(_cfg(corpus, out, recipe_file, store=str(uninterrupted / "store")))  # (its stages: copied, not trained)
+    shutil.rmtree(out / "stages" / "one")
+    (out / "choice.json").unlink()
+    planned = estimate(_cfg(corpus, out, recipe_file, store=str(uninterrupted / "store"))).steps
+    plan = {s.name: s.detail for s in planned}
+    assert [n for n, d in plan.items() if d != "done"] == ["train stage one", "choose on STS-B dev"], plan
+    result = distill(_cfg(corpus, out, recipe_file, store=str(uninterrupted / "store")))
+    assert result.chosen == json.loads((uninterrupted / "choice.json").read_text())["chosen"]
+    assert (out / "stages" / "one" / "model.safetensors").read_bytes() == \
+        (uninterrupted / "stages" / "one" / "model.safetensors").read_bytes()
+
+
+def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpus, recipe_file, tiny_teacher, tmp_path,
+                                                             monkeypatch):
+    """--teacher was recorded as typed and compared as text: the same folder spelt otherwise was "another run", a
+    relative name meaning another folder from elsewhere was the same run; `recipe=Path(...)` or `teacher=Path(...)`
+    from Python was a traceback, `--recipe file:///...` "not found"; a damaged distill.json a traceback."""
+    store = str(uninterrupted / "store")
+    out = tmp_path / "run"
+    distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))
+    state = (out / "distill.json").read_bytes()
+    assert json.loads(state)["identity"]["teacher"] == f"teacher={tiny_teacher.resolve()}"
+    other = build_tiny_bert(tmp_path / "elsewhere" / tiny_teacher.name, seed=9)
+    monkeypatch.chdir(tiny_teacher.parent)
+    for teacher, recipe in ((tiny_teacher, recipe_file), (f"{tiny_teacher}/", recipe_file.as_uri()),
+                            (tiny_teacher.as_uri(), str(recipe_file)), (tiny_teacher.name, recipe_file)):
+        distill(DistillConfig([str(corpus)], out, recipe=recipe, teacher=teacher, store=store, evaluate=False,
+                              export=False, progress=False))
+        assert (out / "distill.json").read_bytes() == state, teacher
+    monkeypatch.chdir(other.parent)  # the same name here is another folder: another run
+    with pytest.raises(InputError, match=f"teacher was 'teacher={tiny_teacher.resolve()}', now 'teacher={other}'"):
+        distill(_cfg(corpus, out, recipe_file, teacher=tiny_teacher.name, store=store))
+    for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{"):
+        (out / "distill.json").write_text(damaged)
+        with pytest.raises(InputError, match="is not the record kd distill writes") as e:
+            distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))
+        assert e.value.where == str(out / "distill.json") and "--store" in e.value.fix
+    (out / "distill.json").write_bytes(state)
 
 
 def test_the_dry_run_times_training_steps_after_their_warm_up():
@@ -601,6 +651,9 @@ def test_a_wrong_store_is_refused_before_anything_is_recorded(tmp_path, uninterr
         assert not out.exists()
 
 
+AS_GIVEN = {"teacher": None, "start": None}  # --teacher and --start not given: the recipe's (_Run.given_teachers)
+
+
 def test_a_run_is_the_same_run_when_only_its_recipe_s_words_change(tmp_path, tiny_teacher, recipe_file):
     """A run's identity holds what its recipe makes it do, not the file's bytes: a newer kd that rewords a preset's
     comments or description or adds [measured] sizes (as the corpus-size runs did to tiny6.toml, leaving a
@@ -611,17 +664,19 @@ def test_a_run_is_the_same_run_when_only_its_recipe_s_words_change(tmp_path, tin
     path = tmp_path / "r.toml"
     path.write_text(recipe_file.read_text(encoding="utf-8"), encoding="utf-8")
     cfg = DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(path))
-    before = cfg.identity(R.load(str(path)))
+    state = tmp_path / "run" / "distill.json"
+    before = cfg.identity(R.load(str(path)), AS_GIVEN)
     old_format = {k: v for k, v in before.items() if k != "recipe_digest"} | {
         "recipe_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    assert cfg.difference(old_format, R.load(str(path))) is None
+    assert cfg.difference(old_format, R.load(str(path)), AS_GIVEN, state) is None
     text = path.read_text(encoding="utf-8").replace('description = "test"', '# reworded\ndescription = "other"')
     path.write_text(text + "\n[measured]\nrows = [1000]\nbeat_baseline = [false]\n", encoding="utf-8")
-    assert cfg.difference(before, R.load(str(path))) is None
-    key, was, now = cfg.difference(old_format, R.load(str(path)))  # the bytes changed: nothing to compare but them
+    assert cfg.difference(before, R.load(str(path)), AS_GIVEN, state) is None
+    # the bytes changed: nothing to compare but them
+    key, was, now = cfg.difference(old_format, R.load(str(path)), AS_GIVEN, state)
     assert key == "recipe_sha256" and was == old_format["recipe_sha256"] and now != was
     path.write_text(text.replace("max_steps = 30", "max_steps = 31", 1), encoding="utf-8")
-    key, was, now = cfg.difference(before, R.load(str(path)))
+    key, was, now = cfg.difference(before, R.load(str(path)), AS_GIVEN, state)
     assert key == "recipe_digest" and was == before["recipe_digest"] and now != was
 
 
@@ -630,10 +685,11 @@ def test_a_run_begun_before_an_option_existed_resumes_at_its_default(tmp_path, r
     option's default does; a value other than the default is another run."""
     recipe = R.load(str(recipe_file))
     cfg = DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(recipe_file))
-    older = {k: v for k, v in cfg.identity(recipe).items() if k != "seed"}
-    assert cfg.difference(older, recipe) is None
+    older = {k: v for k, v in cfg.identity(recipe, AS_GIVEN).items() if k != "seed"}
+    state = tmp_path / "run" / "distill.json"
+    assert cfg.difference(older, recipe, AS_GIVEN, state) is None
     assert DistillConfig(inputs=["corpus.txt"], out=str(tmp_path / "run"), recipe=str(recipe_file),
-                         seed=5).difference(older, recipe) == ("seed", 0, 5)
+                         seed=5).difference(older, recipe, AS_GIVEN, state) == ("seed", 0, 5)
 
 
 def _teacher_rows(store: Path) -> dict[str, dict[int, bytes]]:

@@ -80,9 +80,10 @@ def test_a_relative_path_in_an_old_record_is_read_from_the_folder_the_run_starte
                             guess_here=False)
     assert linked["store"] == str(tmp_path / "ws" / "s")
     for bad in ("file://otherhost/x", "a\0b", "file:"):
-        with pytest.raises(InputError, match="records a path kd cannot read") as e:
-            recorded_files({"out": "runs/a", "store": bad}, ["store"], out, rec)
-        assert e.value.where == str(rec) and "--overwrite" in e.value.fix
+        for record in ({"out": "runs/a", "store": bad}, {"out": bad, "store": "s"}):  # (out: where the run began)
+            with pytest.raises(InputError, match="records a path kd cannot read") as e:
+                recorded_files(record, ["out", "store"], out, rec)
+            assert e.value.where == str(rec) and "--overwrite" in e.value.fix
 
 
 store_path, trained = training_runs.store_path, training_runs.trained

@@ -7,6 +7,7 @@ import types
 
 import numpy as np
 import pytest
+from conftest import build_tiny_bert
 from store_builder import TableSpec, build_store, grouped_vectors, unit
 from typer.testing import CliRunner
 
@@ -158,6 +159,13 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     # the checkpoint path it was precomputed from names the same teacher (and its default column)
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "-k", "1"])
     assert r.exit_code == 0 and "tiny_bert-mean-flat" in r.output, r.output
+    for spelling in (f"tiny-bert={tiny_teacher}", tiny_teacher.as_uri(), f"{tiny_teacher}/"):  # by any spelling
+        r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", spelling, "-k", "1"])
+        assert r.exit_code == 0 and "tiny_bert-mean-flat" in r.output, (spelling, r.output)
+    other = build_tiny_bert(tmp_path / "other", seed=4)  # not the store's: its index was searched, exit 0 (a probe)
+    r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(other), "-k", "1"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "is not one of the store's teachers (tiny-bert)" in said, said
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
     r = runner.invoke(app, ["search", str(out), dashed, "--teacher", "tiny-bert", "-k", "1"])
     assert r.exit_code == 0 and "1.0000" not in r.output and sentences[17].split()[0] in r.output, r.output

@@ -276,6 +276,15 @@ def test_a_run_killed_before_its_first_checkpoint_is_not_restarted_on_other_data
     shutil.copytree(store_path, store)
     res = CliRunner().invoke(app, args[3:])
     assert res.exit_code == 0 and metrics.read_bytes() != dead, res.output
+    shutil.rmtree(store)  # finished: a store rebuilt at its path said "nothing to do" (a probe)
+    make_store(store, rows=120, shards=2, tmp=tmp_path / "tmp2")
+    res = CliRunner().invoke(app, args[3:])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "the store at --shards: rebuilt or changed since the student was trained" in said
+    shutil.rmtree(store)
+    shutil.copytree(store_path, store)
+    res = CliRunner().invoke(app, args[3:])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
 
 
 def test_a_killed_runs_lock_does_not_live_on_in_its_data_workers(store_path, tmp_path):
@@ -526,7 +535,8 @@ def test_an_exclude_ids_file_edited_since_the_run_is_refused(store_path, tmp_pat
     f.write_text(f"# the same rows\n{ids[5]}\n{ids[0]}\n{ids[5]}\n")
     T.train(T.TrainConfig(str(store_path), str(out), **SMALL, exclude_ids=str(f)))
     resolved = json.loads((out / "training_args.json").read_text())["resolved"]
-    assert resolved["excluded_rows"] == 2 and resolved["left_out"] == checkpoint.rows_left_out((ids[0], ids[5]))
+    assert resolved["excluded_rows"] == 2
+    assert resolved["reads"]["left_out"] == checkpoint.rows_left_out((ids[0], ids[5]))
     f.write_text(f"{ids[0]}\n")
     with pytest.raises(KdError, match="finished student trained with other options .*exclude_ids: the file names "
                                       "other rows"):
