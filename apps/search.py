@@ -31,11 +31,14 @@ PAIR_SUFFIXES = ("_a", "_b")
 
 def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, table_given: bool
                     ) -> tuple[np.ndarray, str | None, str]:
-    # a teacher of the store by name, or by the spec it was precomputed from (NAME=DIR, its folder by any spelling)
-    spec, teachers = parse_teacher(teacher), store.manifest.teachers()
-    by_source = [t for t in teachers if store.table(f"teachers/{t}").meta.get("source") in
+    # a teacher of the store by its name (loaded from where the store says), or a spec naming one of its tables, by
+    # the folder it was precomputed from (any spelling) or by NAME: loaded from the spec, its weights checked below
+    teachers = store.manifest.teachers()
+    spec = parse_teacher(teacher) if teacher not in teachers else None
+    by_source = [t for t in teachers if spec and store.table(f"teachers/{t}").meta.get("source") in
                  (spec.source, recorded_source(spec.source))]
-    name = next((t for t in (teacher, spec.name) if t in teachers), by_source[0] if len(by_source) == 1 else None)
+    name = teacher if spec is None else by_source[0] if len(by_source) == 1 else \
+        spec.name if spec.name in teachers else None
     if name is None and not table_given:  # (another teacher's index was searched: a probe)
         raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
                          "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "
@@ -47,10 +50,11 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     if output not in {o.value for o in Output}:
         raise InputError(f"a teacher cannot encode a query into column {column!r}", "--column",
                          "use cls, mean or sentence (or their _a/_b forms in pair stores)")
-    model = load_teacher(meta.get("source", teacher), max_length=meta.get("max_length"))
+    model = load_teacher(meta.get("source", teacher) if spec is None else spec.source,
+                         max_length=meta.get("max_length"))
     if meta.get("weights_sha256") and weights_sha256(model.ref.path) != meta["weights_sha256"]:
         raise KdError(
-            f"the checkpoint at {meta.get('source')!r} is not the teacher that wrote table {table!r}",
+            f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r}",
             model.ref.path,
             "restore that checkpoint, or search with the teacher spec that was used (see kd info STORE)",
         )

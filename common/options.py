@@ -94,10 +94,11 @@ def check_types(config: Any, where: str) -> None:
     becomes the path it names first (`file:///x/run` was "not found" where kd reads a file itself: a probe)."""
     for f, o in declared(type(config)):
         value = getattr(config, f.name)
-        if isinstance(value, os.PathLike | list):  # a Path where a str is declared is its text (.split() was an
-            value = [_text(v) for v in value] if isinstance(value, list) else _text(value)  # AttributeError: probe)
-        if o.path and isinstance(value, str | list):
-            value = [_plain(v, f.name, o) for v in value] if isinstance(value, list) else _plain(value, f.name, o)
+        if isinstance(value, os.PathLike | list | tuple):  # a Path where a str is declared is its text (.split()
+            value = type(value)(map(_text, value)) if isinstance(value, list | tuple) else _text(value)  # failed)
+        if o.path and isinstance(value, str | list | tuple):
+            value = type(value)(_plain(v, f.name, o) for v in value) if isinstance(value, list | tuple) else \
+                _plain(value, f.name, o)
         object.__setattr__(config, f.name, value)  # (a frozen config too, before anything has read the value)
     for f, o in declared(type(config)):
         value = getattr(config, f.name)

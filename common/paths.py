@@ -77,7 +77,8 @@ def as_given(path: str | os.PathLike) -> Path:
 
 
 def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, record_file: str | os.PathLike, *,
-                   guess_here: bool = True) -> dict[str, Any]:
+                   guess_here: bool = True, fix: str = "pass --overwrite to start again, or use a new --out"
+                   ) -> dict[str, Any]:
     """`named_files` for a record a run left in its folder `out` (`as_given`), read from `record_file`. kd before
     2026-11-30 recorded paths as typed, relative to the folder the run was started from: that folder is `out` less
     the parts of the recorded out (`--out runs/a` in /w: /w; `--out .`: out itself), tried as given and then with its
@@ -94,15 +95,14 @@ def recorded_files(record: dict[str, Any], keys: Iterable[str], out: Path, recor
         return str(local_path(v)) if guess_here else f"{v} (relative to a folder the record does not name)"
 
     try:
-        start = _start_folder(record.get("out"), out)
+        start = start_folder(record.get("out"), out)
         return record | {k: _named(record[k], file_named) for k in keys if k in record}
     except InputError as e:
         raise InputError(f"{os.fspath(record_file)} records a path kd cannot read ({e.what}: {e.where}), so which "
-                         "files its run read is unknown", os.fspath(record_file),
-                         "pass --overwrite to start again, or use a new --out") from None
+                         "files its run read is unknown", os.fspath(record_file), fix) from None
 
 
-def _start_folder(typed: Any, out: Path) -> Path | None:
+def start_folder(typed: Any, out: Path) -> Path | None:
     """The folder a run recorded with out `typed` (as typed) was started from, if `out` tells it."""
     if not isinstance(typed, str) or not typed or is_uri(typed) or os.path.isabs(plain_path(typed)):
         return None

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.paths import as_given, named_files, recorded_files
+from kd.common.paths import as_given, named_files, recorded_files, start_folder
+from kd.pipeline.teacher.resolve import parse_teacher, recorded_spec
 
 if TYPE_CHECKING:
     from kd.apps.distill.recipe import Recipe
@@ -93,13 +94,22 @@ class DistillConfig:
         as typed: the same text now is the same teacher."""
         now = self.identity(recipe, teachers)
         defaults = {k: v for k, v in saved_defaults(DistillConfig).items() if k in now}
-        recorded = recorded_files(defaults | recorded, PATHS, as_given(self.out), record_file)
-        recorded |= {k: now[k] for k in teachers if recorded.get(k) == getattr(self, k)}
+        began = start_folder(recorded.get("out"), as_given(self.out))
+        recorded = recorded_files(defaults | recorded, PATHS, as_given(self.out), record_file, fix="pass a new --out")
+        recorded |= {k: _recorded_teachers(recorded[k], k, began) for k in teachers
+                     if isinstance(recorded.get(k), str) and recorded[k] != now[k]}
         if "recipe_sha256" in recorded:
             now = {k: v for k, v in now.items() if k != "recipe_digest"} | {
                 "recipe_sha256": hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()}
         key = next((k for k in sorted(set(now) | set(recorded)) if recorded.get(k) != now.get(k)), None)
         return None if key is None else (key, recorded.get(key), now.get(key))
+
+
+def _recorded_teachers(text: str, option: str, began: Path | None) -> str:
+    """An older record's --teacher or --start (as typed, each folder relative to where its run began) as a record of
+    today's kd names them (`_Run.given_teachers`): the same text typed in another folder was the same run (a probe)."""
+    roles = ["start"] if option == "start" else ["teacher", *(f"teacher{i}" for i in range(2, text.count(",") + 2))]
+    return ",".join(str(recorded_spec(parse_teacher(part, role), began)) for role, part in zip(roles, text.split(",")))
 
 
 PATHS = ("out", "store", "recipe", "inputs")  # options naming files (inputs: a list), compared as the files they name

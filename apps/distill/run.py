@@ -24,7 +24,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from string import Template
@@ -48,7 +48,7 @@ from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher, recorded_source
+from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher, recorded_spec
 from kd.storage.store import Store
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
@@ -85,7 +85,7 @@ class Step:
     kind: StepKind
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
-    leaves: Path | None = None  # what it writes that later steps read: gone, the step is not done (`_intact`)
+    leaves: tuple[Path, ...] = ()  # what it writes that later steps read: one gone, it is not done (`_intact`)
 
     @property
     def name(self) -> str:
@@ -125,11 +125,9 @@ class _Run:
         check_distinct([self.specs[r] for r in self.teacher_roles], "--teacher" if cfg.teacher else recipe.path,
                        one_target=True)
         self.names = {role: spec.name for role, spec in self.specs.items() if spec}
-        self.given_teachers = {  # as distill.json records them: a folder by the file it names (recorded_source)
-            "teacher": ",".join(str(replace(self.specs[r], source=recorded_source(self.specs[r].source)))
-                                for r in self.teacher_roles) if cfg.teacher else None,
-            "start": str(replace(self.specs["start"], source=recorded_source(self.specs["start"].source)))
-            if cfg.start else None}
+        self.given_teachers = {  # as distill.json records them: a folder by the file it names (recorded_spec)
+            "teacher": ",".join(str(recorded_spec(self.specs[r])) for r in self.teacher_roles) if cfg.teacher else None,
+            "start": str(recorded_spec(self.specs["start"])) if cfg.start else None}
         self.refs: dict[str, TeacherRef] = {}  # each role's model found, by check_models
         self.weights = _weights(cfg, recipe, len(teachers))  # None: chosen on STS-B dev (WEIGHTS)
         self._keys: dict[str, str] = {}
@@ -350,7 +348,8 @@ def _read_state(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         state = e
     if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
-            and all(isinstance(s, str) for s in state["done"])):
+            and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
+            and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds"))):
         why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
@@ -424,23 +423,26 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
 def steps_of(run: _Run) -> list[Step]:
     """The run's steps, in order: the one list the run executes and the dry run estimates (each step's condition
     is written here only)."""
-    K, out, manifest = StepKind, run.out, run.store / "manifest.json"
+    K, out, manifest = StepKind, run.out, (run.store / "manifest.json",)
     steps = [Step(K.teacher, lambda: _rows_record(run, _precompute(run, "teacher")), leaves=manifest)]
     if run.specs["start"] and run.recipe.outputs["start"]:
         steps.append(Step(K.start, lambda: _rows_record(run, _precompute(run, "start")), leaves=manifest))
     if run.weights is None and len(run.teacher_roles) > 1:
-        steps.append(Step(K.weights, lambda: _choose_weights(run), leaves=out / WEIGHTS))
+        steps.append(Step(K.weights, lambda: _choose_weights(run), leaves=(out / WEIGHTS,)))
     if run.cfg.exclude_leakage:
-        steps.append(Step(K.leakage, lambda: _leakage(run), leaves=run.exclude))
+        steps.append(Step(K.leakage, lambda: _leakage(run), leaves=(run.exclude,)))
     for stage in run.recipe.students:
+        folder = run.stage_dir(stage.name)  # (a loadable student: kd.student.saved)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          run.stage_dir(stage.name) / "model.safetensors"))
-    steps.append(Step(K.choose, lambda: _choose(run), leaves=out / "choice.json"))
+                          (folder / "model.safetensors", folder / "config.json", folder / "tokenizer")))
+    steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
-        steps.append(Step(K.export, lambda: _export(run), leaves=out / "model"))
+        steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
+                                                                  out / "onnx" / "model.onnx")))
     if run.cfg.evaluate:
-        steps.append(Step(K.suite, lambda: _evaluate(run), leaves=out / "report.json") if run.cfg.suite else
-                     Step(K.sts, lambda: _sts_report(run), leaves=out / "report.json"))
+        report = (out / "report.json",)
+        steps.append(Step(K.suite, lambda: _evaluate(run), leaves=report) if run.cfg.suite else
+                     Step(K.sts, lambda: _sts_report(run), leaves=report))
     return steps
 
 
@@ -449,8 +451,9 @@ def _intact(run: _Run, done: list[str]) -> list[str]:
     deleted to train it again; a probe: the run said "chose stage one" with stages/one gone), which is done again
     with every step after it (they read what it makes)."""
     for step in steps_of(run):
-        if step.name in done and step.leaves is not None and not step.leaves.exists():
-            _say(run.cfg, f"{step.name}: {step.leaves} is gone, so it is done again, and every step after it")
+        gone = next((p for p in step.leaves if not p.exists()), None)
+        if step.name in done and gone is not None:
+            _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")
             steps = [s.name for s in steps_of(run)]
             return [name for name in done if name in steps and steps.index(name) < steps.index(step.name)]
     return done

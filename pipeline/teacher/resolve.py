@@ -76,6 +76,9 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
                          f"pass {where} minilm, mpnet, a checkpoint folder or NAME=FOLDER")
     text = os.fspath(text)
     name, _, source = text.partition("=") if "=" in text else ("", "", text)
+    if not source:  # ("t=": the table name of no model)
+        raise InputError("a teacher with a name and no model", f"{where} {text}",
+                         f"name the model too: {where} {name or 'NAME'}=minilm, mpnet or a checkpoint folder")
     source = plain_path(source)  # a folder as a file: URI is the folder (common.paths)
     name = name or (unnamed if unnamed and source not in KNOWN_NAMES else _own_name(source))
     try:
@@ -108,6 +111,15 @@ def recorded_source(source: str) -> str:
     path, links followed, so that a store's record reads the same from any working folder; a packaged name or a
     Hugging Face id as itself."""
     return source if source in KNOWN_NAMES or not os.path.isdir(source) else os.path.realpath(source)
+
+
+def recorded_spec(spec: TeacherSpec, folder: str | os.PathLike | None = None) -> TeacherSpec:
+    """`spec` as a record keeps it: its source by `recorded_source`, a relative folder read from `folder` (where a run
+    recorded by an older kd, its teachers as typed, began; default the current folder)."""
+    source = spec.source
+    if folder is not None and source not in KNOWN_NAMES and os.path.isdir(os.path.join(folder, source)):
+        source = os.path.join(folder, source)
+    return TeacherSpec(spec.name, recorded_source(source))
 
 
 def resolve_teacher(spec: str | TeacherSpec | TeacherRef, flag: str = "--teacher") -> TeacherRef:

@@ -441,11 +441,27 @@ def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpu
     monkeypatch.chdir(other.parent)  # the same name here is another folder: another run
     with pytest.raises(InputError, match=f"teacher was 'teacher={tiny_teacher.resolve()}', now 'teacher={other}'"):
         distill(_cfg(corpus, out, recipe_file, teacher=tiny_teacher.name, store=store))
-    for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{"):
+    record = json.loads(state)
+    for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{", '{"identity": {}, "done": []}',
+                    json.dumps(record | {"stages": 5})):
         (out / "distill.json").write_text(damaged)
         with pytest.raises(InputError, match="is not the record kd distill writes") as e:
             distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))
         assert e.value.where == str(out / "distill.json") and "--store" in e.value.fix
+    (out / "distill.json").write_text(json.dumps(record | {"identity": record["identity"] | {"store": "file://h/x"}}))
+    with pytest.raises(InputError, match="records a path kd cannot read") as e:  # (the fix said --overwrite)
+        distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))
+    assert e.value.fix == "pass a new --out"
+    # an older kd's record: its paths and teachers as typed where the run began (here: tmp_path, `-o run -t t`)
+    (tmp_path / "t").symlink_to(tiny_teacher)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t").symlink_to(other)
+    older = record["identity"] | {"out": "run", "teacher": "t"}
+    (out / "distill.json").write_text(json.dumps(record | {"identity": older}))
+    monkeypatch.chdir(tmp_path / "sub")  # `t` here is another teacher: it was the same run (a probe)
+    with pytest.raises(InputError, match="teacher was"):
+        distill(_cfg(corpus, Path("../run"), recipe_file, teacher="t", store=store))
+    distill(_cfg(corpus, Path("../run"), recipe_file, teacher=str(tiny_teacher), store=store))
     (out / "distill.json").write_bytes(state)
 
 

@@ -126,3 +126,17 @@ def test_a_remote_address_where_kd_reads_a_local_file_is_refused_naming_the_opti
         assert res.exit_code == 2 and "a remote address, where kd reads a local file or folder" in said, said
         assert f"where: {option}" in said and "copy it to this machine" in said, said
     assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
+
+
+def test_a_path_where_a_string_option_is_declared_is_its_text():
+    """`kd.distill(teacher=Path(...))` failed on `.split()`, `objectives=(Path("cosine"),)` on a tuple of Paths: a
+    config holds each declared str option (alone, in a list or a tuple) as text, whatever the Python caller passed."""
+    from pathlib import Path
+
+    from kd.apps.distill.config import DistillConfig
+    from kd.student.train_config import TrainConfig
+
+    cfg = TrainConfig(Path("s"), Path("o"), objectives=(Path("cosine"),), init=Path("file:/tmp/x"))
+    assert (cfg.store, cfg.out, cfg.objectives, cfg.init) == ("s", "o", ("cosine",), "/tmp/x")
+    run = DistillConfig([Path("c.txt")], Path("o"), teacher=Path("t"), recipe=Path("file:///tmp/r.toml"))
+    assert (run.inputs, run.teacher, run.recipe) == (["c.txt"], "t", "/tmp/r.toml")
