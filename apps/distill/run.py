@@ -450,12 +450,13 @@ def _intact(run: _Run, done: list[str]) -> list[str]:
     """The steps `done` records whose work is still there: up to the first whose file is gone (a stage folder
     deleted to train it again; a probe: the run said "chose stage one" with stages/one gone), which is done again
     with every step after it (they read what it makes)."""
-    for step in steps_of(run):
+    steps = steps_of(run)
+    for i, step in enumerate(steps):
         gone = next((p for p in step.leaves if not p.exists()), None)
         if step.name in done and gone is not None:
             _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")
-            steps = [s.name for s in steps_of(run)]
-            return [name for name in done if name in steps and steps.index(name) < steps.index(step.name)]
+            before = {s.name for s in steps[:i]}
+            return [name for name in done if name in before]
     return done
 
 
