@@ -68,6 +68,6 @@ def test_wheel_runs_the_quick_demo_without_shared_data(tmp_path):
     res = subprocess.run([str(kd), "demo", "--quick", "--no-progress", "--threads", "1"], cwd=work, env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    report = json.loads((work / "kd-demo" / "report.json").read_text())
+    report = json.loads((work / "kd-demo-quick" / "report.json").read_text())  # (--quick: its own folder)
     rows = {m["name"]: m["metrics"] for m in report["models"]}
     assert rows["minilm"]["sts_spearman"] > 85  # the bundled STS-B dev pairs were found and scored

@@ -13,7 +13,8 @@ from kd.common.options import bounded, check_ranges, option
 class DemoConfig:
     """Every option of `kd demo` (flags, help and ranges declared here: kd.common.options)."""
 
-    out: str = option("kd-demo", short="-o", help="Folder for everything the demo writes")
+    out: str | None = option(None, short="-o", help="Folder for everything the demo writes (default: kd-demo; with "
+                                                    "--quick: kd-demo-quick, so that the two never share one)")
     quick: bool = option(False, help="Tiny corpus slice and a few training steps (smoke test)")
     sentences: int | None = bounded(None, B.ROWS)  # default: all 6,000 bundled (quick: 400)
     epochs: int | None = option(None, range=B.EPOCHS, help="Training epochs of the BiLSTM tier (default: the arch's, "
@@ -27,3 +28,5 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "kd demo options")
+        if self.out is None:
+            self.out = "kd-demo-quick" if self.quick else "kd-demo"

@@ -42,23 +42,46 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def write_corpus(folder: Path, sentences: int | None) -> list[str]:
-    """The first `sentences` bundled rows, taken round-robin over sources, one .txt per source."""
+def corpus_files(sentences: int | None) -> dict[str, str]:
+    """The first `sentences` bundled rows, taken round-robin over sources: {source.txt: its text}."""
     rows = demo_corpus()
     by_source: dict[str, list[str]] = {}
     for source, text in rows:
         by_source.setdefault(source, []).append(text)
     n = len(rows) if sentences is None else sentences
     share = {s: n // len(by_source) + (i < n % len(by_source)) for i, s in enumerate(by_source)}
+    return {f"{source}.txt": "\n".join(texts[: share[source]]) + "\n" for source, texts in by_source.items()}
+
+
+def write_corpus(folder: Path, sentences: int | None) -> list[str]:
+    """`corpus_files` written to `folder`, one .txt per source."""
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    for source, texts in by_source.items():
-        path = folder / f"{source}.txt"
-        content = "\n".join(texts[: share[source]]) + "\n"
+    for name, content in corpus_files(sentences).items():
+        path = folder / name
         if not path.exists() or path.read_text(encoding="utf-8") != content:  # keep the store's fingerprint stable
             path.write_text(content, encoding="utf-8")
         files.append(str(path))
     return files
+
+
+def _sentences(cfg: DemoConfig) -> int | None:
+    return cfg.sentences or (400 if cfg.quick else None)
+
+
+def _refuse_another_size(cfg: DemoConfig, out: Path) -> None:
+    """A demo of another corpus size in `out` (`kd demo` after `kd demo --quick -o X`): rewriting its corpus would
+    make its store refuse the run, and its finished students would be kept as this run's. Replaced only with
+    --overwrite."""
+    planned = corpus_files(_sentences(cfg))
+    there = {p.name: p for p in (out / "corpus").glob("*.txt")}
+    if cfg.overwrite or not there or all(n in there and there[n].read_text(encoding="utf-8") == text
+                                         for n, text in planned.items()):
+        return
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in there.values())
+    raise KdError(f"--out holds a kd demo of another corpus size ({lines:,} sentences there, "
+                  f"{sum(t.count(chr(10)) for t in planned.values()):,} now)", str(out),
+                  "pass another -o, or --overwrite to replace that demo")
 
 
 def preflight(cfg: DemoConfig) -> Path:
@@ -71,6 +94,7 @@ def preflight(cfg: DemoConfig) -> Path:
 
     # a writable folder, not a store or student nor inside one (its stages check their own folders again)
     out = claim_output(cfg.out, "kd demo")
+    _refuse_another_size(cfg, out)
     resolve_teacher("minilm")
     if not demo_corpus():
         raise KdError("the bundled demo corpus is empty", "apps/eval/data/demo_corpus.tsv.gz", "reinstall kd")
@@ -90,7 +114,7 @@ def _run(cfg: DemoConfig, out: Path) -> DemoResult:
     students = {tier: out / "students" / tier for tier in cfg.tiers}
     times: dict[str, float] = {}
     t = time.perf_counter()
-    files = write_corpus(out / "corpus", cfg.sentences or (400 if cfg.quick else None))
+    files = write_corpus(out / "corpus", _sentences(cfg))
     outputs = ["sentence", "mean"] + (["vocab"] if "static" in cfg.tiers else [])
     precompute(files, str(store), ["minilm"], outputs=outputs, shard_rows=5000, overwrite=cfg.overwrite,
                progress=cfg.progress)

@@ -42,6 +42,17 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path, monkeypatch):
     best = max(("static", "bilstm"), key=lambda t: rows[t]["sts_spearman"])
     said = " ".join(res.output.split())
     assert report["info"]["demo_pick"] == best and f"best STS-B dev: the {best} student" in said
+    # `kd demo` after `kd demo --quick` in one folder: its corpus was rewritten and its store refused the run (exit
+    # 2, a fix about --add-to); the quick students would have been kept as the full demo's. Refused before any work
+    # now, naming the sizes; by default the two never share a folder.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name}
+    res = CliRunner().invoke(app, ["demo", "--out", str(out), "--no-progress"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "a kd demo of another corpus size (400 sentences there, 6,000 now)" in said, said
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
+    from kd.apps.demo.config import DemoConfig
+
+    assert (DemoConfig().out, DemoConfig(quick=True).out) == ("kd-demo", "kd-demo-quick")
 
 
 def test_demo_checks_its_inputs_before_any_stage(tmp_path, monkeypatch):
