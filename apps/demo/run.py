@@ -9,8 +9,9 @@ Steps (each with a progress bar), everything under `out/`:
 4. `report.{json,md}` + `plots/`: `apps.eval.run.evaluate` of the teacher and every tier on STS-B dev,
    agreement and neighbour recall over the store rows, speed and size; the tier with the best STS-B
    dev Spearman is named the demo's pick.
-A stage whose output is complete is reused on a second run (the store resumes; a finished student
-is kept) unless `overwrite`. `quick` runs a tiny slice with few steps (CI smoke test).
+A stage whose output is complete is reused on a second run of the same options (the store resumes; a
+finished student is kept, one trained with other options refused) unless `overwrite`. `quick` runs a tiny
+slice with few steps (CI smoke test).
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def _run(cfg: DemoConfig, out: Path) -> DemoResult:
 
     for tier, folder in students.items():
         t = time.perf_counter()
-        if cfg.overwrite or not (folder / "config.json").exists():
-            train(_tier_config(cfg, tier, store, folder))
+        # (train tells a finished student of these options, "nothing to do", from one of others, refused: the demo
+        # kept any finished student, so `kd demo --epochs 3` after `kd demo` reported the old one as trained so)
+        train(_tier_config(cfg, tier, store, folder))
         times[f"train {tier}"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -45,6 +45,10 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path, monkeypatch):
     # `kd demo` after `kd demo --quick` in one folder: its corpus was rewritten and its store refused the run (exit
     # 2, a fix about --add-to); the quick students would have been kept as the full demo's. Refused before any work
     # now, naming the sizes; by default the two never share a folder.
+    weights = {t: (out / "students" / t / "model.safetensors").read_bytes() for t in ("static", "bilstm")}
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])  # the same: reused
+    assert res.exit_code == 0 and res.output.count("nothing to do") == 2, res.output
+    assert {t: (out / "students" / t / "model.safetensors").read_bytes() for t in weights} == weights
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name}
     res = CliRunner().invoke(app, ["demo", "--out", str(out), "--no-progress"])
     said = " ".join(res.output.split())
