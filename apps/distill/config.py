@@ -105,11 +105,18 @@ class DistillConfig:
         return None if key is None else (key, recorded.get(key), now.get(key))
 
 
+def teacher_roles(count: int) -> list[str]:
+    """The roles of a run's `count` teachers: the main one is "teacher" (its tokenizer and outputs are what `from =
+    "teacher"` starts from), the others of a combined target "teacher2", "teacher3", ..."""
+    return ["teacher", *(f"teacher{i}" for i in range(2, count + 1))]
+
+
 def _recorded_teachers(text: str, option: str, began: Path | None) -> str:
     """An older record's --teacher or --start (as typed, each folder relative to where its run began) as a record of
     today's kd names them (`_Run.given_teachers`): the same text typed in another folder was the same run (a probe)."""
-    roles = ["start"] if option == "start" else ["teacher", *(f"teacher{i}" for i in range(2, text.count(",") + 2))]
-    return ",".join(str(recorded_spec(parse_teacher(part, role), began)) for role, part in zip(roles, text.split(",")))
+    parts = text.split(",")
+    roles = ["start"] if option == "start" else teacher_roles(len(parts))
+    return ",".join(str(recorded_spec(parse_teacher(part, role), began)) for role, part in zip(roles, parts))
 
 
 PATHS = ("out", "store", "recipe", "inputs")  # options naming files (inputs: a list), compared as the files they name

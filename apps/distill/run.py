@@ -33,7 +33,7 @@ from typing import Any
 from kd.apps import leakage
 from kd.apps.distill import recipe as R
 from kd.apps.distill import teacher_weights as W
-from kd.apps.distill.config import DistillConfig
+from kd.apps.distill.config import DistillConfig, teacher_roles
 from kd.apps.distill.recipe_models import check_models
 from kd.apps.distill.shared_stages import copy_stage, finished_stage, stage_key, store_tables, untouched
 from kd.apps.eval import metrics, tasks
@@ -113,9 +113,7 @@ class _Run:
         self.store = local_path(cfg.store) if cfg.store else self.out / "store"
         self.exclude = self.out / "exclude.txt"
         teachers = cfg.teacher.split(",") if cfg.teacher else recipe.teachers
-        # the main teacher is role "teacher" (its tokenizer and outputs are what `from = "teacher"` starts from); the
-        # others of a combined target (student.target) are "teacher2", "teacher3", ...
-        self.teacher_roles = ["teacher", *(f"teacher{i}" for i in range(2, len(teachers) + 1))]
+        self.teacher_roles = teacher_roles(len(teachers))  # (a combined target's: student.target)
         given = dict(zip(self.teacher_roles, teachers)) | {"start": cfg.start or recipe.start}
         # each parsed once, here, and passed on as values: a packaged teacher keeps its name (mpnet, minilm), a
         # folder is named by its role (its table in the store: teacher, teacher2, start)
