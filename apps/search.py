@@ -39,6 +39,9 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
                  (spec.source, recorded_source(spec.source))]
     name = teacher if spec is None else by_source[0] if len(by_source) == 1 else \
         spec.name if spec.name in teachers else None
+    if name is None and len(by_source) > 1 and not table_given:  # (the start model is the teacher: two tables)
+        raise InputError(f"--teacher {teacher} wrote several tables of the store ({', '.join(by_source)})",
+                         "--teacher", f"pass one of their names: --teacher {by_source[0]}")
     if name is None and not table_given:  # (another teacher's index was searched: a probe)
         raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
                          "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "

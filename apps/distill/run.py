@@ -430,9 +430,10 @@ def steps_of(run: _Run) -> list[Step]:
     if run.cfg.exclude_leakage:
         steps.append(Step(K.leakage, lambda: _leakage(run), leaves=(run.exclude,)))
     for stage in run.recipe.students:
-        folder = run.stage_dir(stage.name)  # (a loadable student: kd.student.saved)
+        # (its weights: what a retrain replaces; a stage folder missing other files is not retrained by a rerun, and
+        # listing them here recorded a wrong "done": a probe)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          (folder / "model.safetensors", folder / "config.json", folder / "tokenizer")))
+                          (run.stage_dir(stage.name) / "model.safetensors",)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
