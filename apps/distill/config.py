@@ -81,7 +81,7 @@ class DistillConfig:
         bytes: a newer kd may reword a preset or add [measured] sizes, and a long run must still resume). Paths are
         the files they name (out1, out1/, /abs/out1 and a symlink to it are one run); `teachers`: --teacher and
         --start as the run parsed them, each folder by the file it names (`_Run.given_teachers`)."""
-        opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE}
+        opts = {k: v for k, v in asdict(self).items() if k not in self.RESUMABLE and k not in teachers}
         return named_files(opts, PATHS) | teachers | {"recipe_digest": recipe.digest}
 
     def difference(self, recorded: dict[str, Any], recipe: Recipe, teachers: dict[str, str | None],

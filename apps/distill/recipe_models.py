@@ -1,7 +1,8 @@
-"""A recipe checked against the models it names, before any of them loads: every role's model resolves (a folder
-that is not there is refused now, not after the teacher's pass), the layers `[outputs] keep_layers` keeps exist in
-the start model, and each transformer-init stage's `init_layers` names layers its source has. Found later, each
-of these cost a user the models' load and timing (2 min in issue 48's probe) and named a temporary folder.
+"""A recipe checked against the models it names, before any of them loads (each role's model is found first, where
+the run parses it: apps.distill.run `_Run.check_models`): the layers `[outputs] keep_layers` keeps exist in the
+start model, each transformer-init stage's `init_layers` names layers its source has, and a static stage is no
+wider than its role's vocab output. Found later, each of these cost a user the models' load and timing (2 min in
+issue 48's probe) and named a temporary folder.
 
 The recipe's own parse (apps.distill.recipe) checks what needs no model: forms, ranges, names.
 """
@@ -14,14 +15,10 @@ from kd.apps.distill import recipe as R
 from kd.common.errors import InputError, KdError
 from kd.common.layers import parse_layers
 from kd.common.parsing import read_config
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 
 
-def check_models(recipe: R.Recipe, specs: dict[str, TeacherSpec]) -> dict[str, TeacherRef]:
-    """The recipe against the models of `specs` (each role's teacher, as the run parsed it); the resolved models,
-    which the run loads from here on (each is found once)."""
-    refs = {role: _resolved(recipe, role, spec) for role, spec in specs.items()}
-    folders = {role: ref.path for role, ref in refs.items()}
+def check_models(recipe: R.Recipe, folders: dict[str, str]) -> None:
+    """The recipe against the checkpoint folder of each role's model (teacher, teacher2, ..., start)."""
     kept = {role: _kept_layers(recipe, folder) for role, folder in folders.items()
             if "init" in recipe.outputs["start" if role == "start" else "teacher"]}
     for stage in recipe.stages:
@@ -44,7 +41,6 @@ def check_models(recipe: R.Recipe, specs: dict[str, TeacherSpec]) -> dict[str, T
         elif stage.source in counts:
             source = counts[stage.source]
             counts[stage.name] = len(parse_layers(str(asked), source, at)) if asked is not None else source
-    return refs
 
 
 def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str]) -> None:
@@ -64,17 +60,6 @@ def _check_static_width(recipe: R.Recipe, stage: R.Stage, folders: dict[str, str
                          f"output ({width}), which a static student's table is reduced from",
                          f"{recipe.path} [[stage]] {stage.name}: embed_dim",
                          f"set embed_dim = {width} or less, or leave it out (min(256, the {stage.source}'s width))")
-
-
-def _resolved(recipe: R.Recipe, role: str, spec: TeacherSpec) -> TeacherRef:
-    """The role's model found; a refusal names the role and the recipe, not only `--teacher` (the start model of
-    a recipe is no --teacher of the user's)."""
-    flag = "--start" if role == "start" else "--teacher"
-    try:
-        return resolve_teacher(spec, flag)
-    except KdError as e:
-        raise InputError(f"the {role} model: {e.what}", f"{recipe.path} ({role}), or {flag}; {e.where}",
-                         e.fix) from None
 
 
 def _kept_layers(recipe: R.Recipe, folder: str) -> list[int] | None:

@@ -48,7 +48,14 @@ from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, check_distinct, parse_teacher, recorded_spec
+from kd.pipeline.teacher.resolve import (
+    TeacherRef,
+    TeacherSpec,
+    check_distinct,
+    parse_teacher,
+    recorded_spec,
+    resolve_teacher,
+)
 from kd.storage.store import Store
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
@@ -142,8 +149,19 @@ class _Run:
         return self.recipe.outputs["start" if role == "start" else "teacher"]
 
     def check_models(self) -> None:
-        """The recipe against the models it names, before any loads (apps.distill.recipe_models)."""
-        self.refs = check_models(self.recipe, {role: spec for role, spec in self.specs.items() if spec})
+        """Each role's model found, once, beside its parse (the steps load these refs), then the recipe checked
+        against them before any loads (apps.distill.recipe_models). A refusal names the role and the recipe, not
+        only the option: a recipe's start model is no --start of the user's."""
+        for role, spec in self.specs.items():
+            if spec is None:
+                continue
+            flag = "--start" if role == "start" else "--teacher"
+            try:
+                self.refs[role] = resolve_teacher(spec, flag)
+            except KdError as e:
+                raise InputError(f"the {role} model: {e.what}", f"{self.recipe.path} ({role}), or {flag}; {e.where}",
+                                 e.fix) from None
+        check_models(self.recipe, {role: ref.path for role, ref in self.refs.items()})
 
     def teacher(self, role: str) -> TeacherRef | TeacherSpec:
         """The role's model as the steps load it: found once (check_models), else as given."""
