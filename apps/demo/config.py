@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kd.common import bounds as B
+from kd.common.errors import InputError
 from kd.common.options import bounded, check_ranges, option
 
 
@@ -28,5 +29,8 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "kd demo options")
+        if self.quick and self.epochs is not None:  # (quick trains a fixed 30 steps: --epochs was dropped silently)
+            raise InputError(f"--epochs {self.epochs} with --quick, whose students train a fixed 30 steps of one epoch",
+                             "kd demo options", "drop --quick to train for --epochs, or drop --epochs")
         if self.out is None:
             self.out = "kd-demo-quick" if self.quick else "kd-demo"

@@ -60,7 +60,7 @@ def write_corpus(folder: Path, sentences: int | None) -> list[str]:
     files = []
     for name, content in corpus_files(sentences).items():
         path = folder / name
-        if not path.exists() or path.read_text(encoding="utf-8") != content:  # keep the store's fingerprint stable
+        if not path.is_file() or path.read_bytes() != content.encode("utf-8"):  # keep the store's fingerprint stable
             path.write_text(content, encoding="utf-8")
         files.append(str(path))
     return files
@@ -76,13 +76,14 @@ def _refuse_another_size(cfg: DemoConfig, out: Path) -> None:
     --overwrite."""
     planned = corpus_files(_sentences(cfg))
     there = {p.name: p for p in (out / "corpus").glob("*.txt")}
-    if cfg.overwrite or not there or all(n in there and there[n].read_text(encoding="utf-8") == text
-                                         for n, text in planned.items()):
+    # (bytes, not text: a file there that is not UTF-8 was a UnicodeDecodeError naming no file)
+    differing = [n for n, text in planned.items() if n not in there or there[n].read_bytes() != text.encode("utf-8")]
+    if cfg.overwrite or not there or not differing:
         return
-    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in there.values())
-    raise KdError(f"--out holds a kd demo of another corpus size ({lines:,} sentences there, "
-                  f"{sum(t.count(chr(10)) for t in planned.values()):,} now)", str(out),
-                  "pass another -o, or --overwrite to replace that demo")
+    lines, now = sum(p.read_bytes().count(b"\n") for p in there.values()), sum(t.count("\n") for t in planned.values())
+    what = "of another corpus size" if lines != now else f"whose corpus was edited ({differing[0]})"
+    raise KdError(f"--out holds a kd demo {what} ({lines:,} sentences there, {now:,} now)",
+                  str(out / "corpus" / differing[0]), "pass another -o, or --overwrite to replace that demo")
 
 
 def preflight(cfg: DemoConfig) -> Path:

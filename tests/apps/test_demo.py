@@ -54,6 +54,14 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path, monkeypatch):
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "a kd demo of another corpus size (400 sentences there, 6,000 now)" in said, said
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
+    # a demo file edited in another encoding: refused naming it (it was a UnicodeDecodeError naming no file)
+    news = out / "corpus" / "leipzig-news.txt"
+    news.write_bytes(news.read_bytes().replace(b"e", b"\xe9", 1))
+    before[news] = news.read_bytes()
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "whose corpus was edited (leipzig-news.txt)" in said, said
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
     from kd.apps.demo.config import DemoConfig
 
     assert (DemoConfig().out, DemoConfig(quick=True).out) == ("kd-demo", "kd-demo-quick")
@@ -79,3 +87,12 @@ def test_demo_refuses_a_file_as_output(tmp_path):
     res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(f), "--no-progress"])
     assert res.exit_code == 2 and "not a folder" in res.output
     assert f.read_text() == "mine"
+
+
+def test_quick_demo_refuses_epochs_it_would_not_train(tmp_path):
+    """--quick trains a fixed 30 steps: `--epochs 2` beside it was dropped without a word (a probe)."""
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["demo", "--quick", "--epochs", "2", "--out", str(out), "--no-progress"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "--epochs 2 with --quick" in said and "drop --quick" in said, said
+    assert not out.exists()
