@@ -3,8 +3,8 @@
 - `--teacher NAME` (a teacher of the store, by name or by the spec it was precomputed from):
   loads the checkpoint its table meta names, refuses one whose weights checksum differs from the
   one that wrote the store, encodes the query with the same max_length and searches that
-  teacher's index (column: --column or the teacher's default target). A teacher spec that is not
-  in the store (a path, NAME=PATH) searches any index of the right dimension.
+  teacher's index (column: --column or the teacher's default target). A teacher the store does not
+  hold is refused, unless --table names the table to search; a teacher table's writer is checked then too.
 - `--student DIR`: `student.load(DIR).encode`; a student distilled into a teacher's space
   searches that teacher's index (DSE-style: cheap query encoder, precomputed corpus vectors).
   Which index: --table/--column/--kind, else the only one with the query's dimension.
@@ -22,6 +22,7 @@ from kd.apps.search_config import SearchConfig
 from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
+from kd.dataset.query import resolve_table
 from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
 from kd.pipeline.teacher.resolve import parse_teacher, recorded_source
 from kd.storage.store import Store
@@ -29,7 +30,7 @@ from kd.storage.store import Store
 PAIR_SUFFIXES = ("_a", "_b")
 
 
-def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, table_given: bool
+def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, table: str | None
                     ) -> tuple[np.ndarray, str | None, str]:
     # a teacher of the store by its name (loaded from where the store says), or a spec naming one of its tables, by
     # the folder it was precomputed from (any spelling) or by NAME: loaded from the spec, its weights checked below
@@ -39,22 +40,25 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
                  (spec.source, recorded_source(spec.source))]
     name = teacher if spec is None else by_source[0] if len(by_source) == 1 else \
         spec.name if spec.name in teachers else None
-    if name is None and len(by_source) > 1 and not table_given:  # (the start model is the teacher: two tables)
+    if name is None and len(by_source) > 1 and table is None:  # (the start model is the teacher: two tables)
         raise InputError(f"--teacher {teacher} wrote several tables of the store ({', '.join(by_source)})",
                          "--teacher", f"pass one of their names: --teacher {by_source[0]}")
-    if name is None and not table_given:  # (another teacher's index was searched: a probe)
+    if name is None and table is None:  # (another teacher's index was searched: a probe)
         raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
                          "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "
                          "or the folder it was precomputed from), or name the table to search with --table")
-    table = f"teachers/{name}" if name else None
+    # the table searched is --table's, else the teacher's own; the query's model is checked against the one that
+    # wrote the searched table (with --table, any checkpoint searched any teacher's vectors: a probe)
+    own = f"teachers/{name}" if name else None
+    table = resolve_table(store, table) if table else own
     meta = store.table(table).meta if table else {}
     column = column or meta.get("default_target", "mean")
     output = column[:-2] if column.endswith(PAIR_SUFFIXES) else column
     if output not in {o.value for o in Output}:
         raise InputError(f"a teacher cannot encode a query into column {column!r}", "--column",
                          "use cls, mean or sentence (or their _a/_b forms in pair stores)")
-    model = load_teacher(meta.get("source", teacher) if spec is None else spec.source,
-                         max_length=meta.get("max_length"))
+    source = store.table(own).meta.get("source", teacher) if spec is None else spec.source
+    model = load_teacher(source, max_length=meta.get("max_length"))
     if meta.get("weights_sha256") and weights_sha256(model.ref.path) != meta["weights_sha256"]:
         raise KdError(
             f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r}",
@@ -82,8 +86,7 @@ def search_store(cfg: SearchConfig) -> SearchResult:
     store = Store.open(cfg.store, content=True)
     table, column = cfg.table, cfg.column
     if cfg.teacher is not None:
-        vec, teacher_table, column = _teacher_vector(store, cfg.teacher, cfg.query, column, table is not None)
-        table = table or teacher_table
+        vec, table, column = _teacher_vector(store, cfg.teacher, cfg.query, column, table)
     else:
         vec = _student_vector(cfg.student, cfg.query)
     return search(store, vec[None, :], cfg.k, table=table, column=column, kind=cfg.kind)

@@ -166,6 +166,13 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(other), "-k", "1"])
     said = " ".join(r.output.split())
     assert r.exit_code == 2 and "is not one of the store's teachers (tiny-bert)" in said, said
+    for table in ("tiny-bert", "teachers/tiny-bert"):  # --table named the index: any checkpoint searched it (a probe)
+        r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(other), "--table", table])
+        said = " ".join(r.output.split())
+        assert r.exit_code == 2 and "is not the teacher that wrote table 'teachers/tiny-bert'" in said, said
+    r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "--table", "tiny-bert",
+                            "-k", "1"])
+    assert r.exit_code == 0 and "1.0000" in r.output, r.output
     twin = build_tiny_bert(tmp_path / "x" / "tiny-bert", seed=4)  # the table's name, other weights: the weights tell
     for spec in (str(twin), f"tiny-bert={twin}"):
         r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", spec, "-k", "1"])
