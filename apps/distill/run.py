@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -96,7 +97,11 @@ class Step:
 
     @property
     def name(self) -> str:
-        return f"{self.kind.value} {self.stage}" if self.stage else self.kind.value
+        return step_name(self.kind, self.stage)
+
+
+def step_name(kind: StepKind, stage: str | None = None) -> str:
+    return f"{kind.value} {stage}" if stage else kind.value
 
 
 @dataclass
@@ -266,6 +271,7 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
     """Every step not yet done in run.out (`state`: its distill.json), recorded after each; the run's result."""
     cfg = run.cfg
     steps = steps_of(run)
+    _clear_undone_stages(run, state)
     seconds: dict[str, float] = {}
     for i, step in enumerate(steps, 1):
         if step.name in state["done"]:
@@ -288,6 +294,20 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
     line = choice_line(choice["chosen"], choice["sts_dev"], choice["candidates"]) \
         if R.BASELINE in choice["sts_dev"] else ""
     return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
+
+
+def _clear_undone_stages(run: _Run, state: dict[str, Any]) -> None:
+    """A stage done once and then undone (`_intact`: its weights gone, or an earlier step's work, which it reads) is
+    trained again from nothing: what is left of its folder is neither a checkpoint to resume nor a student to keep
+    (its folder without weights stuck every rerun: "no model.safetensors"; a finished one after a retrained source
+    was kept as if trained from it: a probe). Its record goes with it, so a kill after this retrains it only once."""
+    undone = [name for name in state.get("stages", {}) if step_name(StepKind.train, name) not in state["done"]]
+    for name in undone:
+        if run.stage_dir(name).exists():
+            shutil.rmtree(run.stage_dir(name))
+        del state["stages"][name]
+    if undone:
+        _save_state(run, state)
 
 
 def _say(cfg: DistillConfig, line: str) -> None:

@@ -420,6 +420,17 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     assert result.chosen == json.loads((uninterrupted / "choice.json").read_text())["chosen"]
     assert (out / "stages" / "one" / "model.safetensors").read_bytes() == \
         (uninterrupted / "stages" / "one" / "model.safetensors").read_bytes()
+    # a stage's weights deleted: its folder stuck every rerun ("no model.safetensors", recorded done); the stage
+    # after it, which starts from it, was kept as if trained from the new one. Both are trained again from nothing.
+    (out / "stages" / "two" / "model.safetensors").unlink()
+    (out / "stages" / "one" / "left-by-the-old-stage").write_text("x")
+    result = distill(_cfg(corpus, out, recipe_file, store=str(uninterrupted / "store")))
+    assert not (out / "stages" / "one" / "left-by-the-old-stage").exists()
+    for name in ("two", "one"):
+        assert (out / "stages" / name / "model.safetensors").read_bytes() == \
+            (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
+    assert json.loads((out / "distill.json").read_text())["done"] == \
+        json.loads((uninterrupted / "distill.json").read_text())["done"]
 
 
 def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpus, recipe_file, tiny_teacher, tmp_path,
