@@ -41,6 +41,7 @@ from kd.apps.distill.run import (
     _Run,
     check_reuse,
     check_store,
+    chosen_dir,
     corpus_header,
     corpus_options,
     recorded_state,
@@ -208,8 +209,14 @@ def _choose_step(c: _Calibration, step: Step) -> PlannedStep:
 
 
 def _export_step(c: _Calibration, step: Step) -> PlannedStep:
+    """The export of the run's chosen student when it is chosen (into the dry run's folder), else of the sample's
+    last stage: with every stage done, none was trained on the sample ("no trained student here", naming the
+    dry run's folder: a probe)."""
+    src = chosen_dir(c.run) if (c.run.out / "choice.json").is_file() else None
+    if src is None or not (src / "model.safetensors").is_file():  # (chosen, then its stage undone: to be retrained)
+        src, _ = None, c.stages
     with c.say("dry run: timing the export"):
-        return _export(c.cal, step.name)
+        return _export(c.cal, step.name, src)
 
 
 def _suite_step(c: _Calibration, step: Step) -> PlannedStep:
@@ -464,8 +471,8 @@ def _encode_rate(cal: _Run) -> float:
     return len(dev) / (time.perf_counter() - t)
 
 
-def _export(cal: _Run, name: str) -> PlannedStep:
-    src = cal.stage_dir(cal.recipe.stages[-1].name)
+def _export(cal: _Run, name: str, src: Path | None) -> PlannedStep:
+    src = src or cal.stage_dir(cal.recipe.stages[-1].name)
     t = time.perf_counter()
     export_student(src, "sentence-transformers", cal.out / "model")
     export_student(src, "onnx", cal.out / "onnx")

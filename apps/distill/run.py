@@ -289,7 +289,7 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
         state["done"].append(step.name)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
-    choice = json.loads((run.out / "choice.json").read_text())
+    choice = _choice(run)
     report = _read_report(run) if cfg.evaluate else None
     line = choice_line(choice["chosen"], choice["sts_dev"], choice["candidates"]) \
         if R.BASELINE in choice["sts_dev"] else ""
@@ -623,12 +623,34 @@ def choice_line(chosen: str, scores: dict[str, float], candidates: list[str]) ->
 
 
 def chosen_dir(run: _Run) -> Path:
-    return run.stage_dir(json.loads((run.out / "choice.json").read_text())["chosen"])
+    return run.stage_dir(_choice(run)["chosen"])
+
+
+def _choice(run: _Run) -> dict[str, Any]:
+    """choice.json as `_choose` writes it; a damaged one is named with the fix that redoes its step (it was "a file
+    is not valid JSON" naming a line, not the file: a probe)."""
+    path, names = run.out / "choice.json", {s.name for s in run.recipe.students}
+    try:
+        choice = json.loads(path.read_text(encoding="utf-8"))
+        ok = choice["chosen"] in names and names <= set(choice["sts_dev"]) and \
+            all(isinstance(v, float | int) for v in choice["sts_dev"].values()) and "candidates" in choice
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        ok, choice = False, str(e)
+    if not ok:
+        raise InputError("choice.json is not the choice kd distill writes for this recipe", str(path),
+                         f"delete {path}: the rerun chooses the stage again on STS-B dev (seconds)")
+    return choice
 
 
 def _export(run: _Run) -> None:
-    export_student(chosen_dir(run), "sentence-transformers", run.out / "model", overwrite=True)
-    export_student(chosen_dir(run), "onnx", run.out / "onnx", overwrite=True)
+    for fmt, folder in (("sentence-transformers", run.out / "model"), ("onnx", run.out / "onnx")):
+        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None:
+            # kd export replaces only a folder it can tell is an export: one that lost the file telling it (its
+            # modules.json) was refused with "pass a new --out", which starts the whole run again (a probe)
+            raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
+                             "does not delete a folder it cannot tell it wrote", str(folder),
+                             f"delete {folder}: the rerun exports the chosen student into it again")
+        export_student(chosen_dir(run), fmt, folder, overwrite=True)
 
 
 def _evaluate(run: _Run) -> None:
@@ -657,7 +679,7 @@ def _sts_report(run: _Run) -> None:
     so this costs seconds where the suite's reference models cost tens of minutes on a first CPU run (issue 50).
     report.json / report.md and the model card, as the suite writes them."""
 
-    choice, test = json.loads((run.out / "choice.json").read_text()), tasks.load_stsb("test")
+    choice, test = _choice(run), tasks.load_stsb("test")
     rows = []
     for name in dict.fromkeys([choice["chosen"], R.BASELINE]):
         score = _sts(load(run.stage_dir(name)), test)
@@ -673,7 +695,7 @@ def _sts_report(run: _Run) -> None:
 
 
 def _model_card(run: _Run, table: str, measured_by: str) -> None:
-    choice = json.loads((run.out / "choice.json").read_text())
+    choice = _choice(run)
     stages = "\n".join(f"| {s.name} | {s.source} | {choice['sts_dev'][s.name]:.2f} |" for s in run.recipe.students)
     start = run.specs["start"].source if run.specs["start"] else None
     teacher = run.specs["teacher"].source if len(run.teacher_roles) == 1 else run.target()  # several: their weights
@@ -691,4 +713,10 @@ def _rows(run: _Run) -> str:
 
 def _read_report(run: _Run) -> dict[str, Any] | None:
     path = run.out / "report.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"report.json is not a report ({e})", str(path),
+                         f"delete {path}: the rerun evaluates the chosen student again") from None

@@ -206,8 +206,8 @@ def test_seed_offsets_every_stage_s_seed_and_makes_another_run(tmp_path, corpus,
 
 
 def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
-    return DistillConfig([str(corpus)], str(out), recipe=str(recipe), evaluate=False, export=False, progress=False,
-                         **kw)
+    return DistillConfig([str(corpus)], str(out), recipe=str(recipe), **({"evaluate": False, "export": False,
+                                                                        "progress": False} | kw))
 
 
 def _weights(out: Path) -> dict[str, bytes]:
@@ -431,6 +431,27 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
             (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
     assert json.loads((out / "distill.json").read_text())["done"] == \
         json.loads((uninterrupted / "distill.json").read_text())["done"]
+    # an export that lost the file telling it one: refused as "not an export" with "pass a new --out" (the whole run
+    # again); the dry run, with only the export left, was refused naming its own temporary folder
+    store = str(uninterrupted / "store")
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    (out / "model" / "modules.json").unlink()
+    plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
+    assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
+    with pytest.raises(InputError, match="no whole export any more") as e:
+        distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    assert e.value.where == str(out / "model") and e.value.fix.startswith(f"delete {out / 'model'}")
+    shutil.rmtree(out / "model")
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    assert (out / "model" / "modules.json").is_file()
+    # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
+    (out / "choice.json").write_text('{"x')
+    with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
+        distill(_cfg(corpus, out, recipe_file, store=store))
+    assert e.value.where == str(out / "choice.json") and "the rerun chooses the stage again" in e.value.fix
+    (out / "choice.json").unlink()
+    assert distill(_cfg(corpus, out, recipe_file, store=store)).chosen == \
+        json.loads((uninterrupted / "choice.json").read_text())["chosen"]
 
 
 def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpus, recipe_file, tiny_teacher, tmp_path,
