@@ -148,6 +148,12 @@ def _foreign_below(out: Path) -> Path | None:
     return None
 
 
+def refuse_empty(out: str | os.PathLike, flag: str) -> None:
+    """Path('') is the working folder: never guess that for an output."""
+    if not os.fspath(out).strip():
+        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
+
+
 def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = (),
                  inputs: Iterable[str | os.PathLike | None] = (), *, overwrite: bool = False, fresh: bool = False,
                  remove: bool = False, file: bool = False, flag: str = "--out") -> Path:
@@ -158,8 +164,7 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
       folder, so a non-empty one needs `overwrite` (rule 4); `remove`: then the old folder is deleted here
       (otherwise the caller replaces it, e.g. by an atomic swap, or resumes in it).
     """
-    if not os.fspath(out).strip():  # Path('') is the working folder: never guess that
-        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
+    refuse_empty(out, flag)
     if is_uri(out):  # (precompute writes a store to a URI itself, claiming only a local one)
         raise InputError(f"{flag} is a remote address; {command} writes here, on this machine", os.fspath(out),
                          f"pass a local path for {flag} and copy the result there afterwards")

@@ -81,9 +81,11 @@ def _refuse_another_size(cfg: DemoConfig, out: Path) -> None:
     if cfg.overwrite or not there or not differing:
         return
     lines, now = sum(p.read_bytes().count(b"\n") for p in there.values()), sum(t.count("\n") for t in planned.values())
-    what = "of another corpus size" if lines != now else f"whose corpus was edited ({differing[0]})"
+    first = differing[0]
+    what = f"whose corpus lacks {first}" if first not in there else \
+        "of another corpus size" if lines != now else f"whose corpus was edited ({first})"
     raise KdError(f"--out holds a kd demo {what} ({lines:,} sentences there, {now:,} now)",
-                  str(out / "corpus" / differing[0]), "pass another -o, or --overwrite to replace that demo")
+                  str(out / "corpus" / first), "pass another -o, or --overwrite to replace that demo")
 
 
 def preflight(cfg: DemoConfig) -> Path:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
+from kd.common.outputs import refuse_empty
 from kd.common.paths import as_given, named_files, recorded_files, start_folder
 from kd.pipeline.teacher.resolve import parse_teacher, recorded_spec
 
@@ -67,6 +68,10 @@ class DistillConfig:
         one_value_as_sequence(self)
         self.out = os.fspath(self.out)
         self.store = None if self.store is None else os.fspath(self.store)
+        # the run resolves both at once: "" was the working folder, and a run was written into it (a probe)
+        for value, name in ((self.out, "--out"), (self.store, "--store")):
+            if value is not None:
+                refuse_empty(value, name)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

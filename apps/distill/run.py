@@ -373,6 +373,12 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
         key, was, now = differs
         raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
                          str(run.out), "run with the same options to resume it, or pass a new --out")
+    # the corpus is recorded by its paths: one edited since was read from the old store, exit 0 (a probe)
+    changed = [] if run.cfg.store else _corpus_differences(run)  # (--store's: check_store)
+    if changed:
+        raise InputError(f"the corpus changed since this run's store was made: {'; '.join(changed[:3])}",
+                         str(run.out), f"restore it to resume the run, or pass a new --out (with --reuse {run.store}: "
+                         "the rows that did not change are copied, not encoded again)")
     return state | {"done": _intact(run, state["done"])}
 
 
@@ -416,13 +422,21 @@ def check_store(run: _Run) -> None:
     if run.store.is_dir() and any(run.store.iterdir()) and kind_of(run.store) != STORE:
         raise InputError("--store holds files but no kd store", where,
                          "pass a kd store (another run's OUT/store), or a new or empty folder")
-    if kind_of(run.store) == STORE:
-        m, now = Store.open(run.store).manifest, corpus_header(run)
-        if m.fingerprint != now["fingerprint"]:
-            diffs = file_differences(m.inputs.get("files") or [], now["files"]) + \
-                option_differences(m.inputs.get("options") or {}, now["options"])
-            raise InputError(f"--store was made from another corpus or other row options: {'; '.join(diffs[:3])}",
-                             where, "pass the corpus and options it was made from, or another --store")
+    diffs = _corpus_differences(run)
+    if diffs:
+        raise InputError(f"--store was made from another corpus or other row options: {'; '.join(diffs[:3])}",
+                         where, "pass the corpus and options it was made from, or another --store")
+
+
+def _corpus_differences(run: _Run) -> list[str]:
+    """How the corpus and row options differ from those the run's store was made from (none: no store yet)."""
+    if kind_of(run.store) != STORE:
+        return []
+    m, now = Store.open(run.store).manifest, corpus_header(run)
+    if m.fingerprint == now["fingerprint"]:
+        return []
+    return file_differences(m.inputs.get("files") or [], now["files"]) + \
+        option_differences(m.inputs.get("options") or {}, now["options"])
 
 
 def check_reuse(run: _Run) -> None:

@@ -136,7 +136,12 @@ def _bert_input(st: LoadedStudent, bert: nn.Module, work: Path) -> nn.Module:
     # Right-padded as the student trained (common/padding.py), whatever side the teacher's tokenizer pads on: left
     # padding would move every token's position embedding. Saved so, the module reloads it so.
     AutoTokenizer.from_pretrained(st.path / TOKENIZER, padding_side="right").save_pretrained(work)
-    return Transformer(str(work), max_seq_length=st.config.max_length)
+    # transformers gives the loaded BertModel a pooler the saved one lacks, drawn from torch's global generator: the
+    # export's bytes differed between two exports of one student (a resumed kd distill's from an unkilled one's: a
+    # probe). Drawn from a fixed seed, without touching the caller's generator.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Transformer(str(work), max_seq_length=st.config.max_length)
 
 
 def _static_modules(st: LoadedStudent) -> list[nn.Module]:

@@ -56,11 +56,20 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path, monkeypatch):
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
     # a demo file edited in another encoding: refused naming it (it was a UnicodeDecodeError naming no file)
     news = out / "corpus" / "leipzig-news.txt"
-    news.write_bytes(news.read_bytes().replace(b"e", b"\xe9", 1))
+    kept = news.read_bytes()
+    news.write_bytes(kept.replace(b"e", b"\xe9", 1))
     before[news] = news.read_bytes()
     res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "whose corpus was edited (leipzig-news.txt)" in said, said
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
+    news.write_bytes(kept)
+    before[news] = kept
+    (out / "corpus" / "wordnet-glosses.txt").unlink()  # (it was "another corpus size")
+    del before[out / "corpus" / "wordnet-glosses.txt"]
+    res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "whose corpus lacks wordnet-glosses.txt" in said, said
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
     from kd.apps.demo.config import DemoConfig
 

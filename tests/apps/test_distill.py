@@ -454,6 +454,36 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
         json.loads((uninterrupted / "choice.json").read_text())["chosen"]
 
 
+def test_an_empty_out_or_store_is_refused(tmp_path, corpus, recipe_file, monkeypatch):
+    """`-o ""` was the working folder (a whole run written into it); `--store ""` was recorded as it."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["--out", ""], ["-o", "x", "--store", " "]):
+        res = CliRunner().invoke(app, ["distill", str(corpus), "--recipe", str(recipe_file), *args])
+        assert res.exit_code == 2 and f"{args[-2]} is empty" in res.output, res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corpus_edited_since_its_store_was_made_is_refused(uninterrupted, corpus, recipe_file, tmp_path):
+    """A run records its corpus by its paths: edited after the teacher's pass, a rerun (and its dry run) read the old
+    store and said "distilled", exit 0 (a probe). Refused now, naming the change; restored, the run is the same."""
+    from kd.apps.distill.plan import estimate
+
+    mine, out = tmp_path / "corpus.txt", tmp_path / "run"
+    shutil.copy(corpus, mine)
+    reuse = str(uninterrupted / "store")  # (its vectors copied: no teacher pass)
+    distill(_cfg(mine, out, recipe_file, reuse=reuse))
+    state = (out / "distill.json").read_bytes()
+    with mine.open("a", encoding="utf-8") as f:
+        f.write("A brand new sentence about the harbour at night.\n")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="the corpus changed since this run's store was made: ") as e:
+            call(_cfg(mine, out, recipe_file, reuse=reuse))
+        assert e.value.where == str(out) and f"--reuse {out / 'store'}" in e.value.fix
+    assert (out / "distill.json").read_bytes() == state
+    shutil.copy(corpus, mine)
+    assert distill(_cfg(mine, out, recipe_file, reuse=reuse)).chosen
+
+
 def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpus, recipe_file, tiny_teacher, tmp_path,
                                                              monkeypatch):
     """--teacher was recorded as typed and compared as text: the same folder spelt otherwise was "another run", a

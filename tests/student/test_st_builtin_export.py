@@ -121,3 +121,19 @@ def test_every_export_folder_has_a_card_naming_the_teacher(name, fmt, students, 
     plain = fmt == "sentence-transformers" and name != "bigru"
     assert ('SentenceTransformer("PATH/TO/THIS/FOLDER")' in card) == plain
     assert "texts over" not in card  # a bilstm export equals the student on long texts too: nothing to warn of
+
+
+@pytest.mark.parametrize("name", ["transformer-init", "transformer"])
+def test_two_exports_of_one_student_are_the_same_bytes(name, students, tmp_path):
+    """transformers gives the exported BertModel a pooler the saved one lacks, drawn from torch's generator: a
+    kd distill resumed after a kill exported other bytes than an unkilled run did (a probe)."""
+    import torch
+
+    folders = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)  # the process's generator in two states, as two processes' are
+        out = tmp_path / f"st{seed}"
+        _export(students[name], out)
+        folders.append({p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
+    assert folders[0].keys() == folders[1].keys()
+    assert [f for f in folders[0] if folders[0][f] != folders[1][f]] == []
