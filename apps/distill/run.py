@@ -648,8 +648,8 @@ def _choice(run: _Run) -> dict[str, Any]:
         choice = json.loads(path.read_text(encoding="utf-8"))
         ok = choice["chosen"] in names and names <= set(choice["sts_dev"]) and \
             all(isinstance(v, float | int) for v in choice["sts_dev"].values()) and "candidates" in choice
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        ok, choice = False, str(e)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # (not JSON, or not of this shape)
+        ok = False
     if not ok:
         raise InputError("choice.json is not the choice kd distill writes for this recipe", str(path),
                          f"delete {path}: the rerun chooses the stage again on STS-B dev (seconds)")
