@@ -118,8 +118,10 @@ def _text(value: Any) -> Any:
 def _plain(value: Any, name: str, opt: Option) -> Any:
     if not isinstance(value, str):
         return value  # (the type check below names it)
+    shown = name.upper() if opt.argument else flag_of(name, opt)  # (a positional has no flag: kd export STUDENT)
+    if not value.strip():  # Path("") is the working folder (`kd distill --recipe ""` ran the default recipe: a probe)
+        raise InputError(f"{shown} is empty", f"{shown} {value!r}", f"pass a path for {shown}")
     if is_uri(value):
-        shown = name.upper() if opt.argument else flag_of(name, opt)  # (a positional has no flag: kd export STUDENT)
         raise InputError(f"{shown} {os.fspath(value)}: a remote address, where kd reads a local file or folder",
                          shown, "copy it to this machine and pass its local path")
     return plain_path(value)

@@ -74,6 +74,9 @@ def _refuse_another_size(cfg: DemoConfig, out: Path) -> None:
     """A demo of another corpus size in `out` (`kd demo` after `kd demo --quick -o X`): rewriting its corpus would
     make its store refuse the run, and its finished students would be kept as this run's. Replaced only with
     --overwrite."""
+    if (out / "corpus").exists() and not (out / "corpus").is_dir():  # (a FileExistsError traceback: a probe)
+        raise KdError("the demo's corpus/ is not a folder here", str(out / "corpus"),
+                      f"move {out / 'corpus'} away, or pass another -o")
     planned = corpus_files(_sentences(cfg))
     there = {p.name: p for p in (out / "corpus").glob("*.txt")}
     # (bytes, not text: a file there that is not UTF-8 was a UnicodeDecodeError naming no file)

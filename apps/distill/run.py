@@ -49,6 +49,7 @@ from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
+from kd.pipeline.teacher.model import weights_sha256
 from kd.pipeline.teacher.resolve import (
     TeacherRef,
     TeacherSpec,
@@ -167,6 +168,7 @@ class _Run:
                 raise InputError(f"the {role} model: {e.what}", f"{self.recipe.path} ({role}), or {flag}; {e.where}",
                                  e.fix) from None
         check_models(self.recipe, {role: ref.path for role, ref in self.refs.items()})
+        _refuse_changed_weights(self)
 
     def teacher(self, role: str) -> TeacherRef | TeacherSpec:
         """The role's model as the steps load it: found once (check_models), else as given."""
@@ -272,6 +274,9 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
     cfg = run.cfg
     steps = steps_of(run)
     _clear_undone_stages(run, state)
+    # the steps `_intact` undid are undone on disk too: only in memory, a kill while one was redone left it recorded
+    # done, and the next run skipped it and every step after it (kd export's card left as the model's: a probe)
+    _save_state(run, state)
     seconds: dict[str, float] = {}
     for i, step in enumerate(steps, 1):
         if step.name in state["done"]:
@@ -296,18 +301,33 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
     return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
 
 
+def _refuse_changed_weights(run: _Run) -> None:
+    """Each role's model is the one whose vectors the run's store holds: a teacher whose weights changed in place
+    after its pass had its dev vectors (the weights' choice) computed from the new weights while every stage trained
+    on the old ones' vectors, exit 0 (a probe)."""
+    if kind_of(run.store) != STORE:
+        return
+    tables = Store.open(run.store).manifest.tables
+    for role, ref in run.refs.items():
+        table = tables.get(f"teachers/{run.names[role]}")
+        wrote = table.meta.get("weights_sha256") if table is not None else None
+        if wrote and weights_sha256(ref.path) != wrote:
+            raise InputError(f"the {role} model's weights changed since its vectors were stored: the run's store "
+                             f"({run.store}) holds another model's", ref.path,
+                             "restore its weights to resume this run, or pass a new --out for a run on these weights")
+
+
 def _clear_undone_stages(run: _Run, state: dict[str, Any]) -> None:
     """A stage done once and then undone (`_intact`: its weights gone, or an earlier step's work, which it reads) is
     trained again from nothing: what is left of its folder is neither a checkpoint to resume nor a student to keep
     (its folder without weights stuck every rerun: "no model.safetensors"; a finished one after a retrained source
-    was kept as if trained from it: a probe). Its record goes with it, so a kill after this retrains it only once."""
+    was kept as if trained from it: a probe). Its record goes with it (saved by the caller), so a kill after this
+    retrains it only once."""
     undone = [name for name in state.get("stages", {}) if step_name(StepKind.train, name) not in state["done"]]
     for name in undone:
         if run.stage_dir(name).exists():
             shutil.rmtree(run.stage_dir(name))
         del state["stages"][name]
-    if undone:
-        _save_state(run, state)
 
 
 def _say(cfg: DistillConfig, line: str) -> None:
@@ -379,7 +399,25 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
         raise InputError(f"the corpus changed since this run's store was made: {'; '.join(changed[:3])}",
                          str(run.out), f"restore it to resume the run, or pass a new --out (with --reuse {run.store}: "
                          "the rows that did not change are copied, not encoded again)")
-    return state | {"done": _intact(run, state["done"])}
+    done = _intact(run, state["done"])
+    _refuse_damaged(run, done)
+    return state | {"done": done}
+
+
+def _refuse_damaged(run: _Run, done: list[str]) -> None:
+    """What a rerun would read or replace and cannot, refused before any work, in the run and its dry run alike (the
+    dry run planned "export 4 s" and showed "done" where the run was refused: a probe): a damaged choice.json of a
+    done choice, and an export folder that is no whole export any more, which kd export will not replace."""
+    if step_name(StepKind.choose) in done:
+        _choice(run)
+    if not run.cfg.export or step_name(StepKind.export) in done:
+        return
+    for folder in (run.out / "model", run.out / "onnx"):
+        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None:
+            # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
+            raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
+                             "does not delete a folder it cannot tell it wrote", str(folder),
+                             f"delete {folder}: the rerun exports the chosen student into it again")
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -489,7 +527,8 @@ def steps_of(run: _Run) -> list[Step]:
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
-                                                                  out / "onnx" / "model.onnx")))
+                                                                  out / "onnx" / "model.onnx",
+                                                                  out / "onnx" / "kd_onnx.json")))
     if run.cfg.evaluate:
         report = (out / "report.json",)
         steps.append(Step(K.suite, lambda: _evaluate(run), leaves=report) if run.cfg.suite else
@@ -657,13 +696,8 @@ def _choice(run: _Run) -> dict[str, Any]:
 
 
 def _export(run: _Run) -> None:
+    # (a folder kd export will not replace was refused before any work: `_refuse_damaged`)
     for fmt, folder in (("sentence-transformers", run.out / "model"), ("onnx", run.out / "onnx")):
-        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None:
-            # kd export replaces only a folder it can tell is an export: one that lost the file telling it (its
-            # modules.json) was refused with "pass a new --out", which starts the whole run again (a probe)
-            raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
-                             "does not delete a folder it cannot tell it wrote", str(folder),
-                             f"delete {folder}: the rerun exports the chosen student into it again")
         export_student(chosen_dir(run), fmt, folder, overwrite=True)
 
 

@@ -71,6 +71,13 @@ def test_quick_demo_runs_the_whole_workflow(tmp_path, monkeypatch):
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "whose corpus lacks wordnet-glosses.txt" in said, said
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ".kd-" not in p.name} == before
+    (out / "corpus").rename(out / "kept")  # corpus/ a file: a FileExistsError traceback, --overwrite too (a probe)
+    (out / "corpus").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        res = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress", *extra])
+        said = " ".join(res.output.split())
+        assert res.exit_code == 2 and "the demo's corpus/ is not a folder here" in said, said
+    assert (out / "corpus").read_text() == "mine"
     from kd.apps.demo.config import DemoConfig
 
     assert (DemoConfig().out, DemoConfig(quick=True).out) == ("kd-demo", "kd-demo-quick")

@@ -436,19 +436,21 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     store = str(uninterrupted / "store")
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
     (out / "model" / "modules.json").unlink()
+    for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
+        with pytest.raises(InputError, match="no whole export any more") as e:
+            call(_cfg(corpus, out, recipe_file, store=store, export=True))
+        assert e.value.where == str(out / "model") and e.value.fix.startswith(f"delete {out / 'model'}")
+    shutil.rmtree(out / "model")
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
-    with pytest.raises(InputError, match="no whole export any more") as e:
-        distill(_cfg(corpus, out, recipe_file, store=store, export=True))
-    assert e.value.where == str(out / "model") and e.value.fix.startswith(f"delete {out / 'model'}")
-    shutil.rmtree(out / "model")
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
     assert (out / "model" / "modules.json").is_file()
     # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
     (out / "choice.json").write_text('{"x')
-    with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
-        distill(_cfg(corpus, out, recipe_file, store=store))
-    assert e.value.where == str(out / "choice.json") and "the rerun chooses the stage again" in e.value.fix
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
+            call(_cfg(corpus, out, recipe_file, store=store))
+        assert e.value.where == str(out / "choice.json") and "the rerun chooses the stage again" in e.value.fix
     (out / "choice.json").unlink()
     assert distill(_cfg(corpus, out, recipe_file, store=store)).chosen == \
         json.loads((uninterrupted / "choice.json").read_text())["chosen"]
@@ -457,10 +459,65 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
 def test_an_empty_out_or_store_is_refused(tmp_path, corpus, recipe_file, monkeypatch):
     """`-o ""` was the working folder (a whole run written into it); `--store ""` was recorded as it."""
     monkeypatch.chdir(tmp_path)
-    for args in (["--out", ""], ["-o", "x", "--store", " "]):
+    for args in (["--out", ""], ["-o", "x", "--store", " "], ["-o", "x", "--reuse", ""], ["-o", "x", "--teacher", ""],
+                 ["-o", "x", "--start", " "]):
         res = CliRunner().invoke(app, ["distill", str(corpus), "--recipe", str(recipe_file), *args])
         assert res.exit_code == 2 and f"{args[-2]} is empty" in res.output, res.output
+    # `--recipe ""` ran the default recipe (a real teacher, minutes); an empty corpus path was "not found" unnamed
+    for args in (["distill", str(corpus), "-o", "x", "--recipe", ""], ["distill", "", "-o", "x", "--recipe", "r"]):
+        res = CliRunner().invoke(app, args)
+        said = " ".join(res.output.split())
+        assert res.exit_code == 2 and ("--recipe is empty" in said or "INPUTS is empty" in said), said
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corpus, recipe_file, tmp_path,
+                                                            monkeypatch):
+    """A step whose work is gone was undone in memory only: killed while the export was done again (model/ written,
+    onnx/ not yet), the next run found model/modules.json, skipped the export and the evaluation, and left kd export's
+    card as the model's, exit 0 (a probe)."""
+    from kd.apps.distill import run as distill_run
+
+    out, store = tmp_path / "run", str(uninterrupted / "store")
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    card = (out / "model" / "README.md").read_bytes()
+    shutil.rmtree(out / "model")
+    real = distill_run.export_student
+
+    def killed_before_onnx(src, fmt, folder, **kw):
+        if fmt == "onnx":
+            raise KeyboardInterrupt  # (as a kill there: the state is not written after it)
+        return real(src, fmt, folder, **kw)
+
+    monkeypatch.setattr(distill_run, "export_student", killed_before_onnx)
+    with pytest.raises(KeyboardInterrupt):
+        distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    monkeypatch.undo()
+    assert "export" not in json.loads((out / "distill.json").read_text())["done"]
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    assert (out / "model" / "README.md").read_bytes() == card
+
+
+def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file, tiny_teacher,
+                                                                   tmp_path):
+    """A teacher folder rewritten in place after its pass: a rerun computed what it computes from the new weights
+    (with two teachers, their weights' choice) and trained every stage on the old ones' vectors, exit 0 (a probe)."""
+    from kd.apps.distill.plan import estimate
+
+    teacher, out = tmp_path / "t", tmp_path / "run"
+    shutil.copytree(tiny_teacher, teacher)
+    cfg = _cfg(corpus, out, recipe_file, teacher=f"tt={teacher}", reuse=str(uninterrupted / "store"))
+    distill(cfg)
+    (out / "choice.json").unlink()
+    other = build_tiny_bert(tmp_path / "other", seed=5)
+    shutil.copy(other / "model.safetensors", teacher / "model.safetensors")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="the teacher model's weights changed since its vectors were stored") as e:
+            call(cfg)
+        assert e.value.where == str(teacher)
+    assert not (out / "choice.json").exists()
+    shutil.copy(tiny_teacher / "model.safetensors", teacher / "model.safetensors")
+    assert distill(cfg).chosen == json.loads((uninterrupted / "choice.json").read_text())["chosen"]
 
 
 def test_a_corpus_edited_since_its_store_was_made_is_refused(uninterrupted, corpus, recipe_file, tmp_path):
