@@ -168,7 +168,6 @@ class _Run:
                 raise InputError(f"the {role} model: {e.what}", f"{self.recipe.path} ({role}), or {flag}; {e.where}",
                                  e.fix) from None
         check_models(self.recipe, {role: ref.path for role, ref in self.refs.items()})
-        _refuse_changed_weights(self)
 
     def teacher(self, role: str) -> TeacherRef | TeacherSpec:
         """The role's model as the steps load it: found once (check_models), else as given."""
@@ -302,9 +301,9 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
 
 
 def _refuse_changed_weights(run: _Run) -> None:
-    """Each role's model is the one whose vectors the run's store holds: a teacher whose weights changed in place
-    after its pass had its dev vectors (the weights' choice) computed from the new weights while every stage trained
-    on the old ones' vectors, exit 0 (a probe)."""
+    """Each role's model (found: `_Run.check_models`) is the one whose vectors the run's store holds: a teacher whose
+    weights changed in place after its pass had its dev vectors (the weights' choice) computed from the new weights
+    while every stage trained on the old ones' vectors, exit 0 (a probe)."""
     if kind_of(run.store) != STORE:
         return
     tables = Store.open(run.store).manifest.tables
@@ -399,6 +398,7 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
         raise InputError(f"the corpus changed since this run's store was made: {'; '.join(changed[:3])}",
                          str(run.out), f"restore it to resume the run, or pass a new --out (with --reuse {run.store}: "
                          "the rows that did not change are copied, not encoded again)")
+    _refuse_changed_weights(run)  # (after the identity: another teacher folder is another run, said so)
     done = _intact(run, state["done"])
     _refuse_damaged(run, done)
     return state | {"done": done}
