@@ -72,10 +72,13 @@ class DistillConfig:
         for value, name in ((self.out, "--out"), (self.store, "--store")):
             if value is not None:
                 refuse_empty(value, name)
-        for value, name in ((self.teacher, "--teacher"), (self.start, "--start")):  # ("" was the recipe's, unsaid)
-            if isinstance(value, str) and not value.strip():
-                raise InputError(f"{name} is empty", f"{name} {value!r}",
-                                 f"pass a packaged name or a checkpoint folder, or leave {name} out for the recipe's")
+        # ("" was the recipe's teacher, unsaid; an empty entry of a list, "a,", a traceback: probes)
+        for parts, name in ((self.teacher, "--teacher"), (self.start, "--start")):
+            if isinstance(parts, str) and not all(p.strip() for p in (parts.split(",") if name == "--teacher" else
+                                                                     [parts])):
+                raise InputError(f"{name} is empty" if not parts.strip() else f"{name} {parts!r} has an empty entry",
+                                 f"{name} {parts!r}", f"pass a packaged name or a checkpoint folder (several: "
+                                 f"mpnet,minilm), or leave {name} out for the recipe's")
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

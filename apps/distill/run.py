@@ -530,7 +530,7 @@ def steps_of(run: _Run) -> list[Step]:
                                                                   out / "onnx" / "model.onnx",
                                                                   out / "onnx" / "kd_onnx.json")))
     if run.cfg.evaluate:
-        report = (out / "report.json",)
+        report = (out / "report.json", out / "report.md")  # (report.md gone: every rerun stopped reading it)
         steps.append(Step(K.suite, lambda: _evaluate(run), leaves=report) if run.cfg.suite else
                      Step(K.sts, lambda: _sts_report(run), leaves=report))
     return steps

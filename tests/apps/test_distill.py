@@ -463,6 +463,9 @@ def test_an_empty_out_or_store_is_refused(tmp_path, corpus, recipe_file, monkeyp
                  ["-o", "x", "--start", " "]):
         res = CliRunner().invoke(app, ["distill", str(corpus), "--recipe", str(recipe_file), *args])
         assert res.exit_code == 2 and f"{args[-2]} is empty" in res.output, res.output
+    for teacher in (",", f"{corpus},"):  # (an empty entry of the list was an AttributeError)
+        res = CliRunner().invoke(app, ["distill", str(corpus), "--recipe", str(recipe_file), "-o", "x", "-t", teacher])
+        assert res.exit_code == 2 and "has an empty entry" in " ".join(res.output.split()), res.output
     # `--recipe ""` ran the default recipe (a real teacher, minutes); an empty corpus path was "not found" unnamed
     for args in (["distill", str(corpus), "-o", "x", "--recipe", ""], ["distill", "", "-o", "x", "--recipe", "r"]):
         res = CliRunner().invoke(app, args)
@@ -496,6 +499,9 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
     assert "export" not in json.loads((out / "distill.json").read_text())["done"]
     distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
     assert (out / "model" / "README.md").read_bytes() == card
+    (out / "report.md").unlink()  # its step is redone: every rerun stopped reading it (a probe)
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    assert (out / "report.md").is_file() and (out / "model" / "README.md").read_bytes() == card
 
 
 def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file, tiny_teacher,
