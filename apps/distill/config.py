@@ -73,9 +73,8 @@ class DistillConfig:
             if value is not None:
                 refuse_empty(value, name)
         # ("" was the recipe's teacher, unsaid; an empty entry of a list, "a,", a traceback: probes)
-        for parts, name in ((self.teacher, "--teacher"), (self.start, "--start")):
-            if isinstance(parts, str) and not all(p.strip() for p in (parts.split(",") if name == "--teacher" else
-                                                                     [parts])):
+        for parts, name, several in ((self.teacher, "--teacher", True), (self.start, "--start", False)):
+            if isinstance(parts, str) and not all(p.strip() for p in (parts.split(",") if several else [parts])):
                 raise InputError(f"{name} is empty" if not parts.strip() else f"{name} {parts!r} has an empty entry",
                                  f"{name} {parts!r}", f"pass a packaged name or a checkpoint folder (several: "
                                  f"mpnet,minilm), or leave {name} out for the recipe's")
