@@ -12,7 +12,7 @@ from kd.common.options import check_ranges, option
 class LeakageConfig:
     """Which store `kd leakage` checks against the evaluation sets, and where the overlapping ids go."""
 
-    store: str = option(argument=True, help="Store written by kd precompute")
+    store: str = option(argument=True, remote=True, help="Store written by kd precompute")
     exclude_out: str | None = option(None, help="Write the overlapping rows' ids here (for train-student "
                                                 "--exclude-ids)")
     overwrite: bool = option(False, help="Replace an --exclude-out file written by kd")

@@ -13,7 +13,7 @@ from kd.common.options import check_ranges, option
 class QueryConfig:
     """Which store `kd query` reads, the SQL (None: statements read from stdin), and where the result goes."""
 
-    store: str = option(argument=True, help="Store folder")
+    store: str = option(argument=True, remote=True, help="Store folder")
     sql: str | None = option(None, argument=True, help="SQL; without it an interactive prompt reads stdin")
     format: str = option("table", choices=B.QueryFormat, short="-f", help="table | csv | json | parquet")
     out_file: str | None = option(None, flag="--out", short="-o", help="Write the result to this file")

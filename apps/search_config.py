@@ -15,7 +15,7 @@ class SearchConfig:
     """What `kd search` looks for, in which store, embedded by which model. Checked when built, before the store
     is opened."""
 
-    store: str = option(argument=True, help="Store folder")
+    store: str = option(argument=True, remote=True, help="Store folder")
     query: str = option(argument=True, help="Query text")
     student: str | None = option(None, path=True, help="Student directory to embed the query")
     teacher: str | None = option(None, help="Teacher of the store to embed the query")

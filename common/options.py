@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from kd.common import bounds as B
 from kd.common.errors import InputError
-from kd.common.paths import is_uri, plain_path
+from kd.common.paths import is_uri, plain_path, refuse_empty
 
 KEY = "kd.option"  # the metadata key
 
@@ -36,15 +36,18 @@ class Option:
     comma: bool = False  # one comma-separated value on the command line, a sequence in the config
     cli: bool = True  # False: a library-only value (no flag), still range-checked
     # a local file or folder kd reads by itself: a file: URI is the path it names (common.paths), a remote address
-    # is refused (`--init s3://b/s` said "no trained student here")
+    # is refused (`--init s3://b/s` said "no trained student here"); an empty one too (Path("") is the working folder)
     path: bool = False
+    remote: bool = False  # with `path`: a remote address is taken too (a store: storage.fs opens s3://, gs://)
 
 
 def option(default: Any = MISSING, *, help: str = "", flag: str | None = None, short: str | None = None,
            range: B.Range | None = None, choices: Any = None, devices: tuple[str, ...] | None = None,
-           argument: bool = False, comma: bool = False, factory: Any = MISSING, path: bool = False) -> Any:
+           argument: bool = False, comma: bool = False, factory: Any = MISSING, path: bool = False,
+           remote: bool = False) -> Any:
     """A dataclass field that is also a command-line option (`factory`: a default built per instance)."""
-    meta = {KEY: Option(help, flag, short, range, choices, devices, argument, comma, path=path)}
+    meta = {KEY: Option(help, flag, short, range, choices, devices, argument, comma, path=path or remote,
+                        remote=remote)}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -119,9 +122,8 @@ def _plain(value: Any, name: str, opt: Option) -> Any:
     if not isinstance(value, str):
         return value  # (the type check below names it)
     shown = name.upper() if opt.argument else flag_of(name, opt)  # (a positional has no flag: kd export STUDENT)
-    if not value.strip():  # Path("") is the working folder (`kd distill --recipe ""` ran the default recipe: a probe)
-        raise InputError(f"{shown} is empty", f"{shown} {value!r}", f"pass a path for {shown}")
-    if is_uri(value):
+    refuse_empty(value, shown)  # (`kd distill --recipe ""` ran the default recipe; `kd index ""` the working folder)
+    if is_uri(value) and not opt.remote:
         raise InputError(f"{shown} {os.fspath(value)}: a remote address, where kd reads a local file or folder",
                          shown, "copy it to this machine and pass its local path")
     return plain_path(value)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
-from kd.common.paths import is_uri, local_path
+from kd.common.paths import is_uri, local_path, refuse_empty
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
 COMMANDS = {STORE: "kd precompute", STUDENT: "kd train-student", FINETUNE: "kd finetune",
@@ -108,8 +108,9 @@ def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], flag: s
         if inp in out.parents:
             raise InputError(f"{flag} lies inside the input {raw}", str(out), f"pass a {flag} outside it")
         if out in inp.parents:
-            raise InputError(f"{flag} contains the input {raw}; --overwrite would delete it", str(out),
-                             f"pass a {flag} that does not hold the input")
+            # (it said "--overwrite would delete it" to kd distill, which has no --overwrite: a probe)
+            raise InputError(f"{flag} contains the input {raw}: writing the output there may replace or delete it",
+                             str(out), f"pass a {flag} that does not hold the input")
 
 
 def _check_parents(out: Path, flag: str) -> None:
@@ -146,12 +147,6 @@ def _foreign_below(out: Path) -> Path | None:
             if kind_of(Path(dirpath) / d) is not None:
                 return Path(dirpath) / d
     return None
-
-
-def refuse_empty(out: str | os.PathLike, flag: str) -> None:
-    """Path('') is the working folder: never guess that for an output."""
-    if not os.fspath(out).strip():
-        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(out)!r}", f"pass a path for {flag}")
 
 
 def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = (),

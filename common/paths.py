@@ -34,6 +34,12 @@ def _is_file_uri(text: str) -> bool:
     return text[:5].lower() == "file:"
 
 
+def refuse_empty(path: str | os.PathLike, flag: str, fix: str | None = None) -> None:
+    """Path("") is the working folder: kd never takes an empty (or blank) path for it, to read or to write."""
+    if not os.fspath(path).strip():
+        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(path)!r}", fix or f"pass a path for {flag}")
+
+
 def plain_path(path: str | os.PathLike) -> str:
     """The path a local path or file: URI names, as the OS reads it (relative stays relative); a remote address
     unchanged (the caller decides whether one may be there)."""

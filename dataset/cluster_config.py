@@ -13,7 +13,7 @@ from kd.common.options import check_ranges, option
 class ClusterConfig:
     """Which vector column `kd cluster` clusters, and how (see dataset.cluster's docstring)."""
 
-    store: str = option(argument=True, help="Store folder")
+    store: str = option(argument=True, remote=True, help="Store folder")
     table: str = option(help="Table: view name (minilm) or path (teachers/minilm)")
     column: str = option(help="1-D vector column, e.g. sentence")
     threshold: float = option(range=B.COSINE_DISTANCE, help="Cosine distance (1 - cos) under which clusters merge")

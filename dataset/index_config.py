@@ -13,7 +13,7 @@ from kd.common.options import check_ranges, option
 class IndexConfig:
     """Which vector column `kd index` indexes (None: `dataset.index.default_vector`'s choice), and how."""
 
-    store: str = option(argument=True, help="Store folder")
+    store: str = option(argument=True, remote=True, help="Store folder")
     table: str | None = option(None, help="Table: view name (minilm) or path (teachers/minilm); default: the first "
                                           "teacher")
     column: str | None = option(None, help="1-D vector column, e.g. sentence; default: sentence, else mean")

@@ -100,12 +100,14 @@ class PrecomputeJob:
     gpus_per_worker: float | None = option(None, range=B.GPU_SHARE, help="--engine ray: GPUs each worker reserves "
                                                                          "(default 1; 0.5: two per GPU)")
     # copied, not encoded: reuse.py
-    reuse: str | None = option(None, help="Store whose rows of the same teachers (same settings) are copied "
-                                          "instead of encoded again: a grown corpus costs only its new rows")
+    reuse: str | None = option(None, remote=True,
+                               help="Store whose rows of the same teachers (same settings) are copied instead of "
+                                    "encoded again: a grown corpus costs only its new rows")
     # out = this store; grow.py
-    add_to: str | None = option(None, help="Grow this store in place with only the new options (-t, --outputs): "
-                                           "no inputs, its recorded input files (unchanged, same sha256) and row "
-                                           "options are reused; its rows are not encoded again")
+    add_to: str | None = option(None, remote=True,
+                                help="Grow this store in place with only the new options (-t, --outputs): no inputs, "
+                                     "its recorded input files (unchanged, same sha256) and row options are reused; "
+                                     "its rows are not encoded again")
     # the Ray engine's options (None: the local engine), set from the flags above once they passed `check`
     ray: RayOptions | None = field(init=False, default=None, repr=False)
     # the teachers parsed once (a TeacherRef given, already found on this machine, is kept: loading it finds nothing

@@ -12,7 +12,7 @@ from kd.common.options import check_ranges, option
 class InfoConfig:
     """What `kd info` shows: the store's manifest summary (`storage.info.info`)."""
 
-    store: str = option(argument=True, help="Store folder or URI")
+    store: str = option(argument=True, remote=True, help="Store folder or URI")
 
     def __post_init__(self) -> None:
         check_ranges(self, "kd info options")

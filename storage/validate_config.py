@@ -12,7 +12,7 @@ from kd.common.options import check_ranges, option
 class ValidateConfig:
     """What `kd validate` checks (`storage.validate.validate_store`), and whether it repairs first."""
 
-    store: str = option(argument=True, help="Store folder or URI")
+    store: str = option(argument=True, remote=True, help="Store folder or URI")
     repair: bool = option(False, help="Drop damaged shards from the record (re-run precompute to redo them)")
 
     def __post_init__(self) -> None:

@@ -19,7 +19,8 @@ class FinetuneConfig:
     train: list[str] = option(path=True, help="Training file(s) with labels")
     out: str = option(short="-o", help="Output folder for the fine-tuned student")
     dev: list[str] | None = T.dev()
-    kd_store: str | None = option(None, help="SRA+KD: store over the training file with a task teacher's logits")
+    kd_store: str | None = option(None, remote=True,
+                                   help="SRA+KD: store over the training file with a task teacher's logits")
     kd_weight: float = option(1.0, range=B.LOSS_WEIGHT, help="Weight of the logit MSE to the teacher (0: off)")
     kd_alpha: float | None = option(None, range=B.UNIT, help="SRA+KD as Tang et al.: alpha x task loss + (1 - alpha) "
                                                              "x logit MSE (replaces --kd-weight)")

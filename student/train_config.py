@@ -114,7 +114,7 @@ class TrainConfig:
     """Every option of `kd train-student`, each declared once (flag, help, range: `kd.common.options`); saved as
     training_args.json. The CLI's parameters are built from these fields."""
 
-    store: str = option(flag="--shards", short="-s", help="Store written by kd precompute")
+    store: str = option(flag="--shards", short="-s", remote=True, help="Store written by kd precompute")
     out: str = option(short="-o", help="Output folder for the student (and checkpoints)")
     arch: str = option("bilstm", choices=B.Arch,
                        help="bilstm | bigru | cnn | ffn | transformer | static | transformer-init")

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.options import check_ranges, one_value_as_sequence, option, saved_defaults
-from kd.common.outputs import refuse_empty
-from kd.common.paths import as_given, named_files, recorded_files, start_folder
+from kd.common.paths import as_given, named_files, recorded_files, refuse_empty, start_folder
 from kd.pipeline.teacher.resolve import parse_teacher, recorded_spec
 
 if TYPE_CHECKING:
@@ -74,10 +73,13 @@ class DistillConfig:
                 refuse_empty(value, name)
         # ("" was the recipe's teacher, unsaid; an empty entry of a list, "a,", a traceback: probes)
         for parts, name, several in ((self.teacher, "--teacher", True), (self.start, "--start", False)):
-            if isinstance(parts, str) and not all(p.strip() for p in (parts.split(",") if several else [parts])):
-                raise InputError(f"{name} is empty" if not parts.strip() else f"{name} {parts!r} has an empty entry",
-                                 f"{name} {parts!r}", f"pass a packaged name or a checkpoint folder (several: "
-                                 f"mpnet,minilm), or leave {name} out for the recipe's")
+            if not isinstance(parts, str):
+                continue
+            fix = f"pass a packaged name or a checkpoint folder (several: mpnet,minilm), or leave {name} out for " \
+                  "the recipe's"
+            refuse_empty(parts, name, fix)
+            if several and not all(p.strip() for p in parts.split(",")):
+                raise InputError(f"{name} {parts!r} has an empty entry", f"{name} {parts!r}", fix)
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")

@@ -59,6 +59,7 @@ from kd.pipeline.teacher.resolve import (
     resolve_teacher,
 )
 from kd.storage.store import Store
+from kd.student import saved
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
 from kd.student.saved import load
@@ -95,6 +96,9 @@ class Step:
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
     leaves: tuple[Path, ...] = ()  # what it writes that later steps read: one gone, it is not done (`_intact`)
+    # folders whose every file, as it wrote them, is its work: each is recorded when it is done (distill.json's
+    # "files") and one gone undoes it (an export whose weights or tokenizer.json were deleted stayed "done": a probe)
+    folders: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -291,6 +295,8 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
         elif isinstance(result, dict):  # a precompute's rows
             state.setdefault("rows", {})[step.name] = result
         state["done"].append(step.name)
+        if step.folders:
+            state.setdefault("files", {})[step.name] = _files_in(run, step.folders)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
     choice = _choice(run)
@@ -311,8 +317,8 @@ def _refuse_changed_weights(run: _Run) -> None:
         table = tables.get(f"teachers/{run.names[role]}")
         wrote = table.meta.get("weights_sha256") if table is not None else None
         if wrote and weights_sha256(ref.path) != wrote:
-            raise InputError(f"the {role} model's weights changed since its vectors were stored: the run's store "
-                             f"({run.store}) holds another model's", ref.path,
+            raise InputError(f"the {role} model's weights ({run.names[role]}) changed since its vectors were "
+                             f"stored: the run's store ({run.store}) holds another model's", ref.path,
                              "restore its weights to resume this run, or pass a new --out for a run on these weights")
 
 
@@ -396,10 +402,11 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
     changed = [] if run.cfg.store else _corpus_differences(run)  # (--store's: check_store)
     if changed:
         raise InputError(f"the corpus changed since this run's store was made: {'; '.join(changed[:3])}",
-                         str(run.out), f"restore it to resume the run, or pass a new --out (with --reuse {run.store}: "
-                         "the rows that did not change are copied, not encoded again)")
+                         str(run.out), "make the corpus what the store was made from to resume the run (files back as "
+                         f"they were, new ones out of it), or pass a new --out (with --reuse {run.store}: the rows "
+                         "that did not change are copied, not encoded again)")
     _refuse_changed_weights(run)  # (after the identity: another teacher folder is another run, said so)
-    done = _intact(run, state["done"])
+    done = _intact(run, state)
     _refuse_damaged(run, done)
     return state | {"done": done}
 
@@ -413,6 +420,9 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
     if not run.cfg.export or step_name(StepKind.export) in done:
         return
     for folder in (run.out / "model", run.out / "onnx"):
+        if folder.exists() and not folder.is_dir():  # (the run said "--out is an existing file", the dry run planned)
+            raise InputError(f"{folder.name} is a file where the export goes", str(folder),
+                             f"move or delete {folder}: the rerun exports the chosen student there")
         if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None:
             # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
             raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
@@ -429,7 +439,7 @@ def _read_state(path: Path) -> dict[str, Any]:
         state = e
     if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
             and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
-            and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds"))):
+            and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))):
         why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
@@ -520,34 +530,45 @@ def steps_of(run: _Run) -> list[Step]:
     if run.cfg.exclude_leakage:
         steps.append(Step(K.leakage, lambda: _leakage(run), leaves=(run.exclude,)))
     for stage in run.recipe.students:
-        # (its weights: what a retrain replaces; a stage folder missing other files is not retrained by a rerun, and
-        # listing them here recorded a wrong "done": a probe)
+        # (what a student folder loads by: an undone stage is removed and trained again, `_clear_undone_stages`)
+        folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          (run.stage_dir(stage.name) / "model.safetensors",)))
+                          tuple(folder / f for f in (saved.WEIGHTS, saved.CONFIG, saved.TOKENIZER))))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
                                                                   out / "onnx" / "model.onnx",
-                                                                  out / "onnx" / "kd_onnx.json")))
+                                                                  out / "onnx" / "kd_onnx.json"),
+                          folders=(out / "model", out / "onnx")))
     if run.cfg.evaluate:
         report = (out / "report.json", out / "report.md")  # (report.md gone: every rerun stopped reading it)
+        report += (out / "model" / "README.md",) if run.cfg.export else ()  # the card: the evaluation writes it
         steps.append(Step(K.suite, lambda: _evaluate(run), leaves=report) if run.cfg.suite else
                      Step(K.sts, lambda: _sts_report(run), leaves=report))
     return steps
 
 
-def _intact(run: _Run, done: list[str]) -> list[str]:
-    """The steps `done` records whose work is still there: up to the first whose file is gone (a stage folder
+def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
+    """The steps `state` records done whose work is still there: up to the first whose file is gone (a stage folder
     deleted to train it again; a probe: the run said "chose stage one" with stages/one gone), which is done again
     with every step after it (they read what it makes)."""
-    steps = steps_of(run)
+    steps, done, files = steps_of(run), state["done"], state.get("files", {})
     for i, step in enumerate(steps):
-        gone = next((p for p in step.leaves if not p.exists()), None)
+        wrote = [run.out / f for f in files.get(step.name, []) if isinstance(f, str)]
+        gone = next((p for p in (*step.leaves, *wrote) if not p.exists()), None)
         if step.name in done and gone is not None:
             _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")
             before = {s.name for s in steps[:i]}
             return [name for name in done if name in before]
     return done
+
+
+def _files_in(run: _Run, folders: tuple[Path, ...]) -> list[str]:
+    """Every file under `folders`, relative to run.out: what `_intact` checks is still there. Left out: kd's own
+    dotfiles (a lock's, a marker's) and a folder's README.md, the model card, which the evaluation writes over the
+    export's (its own step's file: `steps_of`)."""
+    return sorted(str(p.relative_to(run.out)) for folder in folders for p in folder.rglob("*")
+                  if p.is_file() and not p.name.startswith(".") and p != folder / "README.md")
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
@@ -713,7 +734,7 @@ def _evaluate(run: _Run) -> None:
                      **common)
     report = evaluate(cfg)
     if run.other_start():
-        start = evaluate(EvalConfig(teacher=str(run.specs["start"]), **common)).models[0]
+        start = evaluate(EvalConfig(teacher=run.specs["start"], **common)).models[0]
         start.name, start.kind = f"{start.name} (start)", "start model"
         report.models.insert(1, start)
         write_outputs(report, cfg)

@@ -10,6 +10,7 @@ from kd.common import bounds as B
 from kd.common.errors import InputError
 from kd.common.inputs import require_regular_file, two_columns
 from kd.common.options import bounded, check_ranges, one_value_as_sequence, option
+from kd.pipeline.teacher.resolve import TeacherSpec
 
 Measure = B.Measure  # one definition: an Enum (typer takes no list of Literals for the repeatable --task)
 
@@ -31,10 +32,13 @@ class EvalConfig:
 
     students: list[str] = option(path=True, factory=list, flag="--student",
                                  help="Student folder (kd train-student --out); repeatable")
-    teacher: str | None = option(None, help="Teacher to run (minilm | DIR | NAME=DIR); with --store: one of its "
-                                            "teachers. Neither: students are scored on the gold-label tasks "
-                                            "alone (agreement and neighbours need a teacher)")
-    store: str | None = option(None, help="Store whose teacher vectors are reused where it holds the texts")
+    # (a TeacherSpec: a caller that parsed it passes the value, not its text to parse again: kd distill's start model)
+    teacher: str | TeacherSpec | None = option(None, help="Teacher to run (minilm | DIR | NAME=DIR); with --store: "
+                                                          "one of its teachers. Neither: students are scored on the "
+                                                          "gold-label tasks alone (agreement and neighbours need a "
+                                                          "teacher)")
+    store: str | None = option(None, remote=True,
+                                help="Store whose teacher vectors are reused where it holds the texts")
     measures: list[Measure] = option(factory=lambda: list(DEFAULT_MEASURES), flag="--task", choices=Measure,
                                      help="sts | probe | cluster | documents | agreement | neighbours | speed | mrpc | "
                                           "lee | retrieval | suite (sts, mrpc, lee, probe, cluster, documents, "

@@ -106,14 +106,26 @@ def _st_config(path: str) -> dict:
     return cfg
 
 
+# One digest per weights per process: a kd distill run checked its teacher against the store, loaded it, keyed its
+# export cache and its eval cache, each hashing mpnet's 420 MB again (about a second each). Keyed by the files' stat:
+# weights written since (another ctime: a copy that keeps the old mtime still changes it) are hashed again.
+_DIGESTS: dict[tuple, str] = {}
+
+
 def weights_sha256(path: str) -> str:
+    """sha256 of the checkpoint's top-level weights files (.safetensors, .bin), in name order."""
     files = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".bin")))
-    h = hashlib.sha256()
-    for f in files:
-        with open(os.path.join(path, f), "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    stats = tuple((f, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for f in files
+                  for st in [os.stat(os.path.join(path, f))])
+    key = (os.path.realpath(path), stats)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        for f in files:
+            with open(os.path.join(path, f), "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:

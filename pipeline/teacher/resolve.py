@@ -79,6 +79,9 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
     if not source:  # ("t=": the table name of no model)
         raise InputError("a teacher with a name and no model", f"{where} {text}",
                          f"name the model too: {where} {name or 'NAME'}=minilm, mpnet or a checkpoint folder")
+    if "=" in text and not name.strip():  # ("=DIR" took the folder's own name: a typo, not a choice)
+        raise InputError("a teacher with '=' and no name before it", f"{where} {text}",
+                         f"name it: {where} NAME={source}, or drop the '=' to take the folder's name")
     source = plain_path(source)  # a folder as a file: URI is the folder (common.paths)
     name = name or (unnamed if unnamed and source not in KNOWN_NAMES else _own_name(source))
     try:

@@ -445,6 +445,33 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
     assert (out / "model" / "modules.json").is_file()
+    # any file the export wrote, gone (its weights, the ONNX tokenizer), was not noticed: recorded when it is done
+    exported = (out / "model" / "model.safetensors").read_bytes()
+    (out / "model" / "model.safetensors").unlink()
+    (out / "onnx" / "tokenizer.json").unlink()
+    plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
+    assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    assert (out / "model" / "model.safetensors").read_bytes() == exported
+    assert (out / "onnx" / "tokenizer.json").is_file()
+    # out/model replaced by a file: the run said "--out is an existing file" (naming out/model), the dry run planned
+    shutil.rmtree(out / "model")
+    (out / "model").write_text("x")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="model is a file where the export goes") as e:
+            call(_cfg(corpus, out, recipe_file, store=store, export=True))
+        assert e.value.where == str(out / "model")
+    (out / "model").unlink()
+    # a stage that lost its config.json (what loads it): trained again, with the steps after it
+    (out / "stages" / "two" / "config.json").unlink()
+    plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
+    assert [n for n, d in plan.items() if d != "done"] == \
+        ["train stage two", "train stage one", "choose on STS-B dev", "export"], plan  # (one starts from two)
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    for name in ("two", "one"):
+        assert (out / "stages" / name / "model.safetensors").read_bytes() == \
+            (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
+    assert (out / "model" / "model.safetensors").read_bytes() == exported
     # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
     (out / "choice.json").write_text('{"x')
     for call in (distill, estimate):
@@ -502,6 +529,9 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
     (out / "report.md").unlink()  # its step is redone: every rerun stopped reading it (a probe)
     distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
     assert (out / "report.md").is_file() and (out / "model" / "README.md").read_bytes() == card
+    (out / "model" / "README.md").unlink()  # the card: the export is whole without it, the evaluation writes it
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    assert (out / "model" / "README.md").read_bytes() == card
 
 
 def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file, tiny_teacher,
@@ -518,7 +548,7 @@ def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted
     other = build_tiny_bert(tmp_path / "other", seed=5)
     shutil.copy(other / "model.safetensors", teacher / "model.safetensors")
     for call in (distill, estimate):
-        with pytest.raises(InputError, match="the teacher model's weights changed since its vectors were stored") as e:
+        with pytest.raises(InputError, match=r"the teacher model's weights \(tt\) changed since its vectors") as e:
             call(cfg)
         assert e.value.where == str(teacher)
     assert not (out / "choice.json").exists()

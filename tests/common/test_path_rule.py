@@ -128,6 +128,29 @@ def test_a_remote_address_where_kd_reads_a_local_file_is_refused_naming_the_opti
     assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("args", [["info", ""], ["validate", " "], ["index", ""], ["leakage", ""], ["query", "", "x"],
+                                  ["precompute", "in.txt", "-o", "O", "--reuse", ""],
+                                  ["precompute", "-o", "O", "--add-to", " "],
+                                  ["eval", "--teacher", "minilm", "--store", "", "--task", "sts"],
+                                  ["train-student", "--shards", "", "-o", "O"]])
+def test_an_empty_store_is_refused_naming_it(args, tmp_path, monkeypatch):
+    """A store given as "" was the working folder (`kd index ""` inside a store indexed it) or ignored
+    (`kd precompute --reuse ""`, `kd eval --store ""`); a blank one gave unrelated messages (probes)."""
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, args)
+    shown = next((a for a in args if a.startswith("-") and args[args.index(a) + 1].strip() == ""), "STORE")
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"error: {shown} is empty" in said and f"pass a path for {shown}" in said, said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_may_be_a_remote_address():
+    """A store option takes a remote address to its reader (pyarrow's filesystems), unlike a local path option."""
+    res = CliRunner().invoke(app, ["info", "memory://b/x"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "no store can be opened at this address" in said and "where: memory://b/x" in said
+
+
 def test_a_path_where_a_string_option_is_declared_is_its_text():
     """`kd.distill(teacher=Path(...))` failed on `.split()`, `objectives=(Path("cosine"),)` on a tuple of Paths: a
     config holds each declared str option (alone, in a list or a tuple) as text, whatever the Python caller passed."""

@@ -132,6 +132,15 @@ def test_eval_names_a_teacher_by_the_same_rule(tiny_teacher):
     assert teacher_model(TeacherSpec("x", str(tiny_teacher))).name == "x"
 
 
+def test_a_teacher_with_an_equals_sign_and_no_name_is_refused(tiny_teacher):
+    """`--teacher =DIR` took the folder's own name (a name left out by mistake, read as none given: a probe)."""
+    for text in (f"={tiny_teacher}", f" ={tiny_teacher}"):
+        with pytest.raises(KdError, match="a teacher with '=' and no name before it") as e:
+            parse_teacher(text)
+        assert e.value.where == f"--teacher {text}" and f"NAME={tiny_teacher}" in e.value.fix
+    assert parse_teacher(str(tiny_teacher)).name == tiny_teacher.name
+
+
 def test_a_teacher_name_holds_no_dot():
     """'.' separates a teacher from its column (--target mpnet.sentence): a store of teacher "m.v2" trained into a
     KeyError traceback. A given name with one is refused; a folder's name loses it."""
