@@ -53,6 +53,13 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     table = resolve_table(store, table) if table else own
     meta = store.table(table).meta if table else {}
     column = column or meta.get("default_target", "mean")
+    columns = store.table(table).columns if table else {}
+    if table and column not in columns:  # (`--table texts` proposed building an index on texts/mean: a probe)
+        vectors = [c for c, kind in columns.items() if kind.startswith("float[") and kind.count("[") == 1]
+        raise InputError(f"table {table!r} has no column {column!r}" if vectors else
+                         f"table {table!r} holds no vectors to search", "--column" if vectors else "--table",
+                         f"pass --column {' or '.join(vectors)}" if vectors else
+                         f"pass --table one of the teachers' ({', '.join(teachers)})")
     output = column[:-2] if column.endswith(PAIR_SUFFIXES) else column
     if output not in {o.value for o in Output}:
         raise InputError(f"a teacher cannot encode a query into column {column!r}", "--column",
@@ -60,11 +67,12 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     source = store.table(own).meta.get("source", teacher) if spec is None else spec.source
     model = load_teacher(source, max_length=meta.get("max_length"))
     if meta.get("weights_sha256") and weights_sha256(model.ref.path) != meta["weights_sha256"]:
-        raise KdError(
-            f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r}",
-            model.ref.path,
-            "restore that checkpoint, or search with the teacher spec that was used (see kd info STORE)",
-        )
+        wrote = f"--teacher {meta['source']}" if meta.get("source") else "the teacher that wrote it (see kd info STORE)"
+        # (another teacher's own table named by --table: "restore that checkpoint" pointed at the wrong fix: a probe)
+        fix = f"search its own table (--table {own}), or pass {wrote}" if own and own != table else \
+            f"restore that checkpoint's weights, or pass {wrote}"
+        raise KdError(f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r}",
+                      model.ref.path, fix)
     return model.encode([text], outputs=[Output(output)])[output][0], table, column
 
 

@@ -396,8 +396,11 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
         _moved(run, differs[1])          # place (a probe: the fix said to rerun with options that write there)
     if differs:
         key, was, now = differs
+        # (a corpus symlink pointed elsewhere reads as the same options to its user: a probe)
+        same = "pass the corpus files the run read (paths are the files they name, a symlink's target included)" \
+            if key == "inputs" else "run with the same options"
         raise InputError(f"--out holds a kd distill run with other settings: {key} was {was!r}, now {now!r}",
-                         str(run.out), "run with the same options to resume it, or pass a new --out")
+                         str(run.out), f"{same} to resume it, or pass a new --out")
     # the corpus is recorded by its paths: one edited since was read from the old store, exit 0 (a probe)
     changed = [] if run.cfg.store else _corpus_differences(run)  # (--store's: check_store)
     if changed:

@@ -597,6 +597,14 @@ def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpu
     monkeypatch.chdir(other.parent)  # the same name here is another folder: another run
     with pytest.raises(InputError, match=f"teacher was 'teacher={tiny_teacher.resolve()}', now 'teacher={other}'"):
         distill(_cfg(corpus, out, recipe_file, teacher=tiny_teacher.name, store=store))
+    link, linked = tmp_path / "corpus-link.txt", tmp_path / "linked"  # a corpus symlink pointed at another file
+    link.symlink_to(corpus)
+    distill(_cfg(link, linked, recipe_file, teacher=str(tiny_teacher), store=store))
+    link.unlink()
+    link.symlink_to(shutil.copy(corpus, tmp_path / "copy.txt"))
+    with pytest.raises(InputError, match="inputs was") as e:  # (the fix said "run with the same options": a probe)
+        distill(_cfg(link, linked, recipe_file, teacher=str(tiny_teacher), store=store))
+    assert e.value.fix.startswith("pass the corpus files the run read"), e.value.fix
     record = json.loads(state)
     for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{", '{"identity": {}, "done": []}',
                     json.dumps(record | {"stages": 5})):

@@ -170,6 +170,19 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
         r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(other), "--table", table])
         said = " ".join(r.output.split())
         assert r.exit_code == 2 and "is not the teacher that wrote table 'teachers/tiny-bert'" in said, said
+        assert f"pass --teacher {tiny_teacher}" in said, said  # (the writer, as the table records it)
+    for table, column, said_here in (("texts", None, "table 'texts' holds no vectors to search"),
+                                     ("tiny-bert", "sentence", "table 'teachers/tiny-bert' has no column 'sentence'")):
+        args = ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "--table", table]
+        r = runner.invoke(app, args + (["--column", column] if column else []))
+        said = " ".join(r.output.split())  # (it proposed building an index on texts/mean: a probe)
+        assert r.exit_code == 2 and said_here in said and "kd index" not in said, said
+    two = tmp_path / "two"  # a store's other teacher, given with --table of the first: "restore that checkpoint"
+    precompute([str(src)], str(two), [f"a={tiny_teacher}", f"b={other}"], shard_rows=25, progress=False)
+    r = runner.invoke(app, ["search", str(two), sentences[17], "--teacher", str(other), "--table", "a"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "search its own table (--table teachers/b)" in said, said
+    assert "restore" not in said and f"pass --teacher {tiny_teacher}" in said, said
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(tiny_teacher), "--table", "tiny-bert",
                             "-k", "1"])
     assert r.exit_code == 0 and "1.0000" in r.output, r.output
