@@ -34,10 +34,10 @@ def _is_file_uri(text: str) -> bool:
     return text[:5].lower() == "file:"
 
 
-def refuse_empty(path: str | os.PathLike, flag: str, fix: str | None = None) -> None:
+def refuse_empty(path: str | os.PathLike, flag: str) -> None:
     """Path("") is the working folder: kd never takes an empty (or blank) path for it, to read or to write."""
     if not os.fspath(path).strip():
-        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(path)!r}", fix or f"pass a path for {flag}")
+        raise InputError(f"{flag} is empty", f"{flag} {os.fspath(path)!r}", f"pass a path for {flag}")
 
 
 def plain_path(path: str | os.PathLike) -> str:

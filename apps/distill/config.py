@@ -71,15 +71,13 @@ class DistillConfig:
         for value, name in ((self.out, "--out"), (self.store, "--store")):
             if value is not None:
                 refuse_empty(value, name)
-        # ("" was the recipe's teacher, unsaid; an empty entry of a list, "a,", a traceback: probes)
+        # ("" was the recipe's teacher, unsaid; an empty entry of a list, "a,", a traceback: probes). refuse_empty's
+        # rule, written here: a teacher's text goes to its one parser and nowhere else (issue 52)
         for parts, name, several in ((self.teacher, "--teacher", True), (self.start, "--start", False)):
-            if not isinstance(parts, str):
-                continue
-            fix = f"pass a packaged name or a checkpoint folder (several: mpnet,minilm), or leave {name} out for " \
-                  "the recipe's"
-            refuse_empty(parts, name, fix)
-            if several and not all(p.strip() for p in parts.split(",")):
-                raise InputError(f"{name} {parts!r} has an empty entry", f"{name} {parts!r}", fix)
+            if isinstance(parts, str) and not all(p.strip() for p in (parts.split(",") if several else [parts])):
+                raise InputError(f"{name} is empty" if not parts.strip() else f"{name} {parts!r} has an empty entry",
+                                 f"{name} {parts!r}", f"pass a packaged name or a checkpoint folder (several: "
+                                 f"mpnet,minilm), or leave {name} out for the recipe's")
         if not self.inputs:
             raise InputError("no corpus given", "kd distill", "pass one or more text files: kd distill corpus.txt ...")
         check_ranges(self, "kd distill options")
