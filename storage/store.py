@@ -549,7 +549,10 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
         if fs.exists(loc, FRAGMENTS, f"{writer_id}.json"):
             own = Manifest.from_json(fs.read_bytes(loc, FRAGMENTS, f"{writer_id}.json"), writer_id)
         manifest = own or Manifest(dict(header.inputs), {}, dict(header.versions))
-        manifest.inputs = dict(header.inputs)
+        # the same files (the fingerprint hashes their contents) named otherwise, a symlink or another folder: the
+        # paths first recorded stay, so a run that computes nothing writes nothing (each spelling rewrote the store)
+        same = existing is not None and existing.fingerprint == header.fingerprint
+        manifest.inputs = dict(existing.inputs if same else header.inputs)
         manifest.versions = dict(header.versions)
         w = StoreWriter(loc, writer_id, manifest, lock, existing)
         w._save_fragment()

@@ -59,6 +59,11 @@ class TrainState:
     batch_no: int = 0  # batches of `epoch` consumed (saved as "batch")
     rows_seen: int = 0  # training rows consumed by all ranks together (saved as "rows")
     early: Early = field(default_factory=Early)
+    # the metrics record in progress: each step's objective losses and the (real, padded) token slots since the last
+    # record. Saved, so a run resumed between two records logs the one it was in the middle of, not its last steps
+    # alone (kd distill's stages checkpoint every 5 steps and log every 20: a kill changed loss.png, a probe)
+    window: list[torch.Tensor] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=lambda: [0, 0])
 
 
 @dataclass
@@ -127,6 +132,7 @@ def save(out: Path, config: dict[str, Any], world: int, st: TrainState, tr: Trai
         "optimizer": tr.opt.state_dict(), "scheduler": tr.sched.state_dict(),
         "plateau": tr.plateau.state_dict() if tr.plateau else None, "scaler": tr.scaler.state_dict(),
         "early": asdict(st.early), "rng": rng,
+        "window": torch.stack(st.window).cpu() if st.window else None, "tokens": list(st.tokens),
     }
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -188,4 +194,8 @@ def restore(state: dict[str, Any], tr: Trainables, rank: int) -> TrainState:
         tr.plateau.load_state_dict(state["plateau"])
     tr.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"][rank])
-    return TrainState(state["step"], state["epoch"], state["batch"], state["rows"], Early(**state["early"]))
+    device = next(tr.model.parameters()).device
+    # (a checkpoint of an older kd holds no window: its resume logs as it did then)
+    window = [] if state.get("window") is None else [w.to(device) for w in state["window"].unbind(0)]
+    return TrainState(state["step"], state["epoch"], state["batch"], state["rows"], Early(**state["early"]), window,
+                      [int(t) for t in state.get("tokens") or (0, 0)])

@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -322,15 +322,13 @@ class _Run:
 
 @dataclass
 class _Report:
-    """Between two log records: the progress bar, the per-step objective losses, the throughput origin; and
-    the run's stop request (checked after every step)."""
+    """Between two log records: the progress bar, the throughput origin (the losses and token counts since the last
+    record are the TrainState's: a checkpoint holds them); and the run's stop request (checked after every step)."""
 
     bar: Bar
     t0: float
     rows0: int
     stop: StopRequest
-    window: list[Tensor] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=lambda: [0, 0])  # real, padded token slots since the last record
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -541,20 +539,20 @@ def _run_epoch(run: _Run, st: TrainState, rep: _Report) -> None:
     for batch in D.train_batches(run.s.store, run.plan, st.epoch, st.batch_no, run.d.rank, run.s.tok, pin):
         # counted on the host copy: a sum of a GPU tensor would wait for the GPU every step
         for key in [k for k in batch if k.endswith("attention_mask")]:
-            rep.tokens[0] += int(batch[key].sum())
-            rep.tokens[1] += batch[key].numel()
+            st.tokens[0] += int(batch[key].sum())
+            st.tokens[1] += batch[key].numel()
         batch = _to(batch, run.d.device)
         parts = _train_step(run, st, batch)
         st.step, st.batch_no = st.step + 1, st.batch_no + 1
         st.rows_seen += len(batch["id"]) * run.d.world
-        rep.window.append(parts)
+        st.window.append(parts)
         epoch_end = st.batch_no >= n_batches
         _maybe_log(run, st, rep, epoch_end)
         _maybe_validate(run, st, epoch_end)
         last = st.step >= run.total or st.early.stop
         stopping = not last and _stop_agreed(run, rep.stop)
         if st.step % run.cfg.checkpoint_every == 0 or last or stopping:
-            _require_finite_losses(run, st, rep.window)  # the steps since the last record (GPU: not checked yet)
+            _require_finite_losses(run, st, st.window)  # the steps since the last record (GPU: not checked yet)
             _save_checkpoint(run, st)
         if stopping:
             raise Stopped(rep.stop.signum or signal.SIGTERM,
@@ -621,13 +619,13 @@ def _maybe_log(run: _Run, st: TrainState, rep: _Report, epoch_end: bool) -> None
     if not (st.step % run.cfg.log_every == 0 or epoch_end or st.step >= run.total):
         rep.bar.update(st.step, rows=st.rows_seen)
         return
-    _require_finite_losses(run, st, rep.window)
-    mean = torch.stack(rep.window).mean(0).cpu()
-    rep.window.clear()
+    _require_finite_losses(run, st, st.window)
+    mean = torch.stack(st.window).mean(0).cpu()
+    st.window.clear()
     rps = (st.rows_seen - rep.rows0) / max(1e-9, time.perf_counter() - rep.t0)
     # padding: the share of the student's token slots that are padding (what bucketing cuts)
-    padding = 1.0 - rep.tokens[0] / max(1, rep.tokens[1])
-    rep.tokens[:] = [0, 0]
+    padding = 1.0 - st.tokens[0] / max(1, st.tokens[1])
+    st.tokens[:] = [0, 0]
     rec = {"step": st.step, "epoch": st.epoch, "loss": float(mean.sum()), "lr": run.tr.opt.param_groups[0]["lr"],
            "rows": st.rows_seen, "rows_per_s": rps, "padding": round(padding, 4),
            "autocast": str(amp_dtype(run.cfg, run.d.device) or "off").removeprefix("torch.")}

@@ -46,6 +46,7 @@ from kd.apps.distill.run import (
     corpus_options,
     recorded_state,
     refuse_foreign_out,
+    step_name,
     steps_of,
     teacher_weights,
 )
@@ -148,10 +149,10 @@ def estimate(cfg: DistillConfig) -> Plan:
     if cfg.reuse:
         check_reuse(run)
     run.check_models()
+    done = (recorded_state(run) or {}).get("done", [])  # a rerun skips them (nothing of theirs is timed)
     with tempfile.TemporaryDirectory(prefix="kd-distill-plan-") as tmp:
-        c = _Calibration(run, Path(tmp))
+        c = _Calibration(run, Path(tmp), done)
         plan = Plan(recipe, c.rows, notes=[n for n in (recipe.size_warning(c.rows), _running(run)) if n])
-        done = (recorded_state(run) or {}).get("done", [])  # a rerun skips them (nothing of theirs is timed)
         plan.steps = [PlannedStep(step.name, 0.0, "done") if step.name in done else _ESTIMATES[step.kind](c, step)
                       for step in steps_of(run)]
     plan.calibration_seconds = time.perf_counter() - t0
@@ -170,8 +171,9 @@ def _running(run: _Run) -> str | None:
 class _Calibration:
     """What the estimates measure on the corpus sample, each measured once when an estimate first needs it."""
 
-    def __init__(self, run: _Run, tmp: Path) -> None:
+    def __init__(self, run: _Run, tmp: Path, done: list[str]) -> None:
         self.run, self.say = run, functools.partial(progress.step, enabled=run.cfg.progress)
+        self.done = done  # the steps the run records done and still finds whole (`run._intact`)
         with self.say("dry run: reading the corpus and drawing its sample"):
             self.ids, self.read_s, sample = _corpus(run, tmp)
             self.rows = len(self.ids)
@@ -212,9 +214,10 @@ def _export_step(c: _Calibration, step: Step) -> PlannedStep:
     """The export of the run's chosen student when it is chosen (into the dry run's folder), else of the sample's
     last stage: with every stage done, none was trained on the sample ("no trained student here", naming the
     dry run's folder: a probe)."""
-    src = chosen_dir(c.run) if (c.run.out / "choice.json").is_file() else None
-    if src is None or not (src / "model.safetensors").is_file():  # (chosen, then its stage undone: to be retrained)
-        src, _ = None, c.stages
+    # (the choice done means its stage is whole: a chosen stage that lost its config.json was exported, a refusal)
+    src = chosen_dir(c.run) if step_name(StepKind.choose) in c.done else None
+    if src is None:
+        _ = c.stages
     with c.say("dry run: timing the export"):
         return _export(c.cal, step.name, src)
 

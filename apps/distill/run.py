@@ -423,10 +423,13 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
     if not run.cfg.export or step_name(StepKind.export) in done:
         return
     for folder in (run.out / "model", run.out / "onnx"):
+        if folder.is_symlink():  # (a dangling one was written through, outside --out: a probe)
+            raise InputError(f"{folder.name} is a symbolic link (to {os.readlink(folder)}) where the export goes",
+                             str(folder), f"remove the link {folder}: the rerun exports the chosen student there")
         if folder.exists() and not folder.is_dir():  # (the run said "--out is an existing file", the dry run planned)
             raise InputError(f"{folder.name} is a file where the export goes", str(folder),
                              f"move or delete {folder}: the rerun exports the chosen student there")
-        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None:
+        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None and not _own_export(run, folder):
             # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
             raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
                              "does not delete a folder it cannot tell it wrote", str(folder),
@@ -536,7 +539,8 @@ def steps_of(run: _Run) -> list[Step]:
         # (what a student folder loads by: an undone stage is removed and trained again, `_clear_undone_stages`)
         folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          tuple(folder / f for f in (saved.WEIGHTS, saved.CONFIG, saved.TOKENIZER))))
+                          tuple(folder / f for f in (saved.WEIGHTS, saved.CONFIG, saved.TOKENIZER)),
+                          folders=(folder / saved.TOKENIZER,)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
@@ -568,10 +572,11 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
 
 def _files_in(run: _Run, folders: tuple[Path, ...]) -> list[str]:
     """Every file under `folders`, relative to run.out: what `_intact` checks is still there. Left out: kd's own
-    dotfiles (a lock's, a marker's) and a folder's README.md, the model card, which the evaluation writes over the
+    dotfiles (a lock's, a marker's) and the model card, model/README.md, which the evaluation writes over the
     export's (its own step's file: `steps_of`)."""
+    card = run.out / "model" / "README.md"
     return sorted(str(p.relative_to(run.out)) for folder in folders for p in folder.rglob("*")
-                  if p.is_file() and not p.name.startswith(".") and p != folder / "README.md")
+                  if p.is_file() and not p.name.startswith(".") and p != card)
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
@@ -722,7 +727,18 @@ def _choice(run: _Run) -> dict[str, Any]:
 def _export(run: _Run) -> None:
     # (a folder kd export will not replace was refused before any work: `_refuse_damaged`)
     for fmt, folder in (("sentence-transformers", run.out / "model"), ("onnx", run.out / "onnx")):
+        if folder.is_dir() and kind_of(folder) is None and _own_export(run, folder):
+            shutil.rmtree(folder)  # the run's own export, which lost the file that tells one: kd export refuses it
         export_student(chosen_dir(run), fmt, folder, overwrite=True)
+
+
+def _own_export(run: _Run, folder: Path) -> bool:
+    """`folder` holds only files the run's export wrote (distill.json records them, `_files_in`), so it is the run's
+    even without the file that tells an export (modules.json, config_sentence_transformers.json, kd_onnx.json: each
+    deleted, the rerun was refused with "delete it", though the run knew the folder as its own: a probe)."""
+    state = _read_state(run.out / STATE) if (run.out / STATE).is_file() else {}
+    wrote = set(state.get("files", {}).get(step_name(StepKind.export), []))
+    return bool(wrote) and set(_files_in(run, (folder,))) <= wrote
 
 
 def _evaluate(run: _Run) -> None:

@@ -431,30 +431,35 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
             (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
     assert json.loads((out / "distill.json").read_text())["done"] == \
         json.loads((uninterrupted / "distill.json").read_text())["done"]
-    # an export that lost the file telling it one: refused as "not an export" with "pass a new --out" (the whole run
-    # again); the dry run, with only the export left, was refused naming its own temporary folder
+    # an export that lost a file telling it one (modules.json, kd_onnx.json) was refused, "pass a new --out" (the whole
+    # run again), then "delete it", though distill.json records every file the export wrote: it is exported again.
+    # With a file the export did not write, it is still refused: kd deletes no folder it cannot tell it wrote
     store = str(uninterrupted / "store")
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    exported = (out / "model" / "model.safetensors").read_bytes()
     (out / "model" / "modules.json").unlink()
+    (out / "onnx" / "kd_onnx.json").unlink()
+    (out / "model" / "notes.txt").write_text("mine")
     for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
         with pytest.raises(InputError, match="no whole export any more") as e:
             call(_cfg(corpus, out, recipe_file, store=store, export=True))
         assert e.value.where == str(out / "model") and e.value.fix.startswith(f"delete {out / 'model'}")
-    shutil.rmtree(out / "model")
+    (out / "model" / "notes.txt").unlink()
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
-    assert (out / "model" / "modules.json").is_file()
-    # any file the export wrote, gone (its weights, the ONNX tokenizer), was not noticed: recorded when it is done
-    exported = (out / "model" / "model.safetensors").read_bytes()
-    (out / "model" / "model.safetensors").unlink()
-    (out / "onnx" / "tokenizer.json").unlink()
+    assert (out / "model" / "modules.json").is_file() and (out / "onnx" / "kd_onnx.json").is_file()
+    assert (out / "model" / "model.safetensors").read_bytes() == exported
+    # any other file the export wrote, gone (its weights, the ONNX tokenizer, onnx/README.md), was not noticed
+    for gone in ("model/model.safetensors", "onnx/tokenizer.json", "onnx/README.md"):
+        (out / gone).unlink()
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
     assert (out / "model" / "model.safetensors").read_bytes() == exported
-    assert (out / "onnx" / "tokenizer.json").is_file()
-    # out/model replaced by a file: the run said "--out is an existing file" (naming out/model), the dry run planned
+    assert (out / "onnx" / "tokenizer.json").is_file() and (out / "onnx" / "README.md").is_file()
+    # out/model replaced by a file: the run said "--out is an existing file" (naming out/model), the dry run planned;
+    # by a dangling link: the export was written through it, outside --out
     shutil.rmtree(out / "model")
     (out / "model").write_text("x")
     for call in (distill, estimate):
@@ -462,16 +467,27 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
             call(_cfg(corpus, out, recipe_file, store=store, export=True))
         assert e.value.where == str(out / "model")
     (out / "model").unlink()
-    # a stage that lost its config.json (what loads it): trained again, with the steps after it
-    (out / "stages" / "two" / "config.json").unlink()
-    plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
-    assert [n for n, d in plan.items() if d != "done"] == \
-        ["train stage two", "train stage one", "choose on STS-B dev", "export"], plan  # (one starts from two)
-    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
-    for name in ("two", "one"):
-        assert (out / "stages" / name / "model.safetensors").read_bytes() == \
-            (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
-    assert (out / "model" / "model.safetensors").read_bytes() == exported
+    (out / "model").symlink_to(tmp_path / "elsewhere")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="model is a symbolic link") as e:
+            call(_cfg(corpus, out, recipe_file, store=store, export=True))
+        assert e.value.where == str(out / "model")
+    assert not (tmp_path / "elsewhere").exists()
+    (out / "model").unlink()
+    # a stage that lost its config.json or a tokenizer file (what loads it): trained again, with the steps after it;
+    # the dry run, for the chosen stage, exported the damaged stage and was refused ("no trained student here")
+    chosen = json.loads((out / "choice.json").read_text())["chosen"]
+    for gone in (f"stages/{chosen}/config.json", "stages/two/tokenizer/tokenizer.json"):
+        (out / gone).unlink()
+        stage = gone.split("/")[1]
+        plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
+        names = list(plan)
+        assert [n for n, d in plan.items() if d != "done"] == names[names.index(f"train stage {stage}"):], plan
+        distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+        for name in ("two", "one"):
+            assert (out / "stages" / name / "model.safetensors").read_bytes() == \
+                (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
+        assert (out / gone).is_file() and (out / "model" / "model.safetensors").read_bytes() == exported
     # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
     (out / "choice.json").write_text('{"x')
     for call in (distill, estimate):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,6 +112,23 @@ def test_complete_store_does_nothing_and_says_so(tmp_path, tiny_teacher, sentenc
     assert first.exit_code == 0 and "wrote 1 shard(s)" in first.stdout
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "nothing to do" in again.stdout
+
+
+def test_a_complete_store_given_its_corpus_by_another_path_writes_nothing(tmp_path, tiny_teacher, sentences):
+    """The same files named otherwise (a symlink, a copy elsewhere): nothing to encode, and nothing written. The
+    store's record took each run's spelling, so kd distill runs sharing one store (--store) rewrote it in turn."""
+    src = _write_lines(tmp_path / "s.txt", sentences[:20])
+    (tmp_path / "link.txt").symlink_to(src)
+    out = tmp_path / "st"
+    args = ["--teacher", str(tiny_teacher), "--out", str(out), "--no-progress"]
+    assert CliRunner().invoke(app, ["precompute", src, *args]).exit_code == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
+    for other in (str(tmp_path / "link.txt"), shutil.copy(src, tmp_path / "copy.txt")):
+        again = CliRunner().invoke(app, ["precompute", str(other), *args])
+        assert again.exit_code == 0 and "nothing to do" in again.stdout, again.stdout
+        after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
+        assert after == before
+    assert Store.open(out).manifest.inputs["files"][0]["path"] == src
 
 
 def test_the_summary_counts_rows_per_teacher(tmp_path, tiny_teacher, sentences):

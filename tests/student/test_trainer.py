@@ -124,6 +124,34 @@ def test_crash_then_resume_gives_identical_weights(store_path, reference, tmp_pa
     assert _train_losses(out) == _train_losses(reference)  # metrics after the checkpoint were replaced
 
 
+def test_a_resume_between_two_metrics_records_logs_the_record_it_was_in(store_path, tmp_path, monkeypatch):
+    """A checkpoint inside a metrics window (kd distill's stages: checkpoint every 5 steps, a record every 20): the
+    resumed run's next record averaged only the steps after the checkpoint, so its loss (and loss.png) differed
+    from an uninterrupted run's (a probe). The window is in the checkpoint: the records are the same."""
+    opts = SMALL | {"log_every": 3}  # records at 3, 6, ..., 21: the checkpoint at step 20 holds steps 19 and 20
+    reference = T.train(T.TrainConfig(str(store_path), str(tmp_path / "ref"), **opts))
+    out, real, seen = tmp_path / "out", D.train_batches, {"n": 0}
+
+    def crashing(*a, **kw):
+        for b in real(*a, **kw):
+            seen["n"] += 1
+            if seen["n"] > 23:
+                raise KeyboardInterrupt
+            yield b
+
+    monkeypatch.setattr(T.D, "train_batches", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(T.TrainConfig(str(store_path), str(out), **opts))
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["window"].shape == (2, 2)  # steps 19, 20; 2 losses
+    monkeypatch.setattr(T.D, "train_batches", real)
+    T.train(T.TrainConfig(str(store_path), str(out), **opts))
+    _assert_same_weights(reference, out)
+    records = _train_losses(reference)
+    assert any(s == 21 for s, _ in records) and _train_losses(out) == records
+    padding = [json.loads(x).get("padding") for x in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert [json.loads(x).get("padding") for x in (out / "metrics.jsonl").read_text().splitlines()] == padding
+
+
 def _small_cli(store_path: Path, out: Path, *extra: str) -> list[str]:
     """SMALL (the reference run) as a `kd train-student` process; `extra` flags last."""
     return [sys.executable, "-m", "kd", "train-student", "--shards", str(store_path), "--out", str(out),
