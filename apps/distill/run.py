@@ -445,7 +445,9 @@ def _read_state(path: Path) -> dict[str, Any]:
         state = e
     if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
             and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
-            and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))):
+            and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))
+            and all(isinstance(v, list) and all(isinstance(f, str) for f in v)
+                    for v in state.get("files", {}).values())):
         why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
@@ -561,7 +563,7 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     with every step after it (they read what it makes)."""
     steps, done, files = steps_of(run), state["done"], state.get("files", {})
     for i, step in enumerate(steps):
-        wrote = [run.out / f for f in files.get(step.name, []) if isinstance(f, str)]
+        wrote = [run.out / f for f in files.get(step.name, [])]
         gone = next((p for p in (*step.leaves, *wrote) if not p.exists()), None)
         if step.name in done and gone is not None:
             _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")

@@ -623,7 +623,7 @@ def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpu
     assert e.value.fix.startswith("pass the corpus files the run read"), e.value.fix
     record = json.loads(state)
     for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{", '{"identity": {}, "done": []}',
-                    json.dumps(record | {"stages": 5})):
+                    json.dumps(record | {"stages": 5}), json.dumps(record | {"files": {"export": 5}})):
         (out / "distill.json").write_text(damaged)
         with pytest.raises(InputError, match="is not the record kd distill writes") as e:
             distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))
