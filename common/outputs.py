@@ -235,6 +235,13 @@ def is_kd_file(path: str | os.PathLike) -> bool:
         return False
 
 
+def kd_wrote(path: str | os.PathLike) -> bool:
+    """A file kd wrote (`is_kd_file`: e.g. kd distill's model card beside an export), or such a file's sidecar."""
+    p = Path(path)
+    return is_kd_file(p) or (p.name.startswith(".") and p.name.endswith(".kd.json")
+                             and is_kd_file(p.with_name(p.name[1:-len(".kd.json")])))
+
+
 def _unwritable(path: Path, flag: str, e: OSError) -> KdError:
     disk = as_kd_error(e) if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else None
     if disk is not None:  # a full disk or the file-size limit: not the folder's rights

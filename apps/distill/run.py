@@ -44,7 +44,7 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kind_of, write_text
+from kd.common.outputs import STORE, claim_output, kd_wrote, kind_of, write_text
 from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
@@ -95,7 +95,7 @@ class Step:
     kind: StepKind
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
-    leaves: tuple[Path, ...] = ()  # what it writes that later steps read: one gone, it is not done (`_intact`)
+    leaves: tuple[Path, ...] = ()  # files it writes that later steps read: one gone, it is not done (`_intact`)
     # folders whose every file, as it wrote them, is its work: each is recorded when it is done (distill.json's
     # "files") and one gone undoes it (an export whose weights or tokenizer.json were deleted stayed "done": a probe)
     folders: tuple[Path, ...] = ()
@@ -181,6 +181,11 @@ class _Run:
         """The recipe starts students from a model other than the teacher (its own sentence encoder)."""
         start = self.specs["start"]
         return start is not None and start.source != self.specs["teacher"].source
+
+    @property
+    def card(self) -> Path:
+        """The model card: kd export writes a generic one, the evaluation its own over it."""
+        return self.out / "model" / "README.md"
 
     def stage_dir(self, name: str) -> Path:
         return self.out / "stages" / name
@@ -417,19 +422,27 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
 def _refuse_damaged(run: _Run, done: list[str]) -> None:
     """What a rerun would read or replace and cannot, refused before any work, in the run and its dry run alike (the
     dry run planned "export 4 s" and showed "done" where the run was refused: a probe): a damaged choice.json of a
-    done choice, and an export folder that is no whole export any more, which kd export will not replace."""
+    done choice; a link, a file or a folder with files the export did not write where the export goes."""
     if step_name(StepKind.choose) in done:
         _choice(run)
-    if not run.cfg.export or step_name(StepKind.export) in done:
+    if not run.cfg.export:
         return
     for folder in (run.out / "model", run.out / "onnx"):
-        if folder.is_symlink():  # (a dangling one was written through, outside --out: a probe)
+        if folder.is_symlink():  # in any state: the card was written through one, a dangling one exported through
             raise InputError(f"{folder.name} is a symbolic link (to {os.readlink(folder)}) where the export goes",
                              str(folder), f"remove the link {folder}: the rerun exports the chosen student there")
+    if step_name(StepKind.export) in done:
+        return
+    for folder in (run.out / "model", run.out / "onnx"):
         if folder.exists() and not folder.is_dir():  # (the run said "--out is an existing file", the dry run planned)
             raise InputError(f"{folder.name} is a file where the export goes", str(folder),
                              f"move or delete {folder}: the rerun exports the chosen student there")
-        if folder.is_dir() and any(folder.iterdir()) and kind_of(folder) is None and not _own_export(run, folder):
+        foreign = _foreign_files(run, folder) if folder.is_dir() else []
+        if foreign:  # (refused inside the export, after the run had recorded it undone, naming an --overwrite)
+            raise InputError(f"{folder.name}/ holds {len(foreign)} file(s) the export did not write, e.g. "
+                             f"{foreign[0]}", str(folder), f"move them out of {folder}: the rerun exports the chosen "
+                             "student there")
+        if foreign is None and any(folder.iterdir()) and kind_of(folder) is None:
             # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
             raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
                              "does not delete a folder it cannot tell it wrote", str(folder),
@@ -541,8 +554,7 @@ def steps_of(run: _Run) -> list[Step]:
         # (what a student folder loads by: an undone stage is removed and trained again, `_clear_undone_stages`)
         folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          tuple(folder / f for f in (saved.WEIGHTS, saved.CONFIG, saved.TOKENIZER)),
-                          folders=(folder / saved.TOKENIZER,)))
+                          (folder / saved.WEIGHTS, folder / saved.CONFIG), folders=(folder / saved.TOKENIZER,)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
@@ -551,7 +563,7 @@ def steps_of(run: _Run) -> list[Step]:
                           folders=(out / "model", out / "onnx")))
     if run.cfg.evaluate:
         report = (out / "report.json", out / "report.md")  # (report.md gone: every rerun stopped reading it)
-        report += (out / "model" / "README.md",) if run.cfg.export else ()  # the card: the evaluation writes it
+        report += (run.card,) if run.cfg.export else ()  # the card: the evaluation writes it
         steps.append(Step(K.suite, lambda: _evaluate(run), leaves=report) if run.cfg.suite else
                      Step(K.sts, lambda: _sts_report(run), leaves=report))
     return steps
@@ -564,7 +576,8 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     steps, done, files = steps_of(run), state["done"], state.get("files", {})
     for i, step in enumerate(steps):
         wrote = [run.out / f for f in files.get(step.name, [])]
-        gone = next((p for p in (*step.leaves, *wrote) if not p.exists()), None)
+        # (is_file: a file replaced by a folder was "there", and a broken export stayed done: a probe)
+        gone = next((p for p in (*step.leaves, *wrote) if not p.is_file()), None)
         if step.name in done and gone is not None:
             _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")
             before = {s.name for s in steps[:i]}
@@ -576,9 +589,8 @@ def _files_in(run: _Run, folders: tuple[Path, ...]) -> list[str]:
     """Every file under `folders`, relative to run.out: what `_intact` checks is still there. Left out: kd's own
     dotfiles (a lock's, a marker's) and the model card, model/README.md, which the evaluation writes over the
     export's (its own step's file: `steps_of`)."""
-    card = run.out / "model" / "README.md"
     return sorted(str(p.relative_to(run.out)) for folder in folders for p in folder.rglob("*")
-                  if p.is_file() and not p.name.startswith(".") and p != card)
+                  if p.is_file() and not p.name.startswith(".") and p != run.card)
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
@@ -729,18 +741,27 @@ def _choice(run: _Run) -> dict[str, Any]:
 def _export(run: _Run) -> None:
     # (a folder kd export will not replace was refused before any work: `_refuse_damaged`)
     for fmt, folder in (("sentence-transformers", run.out / "model"), ("onnx", run.out / "onnx")):
-        if folder.is_dir() and kind_of(folder) is None and _own_export(run, folder):
-            shutil.rmtree(folder)  # the run's own export, which lost the file that tells one: kd export refuses it
+        if folder.is_dir() and not folder.is_symlink() and _foreign_files(run, folder) == []:
+            shutil.rmtree(folder)  # the run's own export: kd export refuses one that lost the file that tells one
         export_student(chosen_dir(run), fmt, folder, overwrite=True)
 
 
-def _own_export(run: _Run, folder: Path) -> bool:
-    """`folder` holds only files the run's export wrote (distill.json records them, `_files_in`), so it is the run's
-    even without the file that tells an export (modules.json, config_sentence_transformers.json, kd_onnx.json: each
-    deleted, the rerun was refused with "delete it", though the run knew the folder as its own: a probe)."""
+def _foreign_files(run: _Run, folder: Path) -> list[str] | None:
+    """The files in export folder `folder` that neither the run's export wrote (distill.json records them, `_files_in`)
+    nor kd (its card and sidecars, a temp left by a kill), dotfiles included; None when the run records none (a run of
+    an older kd). None foreign: the folder is the run's own, even without the file that tells an export (each of
+    modules.json, config_sentence_transformers.json, kd_onnx.json deleted stopped every rerun: a probe)."""
     state = _read_state(run.out / STATE) if (run.out / STATE).is_file() else {}
-    wrote = set(state.get("files", {}).get(step_name(StepKind.export), []))
-    return bool(wrote) and set(_files_in(run, (folder,))) <= wrote
+    wrote = state.get("files", {}).get(step_name(StepKind.export))
+    if wrote is None:
+        return None
+    def own(p: Path) -> bool:  # (a sidecar `.NAME.kd.json` is its file's, the card's left when the card was deleted)
+        file = p.with_name(p.name[1:-len(".kd.json")]) if p.name.startswith(".") and p.name.endswith(".kd.json") else p
+        return str(file.relative_to(run.out)) in wrote or file == run.card or kd_wrote(p) or \
+            p.name.startswith(".kd-tmp-")
+
+    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if (p.is_file() or p.is_symlink())
+            and not own(p)]
 
 
 def _evaluate(run: _Run) -> None:
@@ -794,7 +815,7 @@ def _model_card(run: _Run, table: str, measured_by: str) -> None:
         start_line=f", starting from `{start}`" if start else "", rows=_rows(run), stages=stages,
         chosen=choice["chosen"], table=table, measured_by=measured_by, recipe_text="```toml\n" +
         Path(run.recipe.path).read_text(encoding="utf-8").strip() + "\n```")
-    write_text(run.out / "model" / "README.md", text, "kd distill", "model card")  # kd's own: a re-export keeps it
+    write_text(run.card, text, "kd distill", "model card")  # kd's own: a re-export keeps it
 
 
 def _rows(run: _Run) -> str:

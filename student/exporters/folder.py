@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kd.common.errors import InputError
-from kd.common.outputs import EXPORT, claim_output, is_kd_file, locked_output, partial_folder
+from kd.common.outputs import EXPORT, claim_output, kd_wrote, locked_output, partial_folder
 from kd.student.model_card import export_card
 
 
@@ -62,16 +62,10 @@ def _keep_foreign(new: Path, target: Path) -> None:
         return
     mine = {p.relative_to(new) for p in new.rglob("*")}
     foreign = sorted(p.relative_to(target) for p in target.rglob("*") if p.relative_to(target) not in mine
-                     and p.is_file() and not _kd_wrote(p))
+                     and p.is_file() and not kd_wrote(p))
     if foreign:
         raise InputError(f"--overwrite would delete {len(foreign)} file(s) that kd export did not write, e.g. "
                          f"{foreign[0]}", str(target), "move them out first, or pass a new --out")
-
-
-def _kd_wrote(path: Path) -> bool:
-    """A file kd wrote beside an export (e.g. kd distill's model card), or such a file's sidecar."""
-    return is_kd_file(path) or (path.name.startswith(".") and path.name.endswith(".kd.json")
-                                and is_kd_file(path.with_name(path.name[1:-len(".kd.json")])))
 
 
 def replace_folder(src: Path, target: Path) -> None:

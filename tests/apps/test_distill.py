@@ -439,20 +439,25 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     exported = (out / "model" / "model.safetensors").read_bytes()
     (out / "model" / "modules.json").unlink()
     (out / "onnx" / "kd_onnx.json").unlink()
-    (out / "model" / "notes.txt").write_text("mine")
-    for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
-        with pytest.raises(InputError, match="no whole export any more") as e:
-            call(_cfg(corpus, out, recipe_file, store=store, export=True))
-        assert e.value.where == str(out / "model") and e.value.fix.startswith(f"delete {out / 'model'}")
-    (out / "model" / "notes.txt").unlink()
+    state = (out / "distill.json").read_bytes()
+    for mine in ("notes.txt", ".notes"):  # (a dotfile was taken for kd's own, and deleted with the folder: a probe)
+        (out / "model" / mine).write_text("mine")
+        for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
+            with pytest.raises(InputError, match=f"holds 1 file\\(s\\) the export did not write, e.g. {mine}") as e:
+                call(_cfg(corpus, out, recipe_file, store=store, export=True))
+            assert e.value.where == str(out / "model") and e.value.fix.startswith(f"move them out of {out / 'model'}")
+        assert (out / "model" / mine).read_text() == "mine" and (out / "distill.json").read_bytes() == state
+        (out / "model" / mine).unlink()
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
     assert (out / "model" / "modules.json").is_file() and (out / "onnx" / "kd_onnx.json").is_file()
     assert (out / "model" / "model.safetensors").read_bytes() == exported
-    # any other file the export wrote, gone (its weights, the ONNX tokenizer, onnx/README.md), was not noticed
+    # any other file the export wrote, gone (its weights, the ONNX tokenizer, onnx/README.md) or replaced by a folder,
+    # was not noticed
     for gone in ("model/model.safetensors", "onnx/tokenizer.json", "onnx/README.md"):
         (out / gone).unlink()
+    (out / "onnx" / "tokenizer.json").mkdir()
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
     assert [n for n, d in plan.items() if d != "done"] == ["export"], plan
     distill(_cfg(corpus, out, recipe_file, store=store, export=True))
@@ -474,6 +479,25 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
         assert e.value.where == str(out / "model")
     assert not (tmp_path / "elsewhere").exists()
     (out / "model").unlink()
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+    # a link to a whole export, with the export recorded done: the evaluation wrote its card through it (a probe)
+    shutil.move(out / "model", tmp_path / "elsewhere")
+    (out / "model").symlink_to(tmp_path / "elsewhere")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="model is a symbolic link"):
+            call(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    (out / "model").unlink()
+    shutil.move(tmp_path / "elsewhere", out / "model")
+    # an export folder that still tells one, with a file the export did not write: refused inside the export step,
+    # after the run recorded it undone, naming an --overwrite kd distill lacks; the dry run planned it
+    (out / "model" / "model.safetensors").unlink()
+    (out / "model" / "extra.txt").write_text("mine")
+    state = (out / "distill.json").read_bytes()
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="holds 1 file\\(s\\) the export did not write, e.g. extra.txt"):
+            call(_cfg(corpus, out, recipe_file, store=store, export=True))
+    assert (out / "distill.json").read_bytes() == state
+    (out / "model" / "extra.txt").unlink()
     # a stage that lost its config.json or a tokenizer file (what loads it): trained again, with the steps after it;
     # the dry run, for the chosen stage, exported the damaged stage and was refused ("no trained student here")
     chosen = json.loads((out / "choice.json").read_text())["chosen"]
@@ -548,6 +572,10 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
     (out / "model" / "README.md").unlink()  # the card: the export is whole without it, the evaluation writes it
     distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
     assert (out / "model" / "README.md").read_bytes() == card
+    for gone in ("README.md", "model.safetensors"):  # (the card's sidecar, left behind, is kd's: not a user's file)
+        (out / "model" / gone).unlink()
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    assert (out / "model" / "README.md").read_bytes() == card and (out / "model" / "model.safetensors").is_file()
 
 
 def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file, tiny_teacher,
