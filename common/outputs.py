@@ -235,11 +235,17 @@ def is_kd_file(path: str | os.PathLike) -> bool:
         return False
 
 
+def sidecar_of(path: str | os.PathLike) -> Path | None:
+    """The file whose sidecar `path` is (`sidecar`'s inverse), or None when `path` is none."""
+    p = Path(path)
+    is_sidecar = p.name.startswith(".") and p.name.endswith(".kd.json") and len(p.name) > len("..kd.json")
+    return p.with_name(p.name[1:-len(".kd.json")]) if is_sidecar else None
+
+
 def kd_wrote(path: str | os.PathLike) -> bool:
     """A file kd wrote (`is_kd_file`: e.g. kd distill's model card beside an export), or such a file's sidecar."""
-    p = Path(path)
-    return is_kd_file(p) or (p.name.startswith(".") and p.name.endswith(".kd.json")
-                             and is_kd_file(p.with_name(p.name[1:-len(".kd.json")])))
+    file = sidecar_of(path)
+    return is_kd_file(path) or (file is not None and is_kd_file(file))
 
 
 def _unwritable(path: Path, flag: str, e: OSError) -> KdError:

@@ -44,7 +44,7 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kd_wrote, kind_of, write_text
+from kd.common.outputs import STORE, claim_output, kd_wrote, kind_of, sidecar_of, write_text
 from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
@@ -749,14 +749,15 @@ def _export(run: _Run) -> None:
 def _foreign_files(run: _Run, folder: Path) -> list[str] | None:
     """The files in export folder `folder` that neither the run's export wrote (distill.json records them, `_files_in`)
     nor kd (its card and sidecars, a temp left by a kill), dotfiles included; None when the run records none (a run of
-    an older kd). None foreign: the folder is the run's own, even without the file that tells an export (each of
+    an older kd). An empty list: the folder is the run's own, even without the file that tells an export (each of
     modules.json, config_sentence_transformers.json, kd_onnx.json deleted stopped every rerun: a probe)."""
     state = _read_state(run.out / STATE) if (run.out / STATE).is_file() else {}
     wrote = state.get("files", {}).get(step_name(StepKind.export))
     if wrote is None:
         return None
-    def own(p: Path) -> bool:  # (a sidecar `.NAME.kd.json` is its file's, the card's left when the card was deleted)
-        file = p.with_name(p.name[1:-len(".kd.json")]) if p.name.startswith(".") and p.name.endswith(".kd.json") else p
+
+    def own(p: Path) -> bool:  # (a sidecar is its file's: the card's is left when the card was deleted)
+        file = sidecar_of(p) or p
         return str(file.relative_to(run.out)) in wrote or file == run.card or kd_wrote(p) or \
             p.name.startswith(".kd-tmp-")
 
