@@ -23,7 +23,7 @@ from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.dataset.query import resolve_table
-from kd.pipeline.teacher.model import Output, load_teacher, weights_sha256
+from kd.pipeline.teacher.model import Output, changed_since, load_teacher
 from kd.pipeline.teacher.resolve import parse_teacher, recorded_source
 from kd.storage.store import Store
 
@@ -66,13 +66,14 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
                          "use cls, mean or sentence (or their _a/_b forms in pair stores)")
     source = store.table(own).meta.get("source", teacher) if spec is None else spec.source
     model = load_teacher(source, max_length=meta.get("max_length"))
-    if meta.get("weights_sha256") and weights_sha256(model.ref.path) != meta["weights_sha256"]:
+    changed = changed_since(model.ref.path, meta)
+    if changed:
         wrote = f"--teacher {meta['source']}" if meta.get("source") else "the teacher that wrote it (see kd info STORE)"
         # (another teacher's own table named by --table: "restore that checkpoint" pointed at the wrong fix: a probe)
         fix = f"search its own table (--table {own}), or pass {wrote}" if own and own != table else \
             f"restore that checkpoint's weights, or pass {wrote}"
-        raise KdError(f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r}",
-                      model.ref.path, fix)
+        raise KdError(f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r} (its "
+                      f"{changed} differ)", model.ref.path, fix)
     return model.encode([text], outputs=[Output(output)])[output][0], table, column
 
 

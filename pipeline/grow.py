@@ -18,7 +18,7 @@ from typing import Any
 from kd.common.errors import InputError, StoreError
 from kd.pipeline.job import PrecomputeJob
 from kd.storage import fs
-from kd.storage.manifest import Manifest, settings
+from kd.storage.manifest import Manifest, comparable
 from kd.storage.store import load_manifest
 
 # The fingerprinted row options (`PrecomputeJob.input_options`' keys) and their flags.
@@ -27,7 +27,8 @@ ROW_FLAGS = {"text_column": "--text-column", "pair_columns": "--pair-columns", "
              "shard_rows": "--shard-rows", "delimiter": "--delimiter", "sample": "--sample"}
 # A teacher table's settings (`storage.manifest.settings`) and the flags that set them.
 TEACHER_FLAGS = {"dtype": "--dtype", "precision": "--precision", "max_length": "--max-length", "backend": "--backend",
-                 "quantize": "--quantize", "outputs": "--outputs", "weights_sha256": "the weights (--teacher)"}
+                 "quantize": "--quantize", "outputs": "--outputs", "weights_sha256": "the weights (--teacher)",
+                 "config_sha256": "the config.json settings (--teacher)"}
 SHOWN = 3  # differences named in one message
 
 
@@ -113,7 +114,7 @@ def option_differences(stored: dict, run: dict) -> list[str]:
 
 def teacher_differences(stored: dict, run: dict) -> str:
     """The settings in which this run's table meta of a teacher differs from the store's, as one line."""
-    a, b = settings(stored), settings(run)
+    a, b = comparable(stored, run)
     keys = [k for k in TEACHER_FLAGS if a.get(k) != b.get(k)]
     keys += sorted(k for k in set(a) | set(b) if k not in TEACHER_FLAGS and a.get(k) != b.get(k))
     return "; ".join(f"{TEACHER_FLAGS.get(k, k)}: the store has {_shown(a.get(k))}, this run {_shown(b.get(k))}"

@@ -25,7 +25,7 @@ from kd.common.errors import InputError, StoreError
 from kd.common.finite import OUT_OF_RANGE, unusable_rows
 from kd.storage.alignment import ids_digest
 from kd.storage.int8 import is_scale_column
-from kd.storage.manifest import settings
+from kd.storage.manifest import comparable
 from kd.storage.schema import concat_shards, table_vectors, vector_shape
 from kd.storage.soundness import require_sound_content
 from kd.storage.store import Store
@@ -102,7 +102,7 @@ def open_sources(uri: str, metas: dict[str, dict]) -> dict[str, ReuseSource]:
 
 def _differences(old: dict, new: dict) -> str:
     """The settings (outputs aside: OLD may hold more) in which two table metas differ, as one line."""
-    a, b = settings(old), settings(new)
+    a, b = comparable(old, new)
     keys = sorted(k for k in set(a) | set(b) if k != "outputs" and a.get(k) != b.get(k))
     return "; ".join(f"{k}: {a.get(k)!r} there, {b.get(k)!r} here" for k in keys[:3])
 

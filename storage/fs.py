@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass
@@ -151,6 +152,27 @@ def atomic_write_bytes(loc: Location, data: bytes, *parts: str) -> None:
             f.write(data)
         return
     publish_temp(loc, write_temp(loc, data, *parts), *parts)
+
+
+def write_if_changed(loc: Location, data: bytes, *parts: str) -> bool:
+    """`atomic_write_bytes` unless the file is already a regular file of exactly these bytes (a small record: a
+    manifest); whether it wrote. A rerun with nothing to do then leaves the store as it found it, inode and
+    mtime included, which backups, rsync and read-only snapshots see (a probe: every rerun replaced two files)."""
+    if loc.is_local and _holds(loc.path(*parts), data):
+        return False
+    atomic_write_bytes(loc, data, *parts)
+    return True
+
+
+def _holds(path: str, data: bytes) -> bool:
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return False
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
 
 
 def write_temp(loc: Location, data: bytes, *parts: str) -> str:

@@ -275,6 +275,9 @@ MEASURED_META = ("fidelity", "backend_choice")
 RECORD_META = ("source",)
 # Meta keys added after stores were written, with the value their absence meant.
 META_DEFAULTS = {"backend": "torch", "quantize": "none"}
+# Meta keys added after stores were written whose absence means "not recorded", not a value: compared only where
+# both metas hold one (a store of an older kd resumes). config_sha256: the teacher's config.json.
+LATER_META = ("config_sha256",)
 
 
 def settings(meta: dict) -> dict:
@@ -282,9 +285,20 @@ def settings(meta: dict) -> dict:
     return {**META_DEFAULTS, **{k: v for k, v in meta.items() if k not in MEASURED_META + RECORD_META}}
 
 
+def comparable(a: dict, b: dict) -> tuple[dict, dict]:
+    """Two table metas' settings, as they compare: a LATER_META key only where both record it."""
+    sa, sb = settings(a), settings(b)
+    for k in LATER_META:
+        if k not in sa or k not in sb:
+            sa.pop(k, None)
+            sb.pop(k, None)
+    return sa, sb
+
+
 def same_settings(a: dict, b: dict) -> bool:
     """Whether two table metas describe the same settings."""
-    return settings(a) == settings(b)
+    sa, sb = comparable(a, b)
+    return sa == sb
 
 
 def _lowest_fidelity(a: dict | None, b: dict | None) -> dict | None:

@@ -392,13 +392,13 @@ class StoreWriter:
         self._save_fragment()
 
     def _save_fragment(self) -> None:
-        fs.atomic_write_bytes(self.loc, self.manifest.to_json().encode(), FRAGMENTS, f"{self.writer_id}.json")
+        fs.write_if_changed(self.loc, self.manifest.to_json().encode(), FRAGMENTS, f"{self.writer_id}.json")
 
     def publish(self) -> Manifest:
         """Write the merged manifest.json (idempotent; safe while other writers run)."""
         merged = load_manifest(self.loc)
         assert merged is not None
-        fs.atomic_write_bytes(self.loc, merged.to_json().encode(), MANIFEST)
+        fs.write_if_changed(self.loc, merged.to_json().encode(), MANIFEST)
         return merged
 
     def close(self) -> None:

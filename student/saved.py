@@ -358,6 +358,21 @@ def build_to_fit(build: Callable[[], nn.Module], state: dict[str, torch.Tensor])
     return model
 
 
+def damaged_file(path: str | os.PathLike) -> Path | None:
+    """The first file of a student folder that is not as training wrote it (config.json unreadable, the weights or a
+    tokenizer file missing or not of the sha256 config.json records), or None: what `load` refuses, found without
+    loading anything (kd distill trains such a stage again: the load's "retrain it" had no spelling there)."""
+    p = Path(path)
+    try:
+        info = read_config(p)
+    except InputError:
+        return p / CONFIG
+    recorded = {WEIGHTS: info.get("weights_sha256"),
+                **{f"{TOKENIZER}/{n}": sha for n, sha in (info.get("tokenizer_sha256") or {}).items()}}
+    return next((p / rel for rel, sha in recorded.items()
+                 if not (p / rel).is_file() or fs.file_sha256(p / rel) != sha), None)
+
+
 def _verified_weights(p: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
     """model.safetensors, refused unless config.json records its sha256 and the file has it (damage,
     tampering: every kd version that writes students records it), and unless every weight is finite."""

@@ -49,7 +49,7 @@ from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.precompute import inputs_header, precompute
-from kd.pipeline.teacher.model import weights_sha256
+from kd.pipeline.teacher.model import changed_since
 from kd.pipeline.teacher.resolve import (
     TeacherRef,
     TeacherSpec,
@@ -99,6 +99,8 @@ class Step:
     # folders whose every file, as it wrote them, is its work: each is recorded when it is done (distill.json's
     # "files") and one gone undoes it (an export whose weights or tokenizer.json were deleted stayed "done": a probe)
     folders: tuple[Path, ...] = ()
+    # the first of its files not as it wrote them, by a record it keeps (a stage: the checksums in its config.json)
+    damaged: Callable[[], Path | None] | None = None
 
     @property
     def name(self) -> str:
@@ -311,20 +313,21 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
     return DistillResult(run.out, choice["chosen"], run.out / "model" if cfg.export else None, report, seconds, line)
 
 
-def _refuse_changed_weights(run: _Run) -> None:
+def _refuse_changed_models(run: _Run) -> None:
     """Each role's model (found: `_Run.check_models`) is the one whose vectors the run's store holds: a teacher whose
     weights changed in place after its pass had its dev vectors (the weights' choice) computed from the new weights
-    while every stage trained on the old ones' vectors, exit 0 (a probe)."""
+    while every stage trained on the old ones' vectors, exit 0 (a probe). Its config.json's settings too, where the
+    store records them (`changed_since`)."""
     if kind_of(run.store) != STORE:
         return
     tables = Store.open(run.store).manifest.tables
     for role, ref in run.refs.items():
         table = tables.get(f"teachers/{run.names[role]}")
-        wrote = table.meta.get("weights_sha256") if table is not None else None
-        if wrote and weights_sha256(ref.path) != wrote:
-            raise InputError(f"the {role} model's weights ({run.names[role]}) changed since its vectors were "
+        changed = changed_since(ref.path, table.meta) if table is not None else None
+        if changed:
+            raise InputError(f"the {role} model's {changed} ({run.names[role]}) changed since its vectors were "
                              f"stored: the run's store ({run.store}) holds another model's", ref.path,
-                             "restore its weights to resume this run, or pass a new --out for a run on these weights")
+                             f"restore its {changed} to resume this run, or pass a new --out for a run on this model")
 
 
 def _clear_undone_stages(run: _Run, state: dict[str, Any]) -> None:
@@ -413,7 +416,7 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
                          str(run.out), "make the corpus what the store was made from to resume the run (files back as "
                          f"they were, new ones out of it), or pass a new --out (with --reuse {run.store}: the rows "
                          "that did not change are copied, not encoded again)")
-    _refuse_changed_weights(run)  # (after the identity: another teacher folder is another run, said so)
+    _refuse_changed_models(run)  # (after the identity: another teacher folder is another run, said so)
     done = _intact(run, state)
     _refuse_damaged(run, done)
     return state | {"done": done}
@@ -554,7 +557,8 @@ def steps_of(run: _Run) -> list[Step]:
         # (what a student folder loads by: an undone stage is removed and trained again, `_clear_undone_stages`)
         folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          (folder / saved.WEIGHTS, folder / saved.CONFIG), folders=(folder / saved.TOKENIZER,)))
+                          (folder / saved.WEIGHTS, folder / saved.CONFIG), folders=(folder / saved.TOKENIZER,),
+                          damaged=lambda f=folder: saved.damaged_file(f)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
@@ -575,11 +579,16 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     with every step after it (they read what it makes)."""
     steps, done, files = steps_of(run), state["done"], state.get("files", {})
     for i, step in enumerate(steps):
+        if step.name not in done:
+            continue
         wrote = [run.out / f for f in files.get(step.name, [])]
         # (is_file: a file replaced by a folder was "there", and a broken export stayed done: a probe)
-        gone = next((p for p in (*step.leaves, *wrote) if not p.is_file()), None)
-        if step.name in done and gone is not None:
-            _say(run.cfg, f"{step.name}: {gone} is gone, so it is done again, and every step after it")
+        gone, why = next((p for p in (*step.leaves, *wrote) if not p.is_file()), None), "is gone"
+        if gone is None and step.damaged is not None:
+            # (an edited stage tokenizer file stopped every rerun with the load's "retrain it": a probe)
+            gone, why = step.damaged(), "is not as it was written"
+        if gone is not None:
+            _say(run.cfg, f"{step.name}: {gone} {why}, so it is done again, and every step after it")
             before = {s.name for s in steps[:i]}
             return [name for name in done if name in before]
     return done

@@ -14,6 +14,7 @@ forward pass (on its device), in numpy after an exported backend's (`pool_numpy`
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -128,6 +129,30 @@ def weights_sha256(path: str) -> str:
     return _DIGESTS[key]
 
 
+# config.json keys that say who saved a checkpoint, not what it computes (kd loads in its own precision)
+SAVED_BY = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")
+
+
+def config_sha256(path: str) -> str:
+    """sha256 of the checkpoint's config.json settings (sorted JSON, `SAVED_BY` keys aside): with the weights and the
+    tokenizer (`check_same_tokenizers`), what decides the vectors. `hidden_act` edited between a killed precompute
+    and its resume wrote another function's vectors into the same table (a probe)."""
+    cfg = read_config(os.path.join(path, "config.json"), "point --teacher at the checkpoint folder as it was saved",
+                      KdError)
+    settings = {k: v for k, v in cfg.items() if k not in SAVED_BY} if isinstance(cfg, dict) else cfg
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def changed_since(path: str, meta: dict) -> str | None:
+    """What of the checkpoint at `path` is not what a teacher table's `meta` records ("weights", "config.json
+    settings"), or None; a digest the meta lacks (a store of an older kd) is not compared."""
+    if meta.get("weights_sha256") and weights_sha256(path) != meta["weights_sha256"]:
+        return "weights"
+    if meta.get("config_sha256") and config_sha256(path) != meta["config_sha256"]:
+        return "config.json settings"
+    return None
+
+
 def resolve_precision(p: Precision, device: torch.device) -> torch.dtype | None:
     """Compute dtype, or None for plain fp32. `auto`: fp16 on CUDA; on CPU bf16 where the CPU has native
     bf16 (`native_bf16`), fp32 elsewhere."""
@@ -172,6 +197,7 @@ class Teacher:
     fast: FastTokenizer | None = None  # what precompute tokenizes with (common/fast_tokenizer.py)
     tokenizer_folder: str | None = None  # the tokenizer's saved files, when loaded from the cache record
     _sha: str | None = field(default=None, repr=False)
+    _config_sha: str | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -207,9 +233,12 @@ class Teacher:
         """Everything that determines the stored values; two writers must agree on it exactly."""
         if self._sha is None:
             self._sha = weights_sha256(self.ref.path)
+        if self._config_sha is None:
+            self._config_sha = config_sha256(self.ref.path)
         return {
             "source": recorded_source(self.ref.source),
             "weights_sha256": self._sha,
+            "config_sha256": self._config_sha,
             "architecture": self.architecture,
             "model_type": self.model_type,
             "num_layers": self.num_layers,

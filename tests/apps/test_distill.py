@@ -499,10 +499,15 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     assert (out / "distill.json").read_bytes() == state
     (out / "model" / "extra.txt").unlink()
     # a stage that lost its config.json or a tokenizer file (what loads it): trained again, with the steps after it;
-    # the dry run, for the chosen stage, exported the damaged stage and was refused ("no trained student here")
+    # the dry run, for the chosen stage, exported the damaged stage and was refused ("no trained student here").
+    # A file edited, not deleted, stopped every rerun with the load's checksum refusal, "retrain it", which kd distill
+    # has no spelling for (a probe): the same
     chosen = json.loads((out / "choice.json").read_text())["chosen"]
-    for gone in (f"stages/{chosen}/config.json", "stages/two/tokenizer/tokenizer.json"):
-        (out / gone).unlink()
+    edits = {f"stages/{chosen}/config.json": Path.unlink, "stages/two/tokenizer/tokenizer.json": Path.unlink,
+             f"stages/{chosen}/tokenizer/tokenizer.json": lambda p: p.write_text(p.read_text() + " "),
+             "stages/two/model.safetensors": lambda p: p.write_bytes(p.read_bytes()[:-1] + b"!")}
+    for gone, edit in edits.items():
+        edit(out / gone)
         stage = gone.split("/")[1]
         plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
         names = list(plan)
@@ -511,7 +516,8 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
         for name in ("two", "one"):
             assert (out / "stages" / name / "model.safetensors").read_bytes() == \
                 (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
-        assert (out / gone).is_file() and (out / "model" / "model.safetensors").read_bytes() == exported
+        assert (out / gone).read_bytes() == (uninterrupted / gone).read_bytes()
+        assert (out / "model" / "model.safetensors").read_bytes() == exported
     # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
     (out / "choice.json").write_text('{"x')
     for call in (distill, estimate):
@@ -578,8 +584,8 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
     assert (out / "model" / "README.md").read_bytes() == card and (out / "model" / "model.safetensors").is_file()
 
 
-def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file, tiny_teacher,
-                                                                   tmp_path):
+def test_a_teacher_whose_weights_or_config_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file,
+                                                                             tiny_teacher, tmp_path):
     """A teacher folder rewritten in place after its pass: a rerun computed what it computes from the new weights
     (with two teachers, their weights' choice) and trained every stage on the old ones' vectors, exit 0 (a probe)."""
     from kd.apps.distill.plan import estimate
@@ -597,6 +603,13 @@ def test_a_teacher_whose_weights_changed_since_its_pass_is_refused(uninterrupted
         assert e.value.where == str(teacher)
     assert not (out / "choice.json").exists()
     shutil.copy(tiny_teacher / "model.safetensors", teacher / "model.safetensors")
+    config = (teacher / "config.json").read_text()  # the same weights computing another function
+    (teacher / "config.json").write_text(config.replace('"gelu"', '"relu"'))
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match=r"the teacher model's config.json settings \(tt\) changed since") as e:
+            call(cfg)
+        assert e.value.where == str(teacher) and e.value.fix.startswith("restore its config.json settings")
+    (teacher / "config.json").write_text(config)
     assert distill(cfg).chosen == json.loads((uninterrupted / "choice.json").read_text())["chosen"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import types
 
 import numpy as np
@@ -190,7 +191,13 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     for spec in (str(twin), f"tiny-bert={twin}"):
         r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", spec, "-k", "1"])
         said = " ".join(r.output.split())
-        assert r.exit_code == 2 and "is not the teacher that wrote table 'teachers/tiny-bert'" in said, said
+        assert r.exit_code == 2 and "is not the teacher that wrote table 'teachers/tiny-bert' (its weights" in said
+    # the table's weights and another config.json (another activation): another function, searched (a probe)
+    shutil.copytree(tiny_teacher, twin, dirs_exist_ok=True)
+    (twin / "config.json").write_text((twin / "config.json").read_text().replace('"gelu"', '"relu"'))
+    r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(twin), "-k", "1"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "wrote table 'teachers/tiny-bert' (its config.json settings differ)" in said, said
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", "tiny-bert=", "-k", "1"])
     assert r.exit_code == 2 and "a teacher with a name and no model" in r.output, r.output
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")

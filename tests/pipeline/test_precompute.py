@@ -114,20 +114,27 @@ def test_complete_store_does_nothing_and_says_so(tmp_path, tiny_teacher, sentenc
     assert again.exit_code == 0 and "nothing to do" in again.stdout
 
 
+def _files(store: Path) -> dict:
+    """Each store file's bytes, inode and mtime: a file replaced by the same bytes is still a write."""
+    return {p.relative_to(store): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in store.rglob("*") if p.is_file() and "locks" not in p.parts}
+
+
 def test_a_complete_store_given_its_corpus_by_another_path_writes_nothing(tmp_path, tiny_teacher, sentences):
-    """The same files named otherwise (a symlink, a copy elsewhere): nothing to encode, and nothing written. The
-    store's record took each run's spelling, so kd distill runs sharing one store (--store) rewrote it in turn."""
+    """The same files, named the same or otherwise (a symlink, a copy elsewhere): nothing to encode, and nothing
+    written. The store's record took each run's spelling, so kd distill runs sharing one store (--store) rewrote it
+    in turn; and every rerun replaced manifest.json and its writer's record with the same bytes (a probe)."""
     src = _write_lines(tmp_path / "s.txt", sentences[:20])
     (tmp_path / "link.txt").symlink_to(src)
     out = tmp_path / "st"
     args = ["--teacher", str(tiny_teacher), "--out", str(out), "--no-progress"]
     assert CliRunner().invoke(app, ["precompute", src, *args]).exit_code == 0
-    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
-    for other in (str(tmp_path / "link.txt"), shutil.copy(src, tmp_path / "copy.txt")):
+    before = _files(out)
+    assert Path("manifest.json") in before
+    for other in (src, str(tmp_path / "link.txt"), shutil.copy(src, tmp_path / "copy.txt")):
         again = CliRunner().invoke(app, ["precompute", str(other), *args])
         assert again.exit_code == 0 and "nothing to do" in again.stdout, again.stdout
-        after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "locks" not in p.parts}
-        assert after == before
+        assert _files(out) == before
     assert Store.open(out).manifest.inputs["files"][0]["path"] == src
 
 
@@ -179,6 +186,39 @@ def test_one_teacher_folder_by_any_spelling_is_one_teacher(tmp_path, tiny_teache
     other = build_tiny_bert(tmp_path / "other", seed=7)
     with pytest.raises(StoreError, match="written with other settings .*weights"):
         precompute([src], str(tmp_path / "work" / "st"), [f"tiny={other}"], progress=False)
+
+
+def _edit_records(store: Path, edit) -> None:
+    """Apply `edit` to manifest.json and every writer's record (what a kill before a commit, or an older kd, left)."""
+    for path in (store / "manifest.json", *(store / "manifests").glob("*.json")):
+        m = json.loads(path.read_text())
+        edit(m)
+        path.write_text(json.dumps(m))
+
+
+def test_a_teacher_whose_config_changed_is_another_teacher(tmp_path, tiny_teacher, sentences):
+    """The weights (and the tokenizer, `check_same_tokenizers`) said which teacher a table holds: `hidden_act` edited
+    in the teacher's config.json between a killed run and its resume wrote the last shard with another function into
+    the same table (a probe). Its config's settings are part of it now: refused naming them. A config saved again by
+    another transformers is no other teacher, and a store of an older kd (no config digest recorded) still resumes."""
+    teacher = Path(shutil.copytree(tiny_teacher, tmp_path / "t"))
+    src, out = _write_lines(tmp_path / "s.txt", sentences[:20]), tmp_path / "st"
+    run = dict(shard_rows=10, progress=False)
+    precompute([src], str(out), [f"t={teacher}"], **run)
+    last = lambda m: m["tables"]["teachers/t"]["shards"].pop("1", None)  # noqa: E731 (the shard a kill left uncommitted)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    _edit_records(out, last)
+    with pytest.raises(StoreError, match="written with other settings .*the config.json settings"):
+        precompute([src], str(out), [f"t={teacher}"], **run)
+    resaved = {k: v for k, v in config.items() if k != "dtype"}
+    (teacher / "config.json").write_text(json.dumps({**resaved, "torch_dtype": "float32", "transformers_version": "9"},
+                                                    indent=4))
+    assert precompute([src], str(out), [f"t={teacher}"], **run).shards_written == 1
+    (teacher / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
+    _edit_records(out, lambda m: m["tables"]["teachers/t"]["meta"].pop("config_sha256"))
+    _edit_records(out, last)
+    assert precompute([src], str(out), [f"t={teacher}"], **run).shards_written == 1
 
 
 def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentences):
