@@ -242,6 +242,24 @@ def sidecar_of(path: str | os.PathLike) -> Path | None:
     return p.with_name(p.name[1:-len(".kd.json")]) if is_sidecar else None
 
 
+def is_kd_record(path: str | os.PathLike) -> bool:
+    """A sidecar as kd writes it (a kd-output record, named for the file beside it), whatever that file holds now."""
+    return sidecar_of(path) is not None and _has_format(Path(path), _SIDECAR_FORMAT)
+
+
+def file_lost(path: str | os.PathLike) -> Path:
+    """What a user would lose with `path`: for kd's record of a file they changed since (a card they edited), that
+    file, which the refusal names; else `path`."""
+    file = sidecar_of(path)
+    return file if file is not None and file.exists() and is_kd_record(path) else Path(path)
+
+
+def kd_record_left(path: str | os.PathLike) -> bool:
+    """A sidecar kd wrote whose file is gone: what deleting a kd file by hand leaves."""
+    file = sidecar_of(path)
+    return file is not None and not file.exists() and is_kd_record(path)
+
+
 def kd_wrote(path: str | os.PathLike) -> bool:
     """A file kd wrote (`is_kd_file`: e.g. kd distill's model card beside an export), or such a file's sidecar."""
     file = sidecar_of(path)

@@ -138,6 +138,12 @@ class Recipe:
         return stage.source
 
 
+def is_stage_name(name: object) -> bool:
+    """A name that is one folder of stages/ (".." trained into --out's parent, and a run's record naming one had
+    a folder outside --out deleted: a probe)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
 def find(spec: str) -> Path:
     """A preset name or a recipe file's path."""
     if spec in PRESETS:
@@ -261,7 +267,7 @@ def _stages(raw: Any, where: str) -> list[Stage]:
         name = table.get("name") if isinstance(table, dict) else None
         at = f"{where} [[stage]] {i} ({name or 'unnamed'})"
         _only(table, ("name", "from", *STAGE_OPTIONS), at, "stage option")
-        if not isinstance(name, str) or not name or name in (*ROLES, BASELINE) or "/" in name:
+        if not is_stage_name(name) or name in (*ROLES, BASELINE):
             raise InputError(f"a stage needs a name that is not a role, {BASELINE!r} (kd's own) or a path", at,
                              'e.g. name = "cosine"')
         if name in {s.name for s in stages}:

@@ -44,7 +44,16 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.inputs import expand_inputs
 from kd.common.locks import try_lock
 from kd.common.options import flag
-from kd.common.outputs import STORE, claim_output, kd_wrote, kind_of, sidecar_of, write_text
+from kd.common.outputs import (
+    STORE,
+    claim_output,
+    file_lost,
+    kd_record_left,
+    kd_wrote,
+    kind_of,
+    sidecar_of,
+    write_text,
+)
 from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
@@ -58,6 +67,7 @@ from kd.pipeline.teacher.resolve import (
     recorded_spec,
     resolve_teacher,
 )
+from kd.storage import fs
 from kd.storage.store import Store
 from kd.student import saved
 from kd.student.checkpoint import CHECKPOINT
@@ -426,15 +436,10 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
     """What a rerun would read or replace and cannot, refused before any work, in the run and its dry run alike (the
     dry run planned "export 4 s" and showed "done" where the run was refused: a probe): a damaged choice.json of a
     done choice; a link, a file or a folder with files the export did not write where the export goes."""
+    _refuse_links(run)
     if step_name(StepKind.choose) in done:
         _choice(run)
-    if not run.cfg.export:
-        return
-    for folder in (run.out / "model", run.out / "onnx"):
-        if folder.is_symlink():  # in any state: the card was written through one, a dangling one exported through
-            raise InputError(f"{folder.name} is a symbolic link (to {os.readlink(folder)}) where the export goes",
-                             str(folder), f"remove the link {folder}: the rerun exports the chosen student there")
-    if step_name(StepKind.export) in done:
+    if not run.cfg.export or step_name(StepKind.export) in done:
         return
     for folder in (run.out / "model", run.out / "onnx"):
         if folder.exists() and not folder.is_dir():  # (the run said "--out is an existing file", the dry run planned)
@@ -442,14 +447,29 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
                              f"move or delete {folder}: the rerun exports the chosen student there")
         foreign = _foreign_files(run, folder) if folder.is_dir() else []
         if foreign:  # (refused inside the export, after the run had recorded it undone, naming an --overwrite)
-            raise InputError(f"{folder.name}/ holds {len(foreign)} file(s) the export did not write, e.g. "
-                             f"{foreign[0]}", str(folder), f"move them out of {folder}: the rerun exports the chosen "
-                             "student there")
+            raise InputError(f"{folder.name}/ holds {len(foreign)} file(s) the export did not write (or that changed "
+                             f"since), e.g. {foreign[0]}", str(folder), f"move them out of {folder}: the rerun exports "
+                             "the chosen student there")
         if foreign is None and any(folder.iterdir()) and kind_of(folder) is None:
             # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
             raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "
                              "does not delete a folder it cannot tell it wrote", str(folder),
                              f"delete {folder}: the rerun exports the chosen student into it again")
+
+
+def _refuse_links(run: _Run) -> None:
+    """No symbolic link inside OUT (its store aside, which its own checks read): kd distill writes its files in place,
+    and one written through a link lands outside OUT (probes: the card, report.md and a whole export were written
+    through one onto a user's files; a stage folder as one stopped every rerun with a traceback)."""
+    stores = {run.store, run.out / "store"}
+    for folder, dirs, files in os.walk(run.out):
+        dirs[:] = [d for d in dirs if Path(folder, d) not in stores]
+        link = next((Path(folder, n) for n in (*dirs, *files) if os.path.islink(os.path.join(folder, n))), None)
+        if link is not None:  # (os.walk lists a link to a folder among dirs, and never enters it)
+            raise InputError(f"{link.relative_to(run.out)} is a symbolic link (to {os.readlink(link)}) inside --out, "
+                             "where kd distill writes its own files", str(link),
+                             f"remove the link {link} (the rerun writes the file or folder again), or replace it by "
+                             "a copy of what it points to")
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -462,14 +482,23 @@ def _read_state(path: Path) -> dict[str, Any]:
     if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
             and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
             and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))
-            and all(isinstance(v, list) and all(isinstance(f, str) for f in v)
-                    for v in state.get("files", {}).values())):
+            and all(R.is_stage_name(name) for name in state.get("stages", {}))
+            and all(_files_record(v) for v in state.get("files", {}).values())):
         why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
                          "unknown", str(path), f"pass a new --out (with --store {store} to start from its teacher "
                          "pass, if it holds one)")
     return state
+
+
+def _files_record(files: object) -> bool:
+    """A step's files as `_files_in` records them ({name: sha256}; a list of names before 2026-11-30), every name
+    relative to OUT and inside it (a recorded "../x" was checked outside --out: a probe)."""
+    names = files if isinstance(files, list) else list(files) if isinstance(files, dict) else None
+    return names is not None and all(isinstance(n, str) and n and not os.path.isabs(n) and ".." not in Path(n).parts
+                                     for n in names) and \
+        (not isinstance(files, dict) or all(isinstance(h, str) for h in files.values()))
 
 
 def _moved(run: _Run, made_in: str) -> None:
@@ -581,7 +610,7 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     for i, step in enumerate(steps):
         if step.name not in done:
             continue
-        wrote = [run.out / f for f in files.get(step.name, [])]
+        wrote = [run.out / f for f in files.get(step.name, []) if run.out / f != run.card]
         # (is_file: a file replaced by a folder was "there", and a broken export stayed done: a probe)
         gone, why = next((p for p in (*step.leaves, *wrote) if not p.is_file()), None), "is gone"
         if gone is None and step.damaged is not None:
@@ -594,12 +623,12 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     return done
 
 
-def _files_in(run: _Run, folders: tuple[Path, ...]) -> list[str]:
-    """Every file under `folders`, relative to run.out: what `_intact` checks is still there. Left out: kd's own
-    dotfiles (a lock's, a marker's) and the model card, model/README.md, which the evaluation writes over the
-    export's (its own step's file: `steps_of`)."""
-    return sorted(str(p.relative_to(run.out)) for folder in folders for p in folder.rglob("*")
-                  if p.is_file() and not p.name.startswith(".") and p != run.card)
+def _files_in(run: _Run, folders: tuple[Path, ...]) -> dict[str, str]:
+    """Every file under `folders`, relative to run.out, with its sha256: what `_intact` checks is still there (but
+    the model card, model/README.md, which the evaluation writes over the export's: its own step's file), and what
+    tells the export's files from a user's (`_foreign_files`). Left out: kd's own dotfiles (a lock's, a marker's)."""
+    return {str(p.relative_to(run.out)): fs.file_sha256(p) for folder in folders for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
@@ -765,13 +794,20 @@ def _foreign_files(run: _Run, folder: Path) -> list[str] | None:
     if wrote is None:
         return None
 
-    def own(p: Path) -> bool:  # (a sidecar is its file's: the card's is left when the card was deleted)
-        file = sidecar_of(p) or p
-        return str(file.relative_to(run.out)) in wrote or file == run.card or kd_wrote(p) or \
-            p.name.startswith(".kd-tmp-")
+    def as_written(p: Path, rel: str) -> bool:  # (a record of names only, before their sha256: by name)
+        return rel in wrote and (isinstance(wrote, list) or fs.file_sha256(p) == wrote[rel])
 
-    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if (p.is_file() or p.is_symlink())
-            and not own(p)]
+    # (recorded by name, an edited card and any other kd command's output were deleted with the folder: a probe)
+    def own(p: Path) -> bool:
+        rel = str(p.relative_to(run.out))
+        if p == run.card:  # the evaluation's (kd's record beside it) or the export's own, unchanged
+            return kd_wrote(p) or as_written(p, rel) or isinstance(wrote, list)
+        if sidecar_of(p) == run.card:  # its record, or the one its deletion left
+            return kd_wrote(p) or kd_record_left(p)
+        return as_written(p, rel) or p.name.startswith(".kd-tmp-")  # or a temp of a kill
+
+    return sorted({str(file_lost(p).relative_to(folder)) for p in folder.rglob("*")
+                   if (p.is_file() or p.is_symlink()) and not own(p)})
 
 
 def _evaluate(run: _Run) -> None:

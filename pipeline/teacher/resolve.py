@@ -75,8 +75,10 @@ def parse_teacher(text: str | TeacherSpec | TeacherRef, unnamed: str | None = No
         raise InputError(f"a teacher must be a string, not {text!r} ({type(text).__name__})", where,
                          f"pass {where} minilm, mpnet, a checkpoint folder or NAME=FOLDER")
     text = os.fspath(text)
+    if not text.strip():  # (it was "a teacher with a name and no model": no name was given either)
+        raise InputError(f"{where} is empty", where, f"pass {where} minilm, mpnet, a checkpoint folder or NAME=FOLDER")
     name, _, source = text.partition("=") if "=" in text else ("", "", text)
-    if not source:  # ("t=": the table name of no model)
+    if not source.strip():  # ("t=": the table name of no model; "t= " was "unknown teacher ' '")
         raise InputError("a teacher with a name and no model", f"{where} {text}",
                          f"name the model too: {where} {name or 'NAME'}=minilm, mpnet or a checkpoint folder")
     if "=" in text and not name.strip():  # ("=DIR" took the folder's own name: a typo, not a choice)

@@ -17,7 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kd.common.errors import InputError
-from kd.common.outputs import EXPORT, claim_output, kd_wrote, locked_output, partial_folder
+from kd.common.outputs import (
+    EXPORT,
+    claim_output,
+    file_lost,
+    kd_record_left,
+    kd_wrote,
+    locked_output,
+    partial_folder,
+    sidecar_of,
+)
 from kd.student.model_card import export_card
 
 
@@ -61,8 +70,14 @@ def _keep_foreign(new: Path, target: Path) -> None:
     if not target.is_dir():
         return
     mine = {p.relative_to(new) for p in new.rglob("*")}
-    foreign = sorted(p.relative_to(target) for p in target.rglob("*") if p.relative_to(target) not in mine
-                     and p.is_file() and not kd_wrote(p))
+
+    def replaced(p: Path) -> bool:  # a file the new export writes, or kd's record of one (kd distill's card's)
+        file = sidecar_of(p)
+        return p.relative_to(target) in mine or (file is not None and file.relative_to(target) in mine
+                                                 and (kd_wrote(p) or kd_record_left(p)))
+
+    # (any kd output counted as the export's: vectors kd embed wrote into the folder were deleted: a probe)
+    foreign = sorted({file_lost(p).relative_to(target) for p in target.rglob("*") if p.is_file() and not replaced(p)})
     if foreign:
         raise InputError(f"--overwrite would delete {len(foreign)} file(s) that kd export did not write, e.g. "
                          f"{foreign[0]}", str(target), "move them out first, or pass a new --out")

@@ -205,6 +205,9 @@ def test_seed_offsets_every_stage_s_seed_and_makes_another_run(tmp_path, corpus,
         distill(_cfg(corpus, uninterrupted, recipe_file, seed=20))
 
 
+NOT_ITS = r"the export did not write \(or that changed since\), e.g."  # kd distill's refusal of a user's file
+
+
 def _cfg(corpus: Path, out: Path, recipe: Path, **kw) -> DistillConfig:
     return DistillConfig([str(corpus)], str(out), recipe=str(recipe), **({"evaluate": False, "export": False,
                                                                         "progress": False} | kw))
@@ -443,7 +446,7 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     for mine in ("notes.txt", ".notes"):  # (a dotfile was taken for kd's own, and deleted with the folder: a probe)
         (out / "model" / mine).write_text("mine")
         for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
-            with pytest.raises(InputError, match=f"holds 1 file\\(s\\) the export did not write, e.g. {mine}") as e:
+            with pytest.raises(InputError, match=f"holds 1 file\\(s\\) {NOT_ITS} {mine}") as e:
                 call(_cfg(corpus, out, recipe_file, store=store, export=True))
             assert e.value.where == str(out / "model") and e.value.fix.startswith(f"move them out of {out / 'model'}")
         assert (out / "model" / mine).read_text() == "mine" and (out / "distill.json").read_bytes() == state
@@ -494,7 +497,7 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     (out / "model" / "extra.txt").write_text("mine")
     state = (out / "distill.json").read_bytes()
     for call in (distill, estimate):
-        with pytest.raises(InputError, match="holds 1 file\\(s\\) the export did not write, e.g. extra.txt"):
+        with pytest.raises(InputError, match=f"holds 1 file\\(s\\) {NOT_ITS} extra.txt"):
             call(_cfg(corpus, out, recipe_file, store=store, export=True))
     assert (out / "distill.json").read_bytes() == state
     (out / "model" / "extra.txt").unlink()
@@ -545,6 +548,61 @@ def test_an_empty_out_or_store_is_refused(tmp_path, corpus, recipe_file, monkeyp
         said = " ".join(res.output.split())
         assert res.exit_code == 2 and ("--recipe is empty" in said or "INPUTS is empty" in said), said
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rerun_deletes_and_writes_through_nothing_that_is_not_its_own(uninterrupted, corpus, recipe_file, tmp_path):
+    """What a sixth probe found kd distill deleting or writing that was not its own, each refused now before any work,
+    by the run and its dry run alike, with everything left as it was: a link inside --out written through (the card
+    and report.md overwrote a user's file outside it; a stage folder as a link was a traceback); a run record naming
+    a stage "../../x" (that folder, outside --out, was deleted) or a file outside --out; in an export folder that lost
+    the file telling it one, a card or README.md the user edited, another kd command's output, or a user's file named
+    like kd's record of one (each deleted with the folder)."""
+    from kd.apps.distill.plan import estimate
+    from kd.common.outputs import write_text
+
+    store = str(uninterrupted / "store")
+    out, saved, mine = tmp_path / "run", tmp_path / "saved", tmp_path / "mine.txt"
+    distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+    shutil.copytree(out, saved)  # (a run continues only in the folder it was made in: each case starts from a copy)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep")
+
+    def record(edit):
+        state = json.loads((out / "distill.json").read_text())
+        edit(state)
+        (out / "distill.json").write_text(json.dumps(state))
+
+    cases = {
+        "report.md is a symbolic link": lambda: ((out / "report.md").unlink(), (out / "report.md").symlink_to(mine)),
+        "model/README.md is a symbolic link": lambda: ((out / "model" / "README.md").unlink(),
+                                                       (out / "model" / "README.md").symlink_to(mine)),
+        "stages/two is a symbolic link": lambda: (shutil.move(out / "stages" / "two", tmp_path / "two"),
+                                                  (out / "stages" / "two").symlink_to(tmp_path / "two"),
+                                                  (out / "stages" / "one" / "config.json").unlink()),
+        "distill.json is not the record": lambda: record(lambda d: d["stages"].update({"../../victim": {}})),
+        "distill.json is not the record ": lambda: record(lambda d: d["files"]["export"].update(
+            {"../victim/keep.txt": "0" * 64})),
+        f"{NOT_ITS} README.md": lambda: (out / "model" / "README.md").write_text("my card"),
+        f"{NOT_ITS} README.md ": lambda: (out / "onnx" / "README.md").write_text("my notes"),
+        f"{NOT_ITS} vecs.txt": lambda: write_text(out / "model" / "vecs.txt", "vectors", "kd embed"),
+        f"{NOT_ITS} .modules.json.kd.json": lambda: (out / "model" / ".modules.json.kd.json").write_text("mine"),
+    }
+    for refusal, change in cases.items():
+        shutil.rmtree(out)
+        shutil.copytree(saved, out)
+        mine.write_text("mine")
+        if NOT_ITS in refusal:  # (the export folder lost the file telling it one: the rerun exports it again)
+            (out / "model" / "modules.json").unlink()
+        change()
+        before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file() and not p.is_symlink()}
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=refusal.strip()):
+                call(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
+        after = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file() and not p.is_symlink()}
+        assert after == before, refusal
+        if (tmp_path / "two").exists():
+            shutil.rmtree(tmp_path / "two")
 
 
 def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corpus, recipe_file, tmp_path,

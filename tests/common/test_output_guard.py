@@ -240,6 +240,17 @@ def test_export_overwrite_keeps_a_users_file_in_the_folder(built, tmp_path):
     assert res.exit_code == 2 and "kd export did not write" in res.output and "notes.txt" in res.output, res.output
     assert (out / "notes.txt").read_text() == MINE and sorted(p.name for p in out.iterdir()) == before
     (out / "notes.txt").unlink()
+    # another kd command's output (vectors kd embed wrote there), or a file named like kd's record of one the export
+    # writes: each counted as the export's, and deleted (a probe)
+    for name, write in (("vecs.txt", lambda: write_text(out / "vecs.txt", MINE, "kd embed")),
+                        (".modules.json.kd.json", lambda: (out / ".modules.json.kd.json").write_text(MINE))):
+        write()
+        res = _export(built["student"], out, "--overwrite")
+        said = " ".join(res.output.split())
+        assert res.exit_code == 2 and f"kd export did not write, e.g. {name}" in said, said
+        assert (out / name).read_text() == MINE
+        (out / name).unlink()
+        sidecar(out / name).unlink(missing_ok=True)
     assert _export(built["student"], out, "--overwrite").exit_code == 0
 
 

@@ -141,6 +141,18 @@ def test_a_teacher_with_an_equals_sign_and_no_name_is_refused(tiny_teacher):
     assert parse_teacher(str(tiny_teacher)).name == tiny_teacher.name
 
 
+def test_an_empty_teacher_or_a_name_with_a_blank_model_is_refused_as_such():
+    """`-t ""` was "a teacher with a name and no model" (no name was given), `tt= ` an "unknown teacher ' '" (probe)."""
+    for text in ("", "  "):
+        with pytest.raises(KdError, match="--teacher is empty") as e:
+            parse_teacher(text)
+        assert e.value.where == "--teacher"
+    for text in ("tt=", "tt= ", "tt=\t"):
+        with pytest.raises(KdError, match="a teacher with a name and no model") as e:
+            parse_teacher(text)
+        assert "--teacher tt=minilm" in e.value.fix
+
+
 def test_a_teacher_name_holds_no_dot():
     """'.' separates a teacher from its column (--target mpnet.sentence): a store of teacher "m.v2" trained into a
     KeyError traceback. A given name with one is refused; a folder's name loses it."""
