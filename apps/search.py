@@ -70,8 +70,9 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     if changed:
         wrote = f"--teacher {meta['source']}" if meta.get("source") else "the teacher that wrote it (see kd info STORE)"
         # (another teacher's own table named by --table: "restore that checkpoint" pointed at the wrong fix: a probe)
-        fix = f"search its own table (--table {own}), or pass {wrote}" if own and own != table else \
-            f"restore that checkpoint's weights, or pass {wrote}"
+        restore = f"restore that checkpoint's {changed}" + \
+            ("" if meta.get("source") == recorded_source(model.ref.source) else f", or pass {wrote}")
+        fix = f"search its own table (--table {own}), or pass {wrote}" if own and own != table else restore
         raise KdError(f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r} (its "
                       f"{changed} differ)", model.ref.path, fix)
     return model.encode([text], outputs=[Output(output)])[output][0], table, column

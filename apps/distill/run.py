@@ -106,8 +106,9 @@ class Step:
     run: Callable[[], Any]
     stage: str | None = None  # a training stage: its run() returns the stage's record (key, copied_from)
     leaves: tuple[Path, ...] = ()  # files it writes that later steps read: one gone, it is not done (`_intact`)
-    # folders whose every file, as it wrote them, is its work: each is recorded when it is done (distill.json's
-    # "files") and one gone undoes it (an export whose weights or tokenizer.json were deleted stayed "done": a probe)
+    # files and folders whose every file, as it wrote them, is its work: each is recorded with its sha256 when it is
+    # done (distill.json's "files"), and one gone or changed undoes it (an export whose weights or tokenizer.json were
+    # deleted stayed "done": a probe)
     folders: tuple[Path, ...] = ()
     # the first of its files not as it wrote them, by a record it keeps (a stage: the checksums in its config.json)
     damaged: Callable[[], Path | None] | None = None
@@ -391,6 +392,8 @@ def refuse_foreign_out(run: _Run) -> None:
     """OUT is new, empty, or a kd distill run's (the dry run checks it too: it planned where the run is refused)."""
     if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
+    if run.out.is_dir():  # (a new OUT holding a link where the lock goes: its lock was made outside OUT, a probe)
+        _refuse_links(run)
 
 
 def _state(run: _Run) -> dict[str, Any]:
@@ -435,8 +438,8 @@ def recorded_state(run: _Run) -> dict[str, Any] | None:
 def _refuse_damaged(run: _Run, done: list[str]) -> None:
     """What a rerun would read or replace and cannot, refused before any work, in the run and its dry run alike (the
     dry run planned "export 4 s" and showed "done" where the run was refused: a probe): a damaged choice.json of a
-    done choice; a link, a file or a folder with files the export did not write where the export goes."""
-    _refuse_links(run)
+    done choice; a file or a folder with files the export did not write where the export goes (links inside OUT:
+    `refuse_foreign_out`, which both call first)."""
     if step_name(StepKind.choose) in done:
         _choice(run)
     if not run.cfg.export or step_name(StepKind.export) in done:
@@ -586,7 +589,8 @@ def steps_of(run: _Run) -> list[Step]:
         # (what a student folder loads by: an undone stage is removed and trained again, `_clear_undone_stages`)
         folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
-                          (folder / saved.WEIGHTS, folder / saved.CONFIG), folders=(folder / saved.TOKENIZER,),
+                          (folder / saved.WEIGHTS, folder / saved.CONFIG),
+                          folders=(folder / saved.CONFIG, folder / saved.TOKENIZER),
                           damaged=lambda f=folder: saved.damaged_file(f)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:
@@ -610,9 +614,14 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     for i, step in enumerate(steps):
         if step.name not in done:
             continue
-        wrote = [run.out / f for f in files.get(step.name, []) if run.out / f != run.card]
+        wrote = files.get(step.name, [])  # ({name: sha256}; a list of names before 2026-11-30)
+        sums = wrote if isinstance(wrote, dict) else dict.fromkeys(wrote)
+        recorded = {run.out / f: sha for f, sha in sums.items() if run.out / f != run.card}
         # (is_file: a file replaced by a folder was "there", and a broken export stayed done: a probe)
-        gone, why = next((p for p in (*step.leaves, *wrote) if not p.is_file()), None), "is gone"
+        gone, why = next((p for p in (*step.leaves, *recorded) if not p.is_file()), None), "is gone"
+        if gone is None:  # (a stage's config.json edited kept the stage, and the export made from it: a probe)
+            gone, why = next((p for p, sha in recorded.items() if sha and fs.file_sha256(p) != sha), None), \
+                "is not as it was written"
         if gone is None and step.damaged is not None:
             # (an edited stage tokenizer file stopped every rerun with the load's "retrain it": a probe)
             gone, why = step.damaged(), "is not as it was written"
@@ -627,8 +636,8 @@ def _files_in(run: _Run, folders: tuple[Path, ...]) -> dict[str, str]:
     """Every file under `folders`, relative to run.out, with its sha256: what `_intact` checks is still there (but
     the model card, model/README.md, which the evaluation writes over the export's: its own step's file), and what
     tells the export's files from a user's (`_foreign_files`). Left out: kd's own dotfiles (a lock's, a marker's)."""
-    return {str(p.relative_to(run.out)): fs.file_sha256(p) for folder in folders for p in sorted(folder.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+    files = [p for path in folders for p in ([path] if path.is_file() else sorted(path.rglob("*")))]
+    return {str(p.relative_to(run.out)): fs.file_sha256(p) for p in files if p.is_file() and not p.name.startswith(".")}
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:

@@ -24,8 +24,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from kd.apps.distill.recipe import is_stage_name
 from kd.storage.manifest import teacher_table
 from kd.storage.store import Store
+from kd.student.saved import damaged_file
 from kd.student.trainer import killed_before_a_checkpoint
 
 # TrainConfig fields that do not change the weights: where the stage is written and how a run reports and resumes.
@@ -74,10 +76,15 @@ def stage_key(options: dict[str, Any], source_key: str | None, reads: dict[str, 
 
 def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
     """The stage folder of the run in `owner` (its distill state: `state`) finished with this key, if any."""
-    for name, rec in (state.get("stages") or {}).items():
-        if isinstance(rec, dict) and rec.get("key") == key and f"train stage {name}" in state.get("done", []):
+    stages, done = state.get("stages"), state.get("done")
+    if not isinstance(stages, dict) or not isinstance(done, list):
+        return None
+    for name, rec in stages.items():
+        # another run's record is no checked input: a stage named "../../x" there had a folder outside both runs copied
+        # as this run's stage (a probe); one whose files are not as trained is no finished stage
+        if is_stage_name(name) and isinstance(rec, dict) and rec.get("key") == key and f"train stage {name}" in done:
             folder = owner / "stages" / name
-            if (folder / "model.safetensors").is_file():
+            if not folder.is_symlink() and (folder / "model.safetensors").is_file() and damaged_file(folder) is None:
                 return folder
     return None
 

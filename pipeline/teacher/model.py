@@ -131,15 +131,27 @@ def weights_sha256(path: str) -> str:
 
 # config.json keys that say who saved a checkpoint, not what it computes (kd loads in its own precision)
 SAVED_BY = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")
+# Keys every transformers config has, at their default: transformers 4 writes only those that differ from it, 5 writes
+# all, so the same config saved by each reads the same only without them (a probe: the re-save was "another teacher")
+CONFIG_DEFAULTS = {"is_decoder": False, "add_cross_attention": False, "is_encoder_decoder": False,
+                   "tie_encoder_decoder": False, "bos_token_id": None, "eos_token_id": None, "sep_token_id": None,
+                   "decoder_start_token_id": None, "use_cache": True, "classifier_dropout": None,
+                   "position_embedding_type": "absolute", "tie_word_embeddings": True, "chunk_size_feed_forward": 0,
+                   "output_hidden_states": False, "output_attentions": False, "return_dict": True,
+                   "torchscript": False, "pruned_heads": {}, "problem_type": None, "tokenizer_class": None,
+                   "prefix": None, "task_specific_params": None, "finetuning_task": None,
+                   "cross_attention_hidden_size": None}
 
 
 def config_sha256(path: str) -> str:
-    """sha256 of the checkpoint's config.json settings (sorted JSON, `SAVED_BY` keys aside): with the weights and the
-    tokenizer (`check_same_tokenizers`), what decides the vectors. `hidden_act` edited between a killed precompute
-    and its resume wrote another function's vectors into the same table (a probe)."""
+    """sha256 of the checkpoint's config.json settings (sorted JSON; `SAVED_BY` keys and `CONFIG_DEFAULTS` values
+    aside): with the weights and the tokenizer (`check_same_tokenizers`), what decides the vectors. `hidden_act`
+    edited between a killed precompute and its resume wrote another function's vectors into the same table (a probe)."""
     cfg = read_config(os.path.join(path, "config.json"), "point --teacher at the checkpoint folder as it was saved",
                       KdError)
-    settings = {k: v for k, v in cfg.items() if k not in SAVED_BY} if isinstance(cfg, dict) else cfg
+    missing = object()
+    settings = {k: v for k, v in cfg.items() if k not in SAVED_BY and CONFIG_DEFAULTS.get(k, missing) != v} \
+        if isinstance(cfg, dict) else cfg
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

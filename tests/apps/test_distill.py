@@ -508,7 +508,9 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     chosen = json.loads((out / "choice.json").read_text())["chosen"]
     edits = {f"stages/{chosen}/config.json": Path.unlink, "stages/two/tokenizer/tokenizer.json": Path.unlink,
              f"stages/{chosen}/tokenizer/tokenizer.json": lambda p: p.write_text(p.read_text() + " "),
-             "stages/two/model.safetensors": lambda p: p.write_bytes(p.read_bytes()[:-1] + b"!")}
+             "stages/two/model.safetensors": lambda p: p.write_bytes(p.read_bytes()[:-1] + b"!"),
+             # (its config.json edited, same weights: the stage stayed, and the export was made from it: a probe)
+             "stages/two/config.json": lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "edited": 1}))}
     for gone, edit in edits.items():
         edit(out / gone)
         stage = gone.split("/")[1]
@@ -588,6 +590,13 @@ def test_a_rerun_deletes_and_writes_through_nothing_that_is_not_its_own(uninterr
         f"{NOT_ITS} vecs.txt": lambda: write_text(out / "model" / "vecs.txt", "vectors", "kd embed"),
         f"{NOT_ITS} .modules.json.kd.json": lambda: (out / "model" / ".modules.json.kd.json").write_text("mine"),
     }
+    lock_link = tmp_path / "fresh" / ".kd-distill.lock"  # a new --out holding a link where the lock goes (a probe)
+    lock_link.parent.mkdir()
+    lock_link.symlink_to(tmp_path / "made-outside")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match=r"\.kd-distill\.lock is a symbolic link"):
+            call(_cfg(corpus, lock_link.parent, recipe_file, store=store))
+    assert not (tmp_path / "made-outside").exists()
     for refusal, change in cases.items():
         shutil.rmtree(out)
         shutil.copytree(saved, out)
@@ -603,6 +612,26 @@ def test_a_rerun_deletes_and_writes_through_nothing_that_is_not_its_own(uninterr
         assert after == before, refusal
         if (tmp_path / "two").exists():
             shutil.rmtree(tmp_path / "two")
+
+
+def test_another_runs_record_gives_only_its_own_finished_stages(uninterrupted, tmp_path):
+    """Another run's distill.json is read to copy the stages it shares: a stage named "../../x" there had a folder
+    outside both runs copied as this run's stage, exit 0; one of its stages edited since was copied as trained
+    (probes)."""
+    from kd.apps.distill.shared_stages import finished_stage
+
+    owner = tmp_path / "a" / "b" / "run"
+    shutil.copytree(uninterrupted, owner)
+    state = json.loads((owner / "distill.json").read_text())
+    key = state["stages"]["one"]["key"]
+    assert finished_stage(owner, state, key) == owner / "stages" / "one"
+    shutil.copytree(owner / "stages" / "one", tmp_path / "x")
+    forged = state | {"stages": {"../../../../x": {"key": key}}, "done": [*state["done"], "train stage ../../../../x"]}
+    assert (owner / "stages" / "../../../../x").resolve() == tmp_path / "x"
+    assert finished_stage(owner, forged, key) is None
+    tok = owner / "stages" / "one" / "tokenizer" / "tokenizer.json"
+    tok.write_text(tok.read_text() + " ")
+    assert finished_stage(owner, state, key) is None
 
 
 def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corpus, recipe_file, tmp_path,

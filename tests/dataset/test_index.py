@@ -198,6 +198,7 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(twin), "-k", "1"])
     said = " ".join(r.output.split())
     assert r.exit_code == 2 and "wrote table 'teachers/tiny-bert' (its config.json settings differ)" in said, said
+    assert "restore that checkpoint's config.json settings, or pass" in said, said  # (the twin is not the writer)
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", "tiny-bert=", "-k", "1"])
     assert r.exit_code == 2 and "a teacher with a name and no model" in r.output, r.output
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
