@@ -24,6 +24,8 @@ place, so a killed run never leaves half a file under the final name; before the
 sidecar `.NAME.kd.json` holding the command and the sha256 of the bytes it wrote. A file is kd's when its
 sidecar exists and its sha256 still matches: any format is covered (CSV and JSON lines have no room for a
 marker), and a user's file put at that path later, or edited since, no longer matches, so it is never replaced.
+A symbolic link at the output's path is replaced by the file, never written through (the gate checked what it
+named; a link made after the gate, inside kd distill's --out while it ran, had a user's file overwritten).
 
 Folders (`locked_output`): a command that builds a folder holds an exclusive flock on `.NAME.kd-lock` beside it
 while it works; a second command writing the same folder is refused. The kernel drops a flock when its holder
@@ -47,7 +49,7 @@ from pathlib import Path
 
 from kd.common.errors import InputError, KdError, as_kd_error
 from kd.common.locks import try_lock
-from kd.common.paths import is_uri, local_path, refuse_empty
+from kd.common.paths import is_uri, local_path, plain_path, refuse_empty
 
 STORE, STUDENT, FINETUNE, TEACHER, EXPORT = "store", "student", "finetune", "teacher", "export"
 COMMANDS = {STORE: "kd precompute", STUDENT: "kd train-student", FINETUNE: "kd finetune",
@@ -289,17 +291,24 @@ def _glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
 
+def killed_write(path: str | os.PathLike) -> bool:
+    """A temp file of a kd write (`temp_path`) whose process is gone: what a kill leaves."""
+    pid, _, rest = Path(path).name.removeprefix(".kd-tmp-").partition(".")
+    return Path(path).name.startswith(".kd-tmp-") and pid.isdigit() and bool(rest) and _dead(pid)
+
+
 def _remove_stale_temps(path: Path) -> None:
     """Temp files (the output's and its sidecar's) of killed writes of this output: their writer is gone."""
     for name in (path.name, sidecar(path).name):
         for tmp in path.parent.glob(f".kd-tmp-*.{_glob_escape(name)}"):
-            if _dead(tmp.name.removeprefix(".kd-tmp-").split(".", 1)[0]):
+            if killed_write(tmp):
                 tmp.unlink(missing_ok=True)
 
 
 def temp_path(path: str | os.PathLike) -> Path:
-    """The temporary file beside `path` that write_file writes and renames into place (this process's)."""
-    path = local_path(path)
+    """The temporary file beside `path` that write_file writes and renames into place (this process's); beside a
+    link at `path`, not beside what it names (`_unfollowed`)."""
+    path = _unfollowed(path)
     return path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
 
 
@@ -307,8 +316,10 @@ def write_file(path: str | os.PathLike, write: Callable[[Path], object], command
                flag: str = "--out") -> Path:
     """Write one output file the kd way: missing parent folders created, `write(tmp)` into a temporary file
     beside it (same suffix, so writers that read it see the right format), the sidecar, then a rename.
-    An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path."""
-    path = local_path(path)
+    An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path. A symbolic
+    link at the path is replaced by the file, never written through (a link made inside kd distill's --out while it
+    ran had its report and card written onto a user's files outside it: a probe)."""
+    path = _unfollowed(path)
     tmp = temp_path(path)
     side = sidecar(path)
     side_tmp = temp_path(side)
@@ -327,6 +338,14 @@ def write_file(path: str | os.PathLike, write: Callable[[Path], object], command
         tmp.unlink(missing_ok=True)
         side_tmp.unlink(missing_ok=True)
     return path
+
+
+def _unfollowed(path: str | os.PathLike) -> Path:
+    """`local_path`, but a link as the last component is the link itself (its folder resolved)."""
+    given = Path(plain_path(os.fspath(path))) if not is_uri(os.fspath(path)) else None
+    if given is not None and given.is_symlink():
+        return local_path(given.parent) / given.name
+    return local_path(path)
 
 
 def write_text(path: str | os.PathLike, text: str, command: str, flag: str = "--out") -> Path:

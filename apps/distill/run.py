@@ -50,6 +50,7 @@ from kd.common.outputs import (
     file_lost,
     kd_record_left,
     kd_wrote,
+    killed_write,
     kind_of,
     sidecar_of,
     write_text,
@@ -570,7 +571,9 @@ def _save_state(run: _Run, state: dict[str, Any]) -> None:
 def _write_json(path: Path, record: dict[str, Any]) -> None:
     """Whole or not at all (temp + rename): a kill leaves the last complete record."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    tmp.unlink(missing_ok=True)  # made anew ("x"): a link there was written through, then moved onto the record (probe)
+    with open(tmp, "x", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=1))
     os.replace(tmp, path)
 
 
@@ -813,7 +816,7 @@ def _foreign_files(run: _Run, folder: Path) -> list[str] | None:
             return kd_wrote(p) or as_written(p, rel) or isinstance(wrote, list)
         if sidecar_of(p) == run.card:  # its record, or the one its deletion left
             return kd_wrote(p) or kd_record_left(p)
-        return as_written(p, rel) or p.name.startswith(".kd-tmp-")  # or a temp of a kill
+        return as_written(p, rel) or killed_write(p)  # (any ".kd-tmp-" name was kd's: a probe)
 
     return sorted({str(file_lost(p).relative_to(folder)) for p in folder.rglob("*")
                    if (p.is_file() or p.is_symlink()) and not own(p)})

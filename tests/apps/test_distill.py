@@ -589,6 +589,7 @@ def test_a_rerun_deletes_and_writes_through_nothing_that_is_not_its_own(uninterr
         f"{NOT_ITS} README.md ": lambda: (out / "onnx" / "README.md").write_text("my notes"),
         f"{NOT_ITS} vecs.txt": lambda: write_text(out / "model" / "vecs.txt", "vectors", "kd embed"),
         f"{NOT_ITS} .modules.json.kd.json": lambda: (out / "model" / ".modules.json.kd.json").write_text("mine"),
+        f"{NOT_ITS} .kd-tmp-notes.txt": lambda: (out / "model" / ".kd-tmp-notes.txt").write_text("mine"),
     }
     lock_link = tmp_path / "fresh" / ".kd-distill.lock"  # a new --out holding a link where the lock goes (a probe)
     lock_link.parent.mkdir()
@@ -612,6 +613,21 @@ def test_a_rerun_deletes_and_writes_through_nothing_that_is_not_its_own(uninterr
         assert after == before, refusal
         if (tmp_path / "two").exists():
             shutil.rmtree(tmp_path / "two")
+
+
+def test_the_run_record_is_never_written_through_a_link(tmp_path):
+    """A link made at distill.json's temp name while a run went on: the record was written onto the link's target,
+    outside --out, and the link moved onto distill.json (a probe)."""
+    from kd.apps.distill.run import _write_json
+
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("mine")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".distill.json.tmp").symlink_to(theirs)
+    _write_json(tmp_path / "out" / "distill.json", {"done": []})
+    assert theirs.read_text() == "mine" and not (tmp_path / "out" / "distill.json").is_symlink()
+    assert json.loads((tmp_path / "out" / "distill.json").read_text()) == {"done": []}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["distill.json"]
 
 
 def test_another_runs_record_gives_only_its_own_finished_stages(uninterrupted, tmp_path):

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kd.cli import app
 from kd.common.errors import InputError
-from kd.common.outputs import claim_output, is_kd_file, locked_output, sidecar, write_text
+from kd.common.outputs import claim_output, is_kd_file, locked_output, sidecar, temp_path, write_text
 
 MINE = "a user's notes, not kd's\n"
 
@@ -252,6 +252,22 @@ def test_export_overwrite_keeps_a_users_file_in_the_folder(built, tmp_path):
         (out / name).unlink()
         sidecar(out / name).unlink(missing_ok=True)
     assert _export(built["student"], out, "--overwrite").exit_code == 0
+
+
+def test_a_link_where_kd_writes_a_file_is_replaced_never_written_through(tmp_path):
+    """kd distill's report.md or card made a link while the run went on: the report and the card were written onto the
+    user's file the link named, outside --out, with a sidecar beside it (a probe). The link itself is replaced."""
+    theirs = tmp_path / "elsewhere" / "theirs.md"
+    theirs.parent.mkdir()
+    theirs.write_text(MINE)
+    for name, target in (("report.md", theirs), ("dangling.md", tmp_path / "elsewhere" / "new.md")):
+        link = tmp_path / "out" / name
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(target)
+        assert temp_path(link).parent == link.parent  # (not even a temp file beside what it names)
+        assert write_text(link, "table", "kd distill") == link
+        assert not link.is_symlink() and link.read_text() == "table" and is_kd_file(link)
+    assert theirs.read_text() == MINE and sorted(p.name for p in theirs.parent.iterdir()) == ["theirs.md"]
 
 
 def test_an_export_is_readable_by_others_as_a_plain_file_is(built, tmp_path):
