@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kd.apps.distill.recipe import is_stage_name
+from kd.storage import fs
 from kd.storage.manifest import teacher_table
 from kd.storage.store import Store
 from kd.student.saved import damaged_file
@@ -84,9 +85,26 @@ def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
         # as this run's stage (a probe); one whose files are not as trained is no finished stage
         if is_stage_name(name) and isinstance(rec, dict) and rec.get("key") == key and f"train stage {name}" in done:
             folder = owner / "stages" / name
-            if not folder.is_symlink() and (folder / "model.safetensors").is_file() and damaged_file(folder) is None:
+            if _as_trained(owner, folder, (state.get("files") or {}).get(f"train stage {name}")):
                 return folder
     return None
+
+
+def _as_trained(owner: Path, folder: Path, recorded: object) -> bool:
+    """A stage folder of `owner` with its files as training wrote them: inside the run, no link on the way or in it
+    (a stages/ link had a folder outside the run copied), every file the run recorded for it of its sha256 (an edited
+    config.json was copied as the same stage: a probe), weights and tokenizer as its config.json records."""
+    real = folder.resolve()
+    if real != owner.resolve() / "stages" / folder.name or any(os.path.islink(os.path.join(d, n))
+                                                                for d, dirs, files in os.walk(folder)
+                                                                for n in (*dirs, *files)):
+        return False
+    if isinstance(recorded, dict):
+        for rel, sha in recorded.items():
+            path = owner / str(rel)
+            if ".." in Path(str(rel)).parts or not path.is_file() or fs.file_sha256(path) != sha:
+                return False
+    return (folder / "model.safetensors").is_file() and damaged_file(folder) is None
 
 
 def untouched(folder: Path) -> bool:

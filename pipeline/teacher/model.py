@@ -144,14 +144,14 @@ CONFIG_DEFAULTS = {"is_decoder": False, "add_cross_attention": False, "is_encode
 
 
 def config_sha256(path: str) -> str:
-    """sha256 of the checkpoint's config.json settings (sorted JSON; `SAVED_BY` keys and `CONFIG_DEFAULTS` values
-    aside): with the weights and the tokenizer (`check_same_tokenizers`), what decides the vectors. `hidden_act`
+    """sha256 of the checkpoint's config.json settings (sorted JSON; `SAVED_BY` keys, `_` keys and `CONFIG_DEFAULTS`
+    values aside): with the weights and the tokenizer (`check_same_tokenizers`), what decides the vectors. `hidden_act`
     edited between a killed precompute and its resume wrote another function's vectors into the same table (a probe)."""
     cfg = read_config(os.path.join(path, "config.json"), "point --teacher at the checkpoint folder as it was saved",
                       KdError)
     missing = object()
-    settings = {k: v for k, v in cfg.items() if k not in SAVED_BY and CONFIG_DEFAULTS.get(k, missing) != v} \
-        if isinstance(cfg, dict) else cfg
+    settings = {k: v for k, v in cfg.items() if k not in SAVED_BY and not k.startswith("_")  # (transformers' own
+                and CONFIG_DEFAULTS.get(k, missing) != v} if isinstance(cfg, dict) else cfg  # bookkeeping: a probe)
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

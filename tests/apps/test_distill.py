@@ -631,9 +631,9 @@ def test_the_run_record_is_never_written_through_a_link(tmp_path):
 
 
 def test_another_runs_record_gives_only_its_own_finished_stages(uninterrupted, tmp_path):
-    """Another run's distill.json is read to copy the stages it shares: a stage named "../../x" there had a folder
-    outside both runs copied as this run's stage, exit 0; one of its stages edited since was copied as trained
-    (probes)."""
+    """Another run's distill.json is read to copy the stages it shares: a stage named "../../x" there, or its stages/
+    as a link, had a folder outside the run copied as this run's stage, exit 0; one of its stages whose tokenizer or
+    config.json was edited since was copied as trained (probes)."""
     from kd.apps.distill.shared_stages import finished_stage
 
     owner = tmp_path / "a" / "b" / "run"
@@ -645,6 +645,17 @@ def test_another_runs_record_gives_only_its_own_finished_stages(uninterrupted, t
     forged = state | {"stages": {"../../../../x": {"key": key}}, "done": [*state["done"], "train stage ../../../../x"]}
     assert (owner / "stages" / "../../../../x").resolve() == tmp_path / "x"
     assert finished_stage(owner, forged, key) is None
+    config = owner / "stages" / "one" / "config.json"  # its weights as trained, its config not (a probe)
+    kept = config.read_text()
+    config.write_text(json.dumps({**json.loads(kept), "edited": 1}))
+    assert finished_stage(owner, state, key) is None
+    config.write_text(kept)
+    assert finished_stage(owner, state, key) == owner / "stages" / "one"
+    shutil.move(owner / "stages", tmp_path / "stages")  # stages/ a link: a folder outside the run was copied (probe)
+    (owner / "stages").symlink_to(tmp_path / "stages")
+    assert finished_stage(owner, state, key) is None
+    (owner / "stages").unlink()
+    shutil.move(tmp_path / "stages", owner / "stages")
     tok = owner / "stages" / "one" / "tokenizer" / "tokenizer.json"
     tok.write_text(tok.read_text() + " ")
     assert finished_stage(owner, state, key) is None

@@ -218,7 +218,8 @@ def test_a_teacher_whose_config_changed_is_another_teacher(tmp_path, tiny_teache
     # as transformers 4 saves it: the keys at their default left out, BERT's position_embedding_type written (a probe)
     diff = {k: v for k, v in config.items() if k not in ("is_decoder", "add_cross_attention", "use_cache",
                                                          "bos_token_id", "eos_token_id", "classifier_dropout")}
-    (teacher / "config.json").write_text(json.dumps({**diff, "position_embedding_type": "absolute"}))
+    (teacher / "config.json").write_text(json.dumps({**diff, "position_embedding_type": "absolute",
+                                                     "_attn_implementation_autoset": True}))
     _edit_records(out, last)
     assert precompute([src], str(out), [f"t={teacher}"], **run).shards_written == 1
     (teacher / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
