@@ -49,6 +49,18 @@ def inside(root: str, *parts: str) -> str:
     return target
 
 
+def first_link(root: str | os.PathLike, skip: Sequence[str | os.PathLike] = ()) -> str | None:
+    """The first symlink under `root` (a linked folder reported, never entered; folders in `skip` not entered), or
+    None: for folders kd writes in place, where any link would be written or copied through."""
+    skipped = {os.fspath(p) for p in skip}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skipped]
+        links = [os.path.join(dirpath, n) for n in (*dirnames, *filenames) if os.path.islink(os.path.join(dirpath, n))]
+        if links:
+            return links[0]
+    return None
+
+
 def links_out(root: str, allowed: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
     """(path relative to root, real target) of each symlink under `root` whose target lies outside root's real path
     and outside every `allowed` folder, by `real_inside`. A linked folder is reported, never entered."""

@@ -69,6 +69,7 @@ from kd.pipeline.teacher.resolve import (
     resolve_teacher,
 )
 from kd.storage import fs
+from kd.storage.names import first_link
 from kd.storage.store import Store
 from kd.student import saved
 from kd.student.checkpoint import CHECKPOINT
@@ -465,15 +466,13 @@ def _refuse_links(run: _Run) -> None:
     """No symbolic link inside OUT (its store aside, which its own checks read): kd distill writes its files in place,
     and one written through a link lands outside OUT (probes: the card, report.md and a whole export were written
     through one onto a user's files; a stage folder as one stopped every rerun with a traceback)."""
-    stores = {run.store, run.out / "store"}
-    for folder, dirs, files in os.walk(run.out):
-        dirs[:] = [d for d in dirs if Path(folder, d) not in stores]
-        link = next((Path(folder, n) for n in (*dirs, *files) if os.path.islink(os.path.join(folder, n))), None)
-        if link is not None:  # (os.walk lists a link to a folder among dirs, and never enters it)
-            raise InputError(f"{link.relative_to(run.out)} is a symbolic link (to {os.readlink(link)}) inside --out, "
-                             "where kd distill writes its own files", str(link),
-                             f"remove the link {link} (the rerun writes the file or folder again), or replace it by "
-                             "a copy of what it points to")
+    found = first_link(run.out, skip=(run.store, run.out / "store"))
+    if found is not None:
+        link = Path(found)
+        raise InputError(f"{link.relative_to(run.out)} is a symbolic link (to {os.readlink(link)}) inside --out, "
+                         "where kd distill writes its own files", str(link),
+                         f"remove the link {link} (the rerun writes the file or folder again), or replace it by a "
+                         "copy of what it points to")
 
 
 def _read_state(path: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from kd.apps.distill.recipe import is_stage_name
 from kd.storage import fs
 from kd.storage.manifest import teacher_table
+from kd.storage.names import first_link
 from kd.storage.store import Store
 from kd.student.saved import damaged_file
 from kd.student.trainer import killed_before_a_checkpoint
@@ -95,9 +96,7 @@ def _as_trained(owner: Path, folder: Path, recorded: object) -> bool:
     (a stages/ link had a folder outside the run copied), every file the run recorded for it of its sha256 (an edited
     config.json was copied as the same stage: a probe), weights and tokenizer as its config.json records."""
     real = folder.resolve()
-    if real != owner.resolve() / "stages" / folder.name or any(os.path.islink(os.path.join(d, n))
-                                                                for d, dirs, files in os.walk(folder)
-                                                                for n in (*dirs, *files)):
+    if real != owner.resolve() / "stages" / folder.name or first_link(folder) is not None:
         return False
     if isinstance(recorded, dict):
         for rel, sha in recorded.items():
