@@ -37,8 +37,7 @@ from safetensors import safe_open
 from kd.common import hardware
 from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.pipeline.teacher.batches import input_embeddings
-from kd.pipeline.teacher.model import Teacher, read_st_pooling
-from kd.pipeline.teacher.resolve import TeacherRef
+from kd.pipeline.teacher.model import Teacher
 from kd.storage import fs
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt", ".onnx", ".ot")
@@ -99,7 +98,7 @@ def write(folder: Path, want: dict, teacher: Teacher, fidelity: dict) -> None:
     with contextlib.suppress(OSError):
         files = _save_tokenizer(teacher.tokenizer, _tokenizer_folder(folder, want))
         rec = {"key": want, "fidelity": fidelity, "architecture": teacher.architecture,
-               "embedding": embedding_source(teacher), "teacher": describe(teacher),
+               "embedding": embedding_source(teacher), "teacher": teacher.description(),
                "tokenizer": {"files": files, "settings": teacher.fast.settings.record()}}
         fs.atomic_write_bytes(fs.resolve(folder), json.dumps(rec, indent=1).encode("utf-8"), _path(folder, want).name)
 
@@ -117,22 +116,12 @@ def _save_tokenizer(tokenizer: Any, final: Path) -> dict[str, str]:
     return files
 
 
-def describe(teacher: Teacher) -> dict:
-    """What `Teacher` derives from the config and tokenizer (pipeline/teacher/model.py `_teacher`)."""
-    return {"model_type": teacher.model_type, "num_layers": teacher.num_layers, "dim": teacher.dim,
-            "has_head": teacher.has_head, "label_names": teacher.label_names, "max_length": teacher.max_length}
-
-
-def teacher_from_record(ref: TeacherRef, folder: Path, rec: dict) -> Teacher:
-    """The teacher without its weights, torch or transformers: described by the record, tokenizing with its saved
-    tokenizer.json (`Teacher.hf_tokenizer()` loads transformers' from the same folder if vocab or init need it)."""
-    t, tok_folder = rec["teacher"], _tokenizer_folder(folder, rec["key"])
-    fast = FastTokenizer.from_file(str(tok_folder / "tokenizer.json"),
-                                   TokenizerSettings.from_record(rec["tokenizer"]["settings"]))
-    return Teacher(ref, None, None, t["has_head"], read_st_pooling(ref.path), t["max_length"], None, None,
-                   t["label_names"], t["num_layers"], t["dim"], architecture=rec["architecture"],
-                   embedding=rec.get("embedding"), model_type=t["model_type"], fast=fast,
-                   tokenizer_folder=str(tok_folder))
+def fast_tokenizer(folder: Path, rec: dict) -> tuple[FastTokenizer, Path]:
+    """The tokenizer a record's teacher tokenizes with, from its saved tokenizer.json, and the folder of its saved files
+    (`Teacher.hf_tokenizer()` loads transformers' from there if vocab or init need it)."""
+    tok_folder = _tokenizer_folder(folder, rec["key"])
+    settings = TokenizerSettings.from_record(rec["tokenizer"]["settings"])
+    return FastTokenizer.from_file(str(tok_folder / "tokenizer.json"), settings), tok_folder
 
 
 def embedding_source(teacher: Teacher) -> dict | None:

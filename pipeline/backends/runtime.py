@@ -48,7 +48,7 @@ from kd.pipeline.backends import choice as backend_choice
 from kd.pipeline.backends import fidelity_cache, signal_stack
 from kd.pipeline.backends.calibration import FIDELITY_ROWS, fidelity_sentences
 from kd.pipeline.teacher.batches import encode_all
-from kd.pipeline.teacher.model import Precision, Teacher, load_teacher, weights_sha256
+from kd.pipeline.teacher.model import Precision, Teacher, described, load_teacher, weights_sha256
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
 from kd.storage import fs
 
@@ -225,7 +225,9 @@ def _from_cache(ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str
     rec = fidelity_cache.read(folder, _cache_key(folder, ref, sha, b, q, compute, max_length))
     if rec is None:
         return None
-    teacher = fidelity_cache.teacher_from_record(ref, folder, rec)
+    fast, tok_folder = fidelity_cache.fast_tokenizer(folder, rec)
+    teacher = described(ref, rec["teacher"], architecture=rec["architecture"], embedding=rec.get("embedding"),
+                        fast=fast, tokenizer_folder=str(tok_folder))
     teacher._sha = sha
     teacher.backend = _open(folder, b, q, compute, threads, device)
     teacher.backend.fidelity = rec["fidelity"]

@@ -230,6 +230,12 @@ class Teacher:
                                             "next run measures the backend again), or point KD_CACHE elsewhere")
         return self.tokenizer
 
+    def description(self) -> dict:
+        """What the teacher derives from its config and tokenizer (`_teacher`), which `described` makes it from again
+        without either (the export cache's record: pipeline/backends/fidelity_cache.py)."""
+        return {"model_type": self.model_type, "num_layers": self.num_layers, "dim": self.dim,
+                "has_head": self.has_head, "label_names": self.label_names, "max_length": self.max_length}
+
     def available(self) -> list[Output]:
         outs = [Output.cls, Output.mean, Output.layers]
         if self.st is not None:
@@ -461,6 +467,14 @@ def _check_vocab(tok: Any, cfg: Any, where: str) -> None:
         raise KdError(f"the teacher's tokenizer knows {len(tok):,} tokens, its model {size:,} (config.json "
                       "vocab_size): the tokenizer files are missing or damaged (tokenizer.json, vocab.txt)", where,
                       "copy or download the checkpoint again, tokenizer files included")
+
+
+def described(ref: TeacherRef, description: dict, **extra: Any) -> Teacher:
+    """The teacher `Teacher.description()` describes, with neither its model nor transformers' tokenizer: an exported
+    backend runs it (`extra`: its architecture, embedding source and tokenizers, from the same record)."""
+    d = description
+    return Teacher(ref, None, None, d["has_head"], read_st_pooling(ref.path), d["max_length"], None, None,
+                   d["label_names"], d["num_layers"], d["dim"], model_type=d["model_type"], **extra)
 
 
 def _has_head(cfg: Any) -> bool:
