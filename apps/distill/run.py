@@ -33,6 +33,7 @@ from typing import Any
 
 from kd.apps import leakage
 from kd.apps.distill import recipe as R
+from kd.apps.distill import step_files
 from kd.apps.distill import teacher_weights as W
 from kd.apps.distill.config import DistillConfig, teacher_roles
 from kd.apps.distill.recipe_models import check_models
@@ -68,7 +69,6 @@ from kd.pipeline.teacher.resolve import (
     recorded_spec,
     resolve_teacher,
 )
-from kd.storage import fs
 from kd.storage.names import first_link
 from kd.storage.store import Store
 from kd.student import saved
@@ -316,7 +316,7 @@ def _run_steps(run: _Run, state: dict[str, Any]) -> DistillResult:
             state.setdefault("rows", {})[step.name] = result
         state["done"].append(step.name)
         if step.folders:
-            state.setdefault("files", {})[step.name] = _files_in(run, step.folders)
+            state.setdefault("files", {})[step.name] = step_files.record(run.out, step.folders)
         state.setdefault("seconds", {})[step.name] = round(seconds[step.name], 1)  # beside --dry-run's estimate
         _save_state(run, state)
     choice = _choice(run)
@@ -486,22 +486,13 @@ def _read_state(path: Path) -> dict[str, Any]:
             and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
             and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))
             and all(R.is_stage_name(name) for name in state.get("stages", {}))
-            and all(_files_record(v) for v in state.get("files", {}).values())):
+            and all(step_files.well_formed(v) for v in state.get("files", {}).values())):
         why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
                          "unknown", str(path), f"pass a new --out (with --store {store} to start from its teacher "
                          "pass, if it holds one)")
     return state
-
-
-def _files_record(files: object) -> bool:
-    """A step's files as `_files_in` records them ({name: sha256}; a list of names before 2026-11-30), every name
-    relative to OUT and inside it (a recorded "../x" was checked outside --out: a probe)."""
-    names = files if isinstance(files, list) else list(files) if isinstance(files, dict) else None
-    return names is not None and all(isinstance(n, str) and n and not os.path.isabs(n) and ".." not in Path(n).parts
-                                     for n in names) and \
-        (not isinstance(files, dict) or all(isinstance(h, str) for h in files.values()))
 
 
 def _moved(run: _Run, made_in: str) -> None:
@@ -612,18 +603,16 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
     """The steps `state` records done whose work is still there: up to the first whose file is gone (a stage folder
     deleted to train it again; a probe: the run said "chose stage one" with stages/one gone), which is done again
     with every step after it (they read what it makes)."""
-    steps, done, files = steps_of(run), state["done"], state.get("files", {})
+    steps, done = steps_of(run), state["done"]
     for i, step in enumerate(steps):
         if step.name not in done:
             continue
-        wrote = files.get(step.name, [])  # ({name: sha256}; a list of names before 2026-11-30)
-        sums = wrote if isinstance(wrote, dict) else dict.fromkeys(wrote)
-        recorded = {run.out / f: sha for f, sha in sums.items() if run.out / f != run.card}
+        recorded = step_files.recorded(state, step.name) or {}
+        recorded = {n: sha for n, sha in recorded.items() if run.out / n != run.card}  # (the evaluation's: its step's)
         # (is_file: a file replaced by a folder was "there", and a broken export stayed done: a probe)
-        gone, why = next((p for p in (*step.leaves, *recorded) if not p.is_file()), None), "is gone"
+        gone, why = next((p for p in step.leaves if not p.is_file()), None), "is gone"
         if gone is None:  # (a stage's config.json edited kept the stage, and the export made from it: a probe)
-            gone, why = next((p for p, sha in recorded.items() if sha and fs.file_sha256(p) != sha), None), \
-                "is not as it was written"
+            gone, why = step_files.first_changed(run.out, recorded) or (None, "")
         if gone is None and step.damaged is not None:
             # (an edited stage tokenizer file stopped every rerun with the load's "retrain it": a probe)
             gone, why = step.damaged(), "is not as it was written"
@@ -632,14 +621,6 @@ def _intact(run: _Run, state: dict[str, Any]) -> list[str]:
             before = {s.name for s in steps[:i]}
             return [name for name in done if name in before]
     return done
-
-
-def _files_in(run: _Run, folders: tuple[Path, ...]) -> dict[str, str]:
-    """Every file under `folders`, relative to run.out, with its sha256: what `_intact` checks is still there (but
-    the model card, model/README.md, which the evaluation writes over the export's: its own step's file), and what
-    tells the export's files from a user's (`_foreign_files`). Left out: kd's own dotfiles (a lock's, a marker's)."""
-    files = [p for path in folders for p in ([path] if path.is_file() else sorted(path.rglob("*")))]
-    return {str(p.relative_to(run.out)): fs.file_sha256(p) for p in files if p.is_file() and not p.name.startswith(".")}
 
 
 def corpus_options(cfg: DistillConfig) -> dict[str, Any]:
@@ -796,26 +777,25 @@ def _export(run: _Run) -> None:
 
 
 def _foreign_files(run: _Run, folder: Path) -> list[str] | None:
-    """The files in export folder `folder` that neither the run's export wrote (distill.json records them, `_files_in`)
+    """The files in export folder `folder` that neither the run's export wrote (distill.json records them: step_files)
     nor kd (its card and sidecars, a temp left by a kill), dotfiles included; None when the run records none (a run of
     an older kd). An empty list: the folder is the run's own, even without the file that tells an export (each of
     modules.json, config_sentence_transformers.json, kd_onnx.json deleted stopped every rerun: a probe)."""
     state = _read_state(run.out / STATE) if (run.out / STATE).is_file() else {}
-    wrote = state.get("files", {}).get(step_name(StepKind.export))
+    wrote = step_files.recorded(state, step_name(StepKind.export))
     if wrote is None:
         return None
-
-    def as_written(p: Path, rel: str) -> bool:  # (a record of names only, before their sha256: by name)
-        return rel in wrote and (isinstance(wrote, list) or fs.file_sha256(p) == wrote[rel])
+    by_name = None in wrote.values()  # (a record of names only, before their sha256)
 
     # (recorded by name, an edited card and any other kd command's output were deleted with the folder: a probe)
     def own(p: Path) -> bool:
         rel = str(p.relative_to(run.out))
+        as_written = rel in wrote and step_files.as_written(p, wrote[rel])
         if p == run.card:  # the evaluation's (kd's record beside it) or the export's own, unchanged
-            return kd_wrote(p) or as_written(p, rel) or isinstance(wrote, list)
+            return kd_wrote(p) or as_written or by_name
         if sidecar_of(p) == run.card:  # its record, or the one its deletion left
             return kd_wrote(p) or kd_record_left(p)
-        return as_written(p, rel) or killed_write(p)  # (any ".kd-tmp-" name was kd's: a probe)
+        return as_written or killed_write(p)  # (any ".kd-tmp-" name was kd's: a probe)
 
     return sorted({str(file_lost(p).relative_to(folder)) for p in folder.rglob("*")
                    if (p.is_file() or p.is_symlink()) and not own(p)})

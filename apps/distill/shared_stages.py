@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from kd.apps.distill import step_files
 from kd.apps.distill.recipe import is_stage_name
-from kd.storage import fs
 from kd.storage.manifest import teacher_table
 from kd.storage.names import first_link
 from kd.storage.store import Store
@@ -86,23 +86,20 @@ def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
         # as this run's stage (a probe); one whose files are not as trained is no finished stage
         if is_stage_name(name) and isinstance(rec, dict) and rec.get("key") == key and f"train stage {name}" in done:
             folder = owner / "stages" / name
-            if _as_trained(owner, folder, (state.get("files") or {}).get(f"train stage {name}")):
+            if _as_trained(owner, folder, step_files.recorded(state, f"train stage {name}")):
                 return folder
     return None
 
 
-def _as_trained(owner: Path, folder: Path, recorded: object) -> bool:
+def _as_trained(owner: Path, folder: Path, recorded: step_files.Record | None) -> bool:
     """A stage folder of `owner` with its files as training wrote them: inside the run, no link on the way or in it
     (a stages/ link had a folder outside the run copied), every file the run recorded for it of its sha256 (an edited
     config.json was copied as the same stage: a probe), weights and tokenizer as its config.json records."""
     real = folder.resolve()
     if real != owner.resolve() / "stages" / folder.name or first_link(folder) is not None:
         return False
-    if isinstance(recorded, dict):
-        for rel, sha in recorded.items():
-            path = owner / str(rel)
-            if ".." in Path(str(rel)).parts or not path.is_file() or fs.file_sha256(path) != sha:
-                return False
+    if recorded is None or step_files.first_changed(owner, recorded) is not None:
+        return False
     return (folder / "model.safetensors").is_file() and damaged_file(folder) is None
 
 
