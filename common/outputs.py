@@ -307,8 +307,8 @@ def _remove_stale_temps(path: Path) -> None:
 
 def temp_path(path: str | os.PathLike) -> Path:
     """The temporary file beside `path` that write_file writes and renames into place (this process's); beside a
-    link at `path`, not beside what it names (`_unfollowed`)."""
-    path = _unfollowed(path)
+    link at `path`, not beside what it names (`written_path`)."""
+    path = written_path(path)
     return path.with_name(f".kd-tmp-{os.getpid()}.{path.name}")
 
 
@@ -319,7 +319,7 @@ def write_file(path: str | os.PathLike, write: Callable[[Path], object], command
     An OSError (an unwritable place such as /proc/x, a full disk) becomes an InputError naming the path. A symbolic
     link at the path is replaced by the file, never written through (a link made inside kd distill's --out while it
     ran had its report and card written onto a user's files outside it: a probe)."""
-    path = _unfollowed(path)
+    path = written_path(path)
     tmp = temp_path(path)
     side = sidecar(path)
     side_tmp = temp_path(side)
@@ -340,8 +340,9 @@ def write_file(path: str | os.PathLike, write: Callable[[Path], object], command
     return path
 
 
-def _unfollowed(path: str | os.PathLike) -> Path:
-    """`local_path`, but a link as the last component is the link itself (its folder resolved)."""
+def written_path(path: str | os.PathLike) -> Path:
+    """The file `write_file` writes for `path`: `local_path`, but a link as the last component is the link itself (its
+    folder resolved), which the file replaces."""
     given = Path(plain_path(os.fspath(path))) if not is_uri(os.fspath(path)) else None
     if given is not None and given.is_symlink():
         return local_path(given.parent) / given.name

@@ -453,8 +453,9 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
         foreign = _foreign_files(run, folder) if folder.is_dir() else []
         if foreign:  # (refused inside the export, after the run had recorded it undone, naming an --overwrite)
             raise InputError(f"{folder.name}/ holds {len(foreign)} file(s) the export did not write (or that changed "
-                             f"since), e.g. {foreign[0]}", str(folder), f"move them out of {folder}: the rerun exports "
-                             "the chosen student there")
+                             f"since), e.g. {foreign[0]}", str(folder),
+                             f"move your files out of {folder}, and restore or delete an export file you edited: "
+                             "the rerun exports the chosen student there")
         if foreign is None and any(folder.iterdir()) and kind_of(folder) is None:
             # (it lost the file telling it one: "pass a new --out" was the fix, which starts the whole run again)
             raise InputError(f"{folder.name}/ is no whole export any more (a file that tells one is gone), and kd "

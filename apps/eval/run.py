@@ -39,7 +39,7 @@ from kd.apps.eval.plots import PLOT_FILES, write_plots
 from kd.apps.eval.speed import SizeResult, SpeedResult, measure_speed, picked_threads, speed_texts
 from kd.apps.eval.store_teacher import StoreTeacher
 from kd.common.errors import InputError
-from kd.common.outputs import claim_output, write_text
+from kd.common.outputs import claim_output, write_text, written_path
 from kd.common.paths import local_path
 from kd.common.progress import Bar, showing
 from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher, resolve_teacher
@@ -306,11 +306,13 @@ def check_outputs(cfg: EvalConfig) -> None:
     for flag, path in files:
         if path is None:
             continue
-        resolved = claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
-        if resolved in seen:  # the second write would silently replace the first report
-            raise InputError(f"{flag} and {seen[resolved]} name the same file", str(path),
+        claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
+        # the file written (a link there is replaced, so two links naming one file are two outputs: a probe)
+        written = written_path(path)
+        if written in seen:  # the second write would silently replace the first report
+            raise InputError(f"{flag} and {seen[written]} name the same file", str(path),
                              f"give {flag} a path of its own")
-        seen[resolved] = flag
+        seen[written] = flag
 
 
 def _evaluate(cfg: EvalConfig) -> EvalReport:

@@ -448,7 +448,8 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
         for call in (distill, estimate):  # (the dry run planned "export 4 s": a probe)
             with pytest.raises(InputError, match=f"holds 1 file\\(s\\) {NOT_ITS} {mine}") as e:
                 call(_cfg(corpus, out, recipe_file, store=store, export=True))
-            assert e.value.where == str(out / "model") and e.value.fix.startswith(f"move them out of {out / 'model'}")
+            assert e.value.where == str(out / "model")
+            assert e.value.fix.startswith(f"move your files out of {out / 'model'}, and restore or delete an export")
         assert (out / "model" / mine).read_text() == "mine" and (out / "distill.json").read_bytes() == state
         (out / "model" / mine).unlink()
     plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}

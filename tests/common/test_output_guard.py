@@ -220,6 +220,20 @@ def test_eval_refuses_two_outputs_on_one_path(tmp_path):
     with pytest.raises(InputError, match="--markdown and --json name the same file"):
         check_outputs(EvalConfig(teacher="x", json_path=same, markdown_path=same))
     assert not (tmp_path / "r.json").exists()
+    # the same file spelled another way (a '..' and a file: URI) is the same file
+    for other in (str(tmp_path / "sub" / ".." / "r.json"), (tmp_path / "r.json").as_uri()):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        with pytest.raises(InputError, match="--markdown and --json name the same file"):
+            check_outputs(EvalConfig(teacher="x", json_path=same, markdown_path=other))
+    # two links naming one (missing) file are two outputs: each link is replaced by its own file, never written
+    # through (it was refused as "the same file": a probe); one link and the path it names are two files too
+    (tmp_path / "j1").symlink_to(tmp_path / "missing.md")
+    (tmp_path / "j2").symlink_to(tmp_path / "missing.md")
+    check_outputs(EvalConfig(teacher="x", json_path=str(tmp_path / "j1"), markdown_path=str(tmp_path / "j2")))
+    check_outputs(EvalConfig(teacher="x", json_path=str(tmp_path / "j1"), markdown_path=str(tmp_path / "missing.md")))
+    with pytest.raises(InputError, match="--markdown and --json name the same file"):
+        check_outputs(EvalConfig(teacher="x", json_path=str(tmp_path / "j1"), markdown_path=str(tmp_path / "j1")))
+    assert not (tmp_path / "missing.md").exists() and (tmp_path / "j1").is_symlink()
 
 
 def test_a_file_kd_did_not_write_is_refused_with_the_right_fix(tmp_path):
