@@ -50,12 +50,14 @@ def inside(root: str, *parts: str) -> str:
 
 
 def first_link(root: str | os.PathLike, skip: Sequence[str | os.PathLike] = ()) -> str | None:
-    """The first symlink under `root` (a linked folder reported, never entered; folders in `skip` not entered), or
-    None: for folders kd writes in place, where any link would be written or copied through."""
+    """The first symlink under `root` (a linked folder reported, never entered; the paths in `skip` neither reported
+    nor entered, a dangling link among them: os.walk lists it as a file), or None: for folders kd writes in place,
+    where any link would be written or copied through."""
     skipped = {os.fspath(p) for p in skip}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skipped]
-        links = [os.path.join(dirpath, n) for n in (*dirnames, *filenames) if os.path.islink(os.path.join(dirpath, n))]
+        names = [os.path.join(dirpath, n) for n in (*dirnames, *filenames)]
+        links = [p for p in names if p not in skipped and os.path.islink(p)]
         if links:
             return links[0]
     return None

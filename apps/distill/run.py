@@ -37,7 +37,14 @@ from kd.apps.distill import step_files
 from kd.apps.distill import teacher_weights as W
 from kd.apps.distill.config import DistillConfig, teacher_roles
 from kd.apps.distill.recipe_models import check_models
-from kd.apps.distill.shared_stages import copy_stage, finished_stage, stage_key, store_tables, untouched
+from kd.apps.distill.shared_stages import (
+    copy_stage,
+    finished_stage,
+    recorded_paths,
+    stage_key,
+    store_tables,
+    untouched,
+)
 from kd.apps.eval import metrics, tasks
 from kd.apps.eval.run import EvalConfig, Measure, evaluate, write_outputs
 from kd.common import progress
@@ -244,7 +251,8 @@ class _Run:
             return []
         near = [self.store.parent]
         with contextlib.suppress(OSError):  # --out's parent absent (a dry run) or unreadable: the store's run alone
-            near += sorted(self.out.parent.iterdir())
+            # (not a link: one to a run elsewhere had its stage recorded as copied from the link, a probe)
+            near += sorted(p for p in self.out.parent.iterdir() if not p.is_symlink())
         return [p for p in dict.fromkeys(near) if p != self.out and _is_run(p)]
 
     def shared_stage(self, stage: R.Stage) -> Path | None:
@@ -467,7 +475,12 @@ def _refuse_links(run: _Run) -> None:
     """No symbolic link inside OUT (its store aside, which its own checks read): kd distill writes its files in place,
     and one written through a link lands outside OUT (probes: the card, report.md and a whole export were written
     through one onto a user's files; a stage folder as one stopped every rerun with a traceback)."""
-    found = first_link(run.out, skip=(run.store, run.out / "store"))
+    store = run.out / "store"
+    if store.is_symlink() and not store.exists():  # (the store's own checks, or making one there, were a traceback)
+        raise InputError(f"store is a symbolic link to {os.readlink(store)}, which is missing", str(store),
+                         "point the link at the run's store (where it was moved), or remove the link: the run then "
+                         "computes its store again")
+    found = first_link(run.out, skip=(run.store, store))
     if found is not None:
         link = Path(found)
         raise InputError(f"{link.relative_to(run.out)} is a symbolic link (to {os.readlink(link)}) inside --out, "
@@ -584,7 +597,7 @@ def steps_of(run: _Run) -> list[Step]:
         folder = run.stage_dir(stage.name)
         steps.append(Step(K.train, lambda s=stage: _train(run, s), stage.name,
                           (folder / saved.WEIGHTS, folder / saved.CONFIG),
-                          folders=(folder / saved.CONFIG, folder / saved.TOKENIZER),
+                          folders=recorded_paths(folder),
                           damaged=lambda f=folder: saved.damaged_file(f)))
     steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
     if run.cfg.export:

@@ -29,7 +29,7 @@ from kd.apps.distill.recipe import is_stage_name
 from kd.storage.manifest import teacher_table
 from kd.storage.names import first_link
 from kd.storage.store import Store
-from kd.student.saved import damaged_file
+from kd.student import saved
 from kd.student.trainer import killed_before_a_checkpoint
 
 # TrainConfig fields that do not change the weights: where the stage is written and how a run reports and resumes.
@@ -76,8 +76,17 @@ def stage_key(options: dict[str, Any], source_key: str | None, reads: dict[str, 
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
-    """The stage folder of the run in `owner` (its distill state: `state`) finished with this key, if any."""
+def recorded_paths(folder: Path) -> tuple[Path, ...]:
+    """What the train step records of its stage folder (distill.json's "files"): its config.json, which holds the
+    sha256 of its weights and tokenizer files (`saved.damaged_file`), and those tokenizer files."""
+    return folder / saved.CONFIG, folder / saved.TOKENIZER
+
+
+def finished_stage(owner: Path, state: object, key: str) -> Path | None:
+    """The stage folder of the run in `owner` (its distill.json, read unchecked: `state`) finished with this key, if
+    any (a record of another shape has none: a list there was a traceback in every run beside it, a probe)."""
+    if not isinstance(state, dict):
+        return None
     stages, done = state.get("stages"), state.get("done")
     if not isinstance(stages, dict) or not isinstance(done, list):
         return None
@@ -93,14 +102,15 @@ def finished_stage(owner: Path, state: dict[str, Any], key: str) -> Path | None:
 
 def _as_trained(owner: Path, folder: Path, recorded: step_files.Record | None) -> bool:
     """A stage folder of `owner` with its files as training wrote them: inside the run, no link on the way or in it
-    (a stages/ link had a folder outside the run copied), every file the run recorded for it of its sha256 (an edited
-    config.json was copied as the same stage: a probe), weights and tokenizer as its config.json records."""
+    (a stages/ link had a folder outside the run copied), the run's record of it what the train step records of those
+    files now (an edited config.json was copied as the same stage, and so it was under a record left out, emptied or
+    another stage's: probes), weights and tokenizer as its config.json records."""
     real = folder.resolve()
     if real != owner.resolve() / "stages" / folder.name or first_link(folder) is not None:
         return False
-    if recorded is None or step_files.first_changed(owner, recorded) is not None:
+    if recorded != step_files.record(owner, recorded_paths(folder)):
         return False
-    return (folder / "model.safetensors").is_file() and damaged_file(folder) is None
+    return (folder / "model.safetensors").is_file() and saved.damaged_file(folder) is None
 
 
 def untouched(folder: Path) -> bool:

@@ -650,7 +650,16 @@ def test_another_runs_record_gives_only_its_own_finished_stages(uninterrupted, t
     kept = config.read_text()
     config.write_text(json.dumps({**json.loads(kept), "edited": 1}))
     assert finished_stage(owner, state, key) is None
+    # ... and so it was under a record of its files left out, emptied, or another stage's (a probe)
+    files = state["files"]
+    for record in ({k: v for k, v in files.items() if k != "train stage one"}, files | {"train stage one": {}},
+                   files | {"train stage one": files["train stage two"]}):
+        assert finished_stage(owner, state | {"files": record}, key) is None
+    assert finished_stage(owner, {k: v for k, v in state.items() if k != "files"}, key) is None
     config.write_text(kept)
+    # a record of another shape holds no stage (a list there was a traceback in every run beside it: a probe)
+    for odd in ([1, 2], state | {"files": ["train stage one"]}, state | {"files": {"train stage one": 7}}):
+        assert finished_stage(owner, odd, key) is None
     assert finished_stage(owner, state, key) == owner / "stages" / "one"
     shutil.move(owner / "stages", tmp_path / "stages")  # stages/ a link: a folder outside the run was copied (probe)
     (owner / "stages").symlink_to(tmp_path / "stages")
@@ -946,6 +955,35 @@ def test_a_run_on_another_runs_store_computes_nothing_and_copies_the_stages_it_s
     assert "stages" in json.loads((alone / "distill.json").read_text()) and _weights(alone) == _weights(out)
     with pytest.raises(InputError, match="store was"):  # the same OUT on its own store is another run
         distill(_cfg(corpus, out, recipe))
+    # a link beside --out is no run beside it (one to a run elsewhere had its stages recorded as copied from the
+    # link: a probe); the run it names is no longer beside `third`, so its stage "one" is to train
+    (tmp_path / "far").mkdir()
+    shutil.move(out, tmp_path / "far" / "second")
+    (tmp_path / "lnk").symlink_to(tmp_path / "far" / "second")
+    res = CliRunner().invoke(app, ["distill", *_args(corpus, tmp_path / "third", recipe), "--store", str(store),
+                                   "--dry-run"])
+    plan = " ".join(res.output.split())
+    assert res.exit_code == 0 and plan.count("copied from") == 2 and "lnk/stages" not in plan, plan
+
+
+def test_a_store_link_to_a_missing_store_is_refused_as_that(uninterrupted, corpus, recipe_file, tmp_path):
+    """out/store may be a link (to where the store was moved); one to a folder gone was refused as a link kd distill
+    does not allow, and its rerun, or a store made there, a traceback (a probe)."""
+    from kd.apps.distill.plan import estimate
+
+    out = tmp_path / "run"
+    distill(_cfg(corpus, out, recipe_file, reuse=str(uninterrupted / "store")))  # its own store, every row copied
+    shutil.move(out / "store", tmp_path / "moved")
+    (out / "store").symlink_to(tmp_path / "gone")
+    state = (out / "distill.json").read_bytes()
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="store is a symbolic link to .*gone, which is missing") as e:
+            call(_cfg(corpus, out, recipe_file))
+        assert "point the link at the run's store" in e.value.fix
+    assert not (tmp_path / "gone").exists() and (out / "distill.json").read_bytes() == state
+    (out / "store").unlink()
+    (out / "store").symlink_to(tmp_path / "moved")  # where it was moved: the run is whole
+    assert {s.detail for s in estimate(_cfg(corpus, out, recipe_file)).steps} == {"done"}
 
 
 def test_a_stage_killed_before_its_first_checkpoint_may_still_be_copied(tmp_path):
