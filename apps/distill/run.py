@@ -63,6 +63,7 @@ from kd.common.outputs import (
     sidecar_of,
     write_text,
 )
+from kd.common.parsing import read_json
 from kd.common.paths import local_path
 from kd.pipeline.grow import file_differences, option_differences
 from kd.pipeline.job import PrecomputeJob
@@ -172,8 +173,7 @@ class _Run:
     def target(self) -> str:
         """The train-student --target of every stage: the teacher's output, or the teachers' as one."""
         teachers = [self.names[r] for r in self.teacher_roles]
-        weights = None if len(teachers) == 1 else (
-            self.weights or tuple(json.loads((self.out / WEIGHTS).read_text(encoding="utf-8"))["weights"]))
+        weights = None if len(teachers) == 1 else (self.weights or _chosen_weights(self, len(teachers)))
         return str(Target.of(teachers, self.recipe.target, weights))
 
     def outputs(self, role: str) -> list[str]:
@@ -260,8 +260,7 @@ class _Run:
 
         for other in self.other_runs():
             try:
-                found = finished_stage(other, json.loads((other / STATE).read_text(encoding="utf-8")),
-                                       self.stage_key(stage))
+                found = finished_stage(other, read_json(other / STATE, ""), self.stage_key(stage))
             except (OSError, ValueError, KdError):  # a damaged record, or (dry run) a store still to be made
                 continue
             if found:
@@ -493,15 +492,15 @@ def _read_state(path: Path) -> dict[str, Any]:
     """A distill.json as kd distill writes it: {identity: {...}, done: [step names], ...}; anything else (a damaged
     or foreign file) is refused naming it (it was a traceback: a probe)."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        state = read_json(path, "")
+    except KdError as e:
         state = e
     if not (isinstance(state, dict) and isinstance(state.get("identity"), dict) and isinstance(state.get("done"), list)
             and all(isinstance(s, str) for s in state["done"]) and {"inputs", "out"} <= state["identity"].keys()
             and all(isinstance(state.get(k, {}), dict) for k in ("stages", "rows", "seconds", "files"))
             and all(R.is_stage_name(name) for name in state.get("stages", {}))
             and all(step_files.well_formed(v) for v in state.get("files", {}).values())):
-        why = f" ({str(state).splitlines()[0][:100]})" if isinstance(state, Exception) else ""
+        why = f" ({state.what[:100]})" if isinstance(state, KdError) else ""
         store = shlex.quote(str(path.parent / "store"))
         raise InputError(f"the run's {STATE} is not the record kd distill writes{why}, so what the run did is "
                          "unknown", str(path), f"pass a new --out (with --store {store} to start from its teacher "
@@ -766,15 +765,31 @@ def chosen_dir(run: _Run) -> Path:
     return run.stage_dir(_choice(run)["chosen"])
 
 
+def _chosen_weights(run: _Run, teachers: int) -> tuple[float, ...]:
+    """weights.json's weights as `_choose_weights` writes them; a damaged one is named with the fix that redoes its step
+    (it was a traceback)."""
+    path = run.out / WEIGHTS
+    try:
+        weights = read_json(path, "")["weights"]
+        ok = isinstance(weights, list) and len(weights) == teachers and \
+            all(isinstance(w, float | int) and not isinstance(w, bool) and w >= 0 for w in weights) and sum(weights) > 0
+    except (KdError, TypeError, KeyError):  # (not JSON, or not of this shape)
+        ok = False
+    if not ok:
+        raise InputError(f"{WEIGHTS} is not the teachers' weights kd distill writes", str(path),
+                         f"delete {path}: the rerun chooses the weights again on STS-B dev")
+    return tuple(float(w) for w in weights)
+
+
 def _choice(run: _Run) -> dict[str, Any]:
     """choice.json as `_choose` writes it; a damaged one is named with the fix that redoes its step (it was "a file
     is not valid JSON" naming a line, not the file: a probe)."""
     path, names = run.out / "choice.json", {s.name for s in run.recipe.students}
     try:
-        choice = json.loads(path.read_text(encoding="utf-8"))
+        choice = read_json(path, "")
         ok = choice["chosen"] in names and names <= set(choice["sts_dev"]) and \
             all(isinstance(v, float | int) for v in choice["sts_dev"].values()) and "candidates" in choice
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # (not JSON, or not of this shape)
+    except (KdError, TypeError, KeyError, AttributeError):  # (not JSON, or not of this shape)
         ok = False
     if not ok:
         raise InputError("choice.json is not the choice kd distill writes for this recipe", str(path),
@@ -878,7 +893,7 @@ def _read_report(run: _Run) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"report.json is not a report ({e})", str(path),
+        return read_json(path, "")
+    except KdError as e:
+        raise InputError(f"report.json is not a report ({e.what})", str(path),
                          f"delete {path}: the rerun evaluates the chosen student again") from None

@@ -524,12 +524,14 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
                 (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
         assert (out / gone).read_bytes() == (uninterrupted / gone).read_bytes()
         assert (out / "model" / "model.safetensors").read_bytes() == exported
-    # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file
-    (out / "choice.json").write_text('{"x')
-    for call in (distill, estimate):
-        with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
-            call(_cfg(corpus, out, recipe_file, store=store))
-        assert e.value.where == str(out / "choice.json") and "the rerun chooses the stage again" in e.value.fix
+    # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file; nested past the
+    # parser's recursion, or not UTF-8, a traceback
+    for damaged in (b'{"x', b"[" * 100_000, b'{"chosen": "\xff"}'):
+        (out / "choice.json").write_bytes(damaged)
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
+                call(_cfg(corpus, out, recipe_file, store=store))
+            assert e.value.where == str(out / "choice.json") and "the rerun chooses the stage again" in e.value.fix
     (out / "choice.json").unlink()
     assert distill(_cfg(corpus, out, recipe_file, store=store)).chosen == \
         json.loads((uninterrupted / "choice.json").read_text())["chosen"]
@@ -788,7 +790,8 @@ def test_a_run_s_teacher_and_recipe_are_the_files_they_name(uninterrupted, corpu
     assert e.value.fix.startswith("pass the corpus files the run read"), e.value.fix
     record = json.loads(state)
     for damaged in ("[1, 2]", '{"identity": 5}', '{"identity": {}, "done": 7}', "{", '{"identity": {}, "done": []}',
-                    json.dumps(record | {"stages": 5}), json.dumps(record | {"files": {"export": 5}})):
+                    json.dumps(record | {"stages": 5}), json.dumps(record | {"files": {"export": 5}}),
+                    "[" * 100_000):  # (past the parser's recursion: a traceback)
         (out / "distill.json").write_text(damaged)
         with pytest.raises(InputError, match="is not the record kd distill writes") as e:
             distill(_cfg(corpus, out, recipe_file, teacher=str(tiny_teacher), store=store))

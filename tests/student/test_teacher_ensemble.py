@@ -217,6 +217,18 @@ def test_distill_chooses_the_weights_on_dev_and_new_weights_need_no_teacher_pass
     args = json.loads((out / "stages" / "static" / "training_args.json").read_text())
     parts = [f"{t}.mean:{w:g}" for t, w in zip(chosen["teachers"], chosen["weights"]) if w > 0]
     assert args["target"] == ",".join(parts)
+    # a damaged weights.json, read when a stage trains again, was a traceback (not JSON) or trained on what it said
+    weights, trained = (out / "weights.json").read_bytes(), (out / "stages" / "static" / "model.safetensors")
+    shutil.rmtree(out / "stages" / "static")
+    argv = ["distill", str(corpus), "-o", str(out), "--recipe", str(_recipe(tmp_path, two)), "--no-export"]
+    for damaged in (b"[" * 100_000, b'{"weights": [1]}', b'{"weights": [-1, 2]}', b'{"weights": ["a", 1]}'):
+        (out / "weights.json").write_bytes(damaged)
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2 and "weights.json is not the teachers' weights" in res.output, res.output
+        assert "the rerun chooses the weights again" in " ".join(res.output.split()) and not trained.exists()
+    (out / "weights.json").write_bytes(weights)
+    assert CliRunner().invoke(app, argv).exit_code == 0 and trained.is_file()
+    assert json.loads((out / "stages" / "static" / "training_args.json").read_text())["target"] == args["target"]
 
     # other weights on the same store: the teachers are not run again (the store's files are untouched), the stage
     # is trained again (another target, so another stage key: not copied) onto the new combined target
