@@ -1,10 +1,11 @@
 """`kd search`: embed a query with a student or a teacher and search a store's faiss index.
 
-- `--teacher NAME` (a teacher of the store, by name or by the spec it was precomputed from):
-  loads the checkpoint its table meta names, refuses one whose weights checksum differs from the
-  one that wrote the store, encodes the query with the same max_length and searches that
-  teacher's index (column: --column or the teacher's default target). A teacher the store does not
-  hold is refused, unless --table names the table to search; a teacher table's writer is checked then too.
+- `--teacher NAME` (a teacher of the store, by name, by the spec it was precomputed from, or by a copy of that
+  folder, which its weights and config.json settings tell): loads the checkpoint its table meta names, refuses one
+  whose weights or config.json settings differ from those of the one that wrote the store, encodes the query with
+  the same max_length and searches that teacher's index (column: --column or the teacher's default target). A
+  teacher the store does not hold is refused, unless --table names the table to search; a teacher table's writer is
+  checked then too.
 - `--student DIR`: `student.load(DIR).encode`; a student distilled into a teacher's space
   searches that teacher's index (DSE-style: cheap query encoder, precomputed corpus vectors).
   Which index: --table/--column/--kind, else the only one with the query's dimension.
@@ -24,7 +25,13 @@ from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.dataset.query import resolve_table
 from kd.pipeline.teacher.model import Output, changed_since, load_teacher
-from kd.pipeline.teacher.resolve import parse_teacher, recorded_source
+from kd.pipeline.teacher.resolve import (
+    TeacherRef,
+    TeacherSpec,
+    parse_teacher,
+    recorded_source,
+    resolve_teacher,
+)
 from kd.storage.store import Store
 
 PAIR_SUFFIXES = ("_a", "_b")
@@ -40,6 +47,9 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
                  (spec.source, recorded_source(spec.source))]
     name = teacher if spec is None else by_source[0] if len(by_source) == 1 else \
         spec.name if spec.name in teachers else None
+    ref = _found(spec) if spec is not None else None
+    if name is None and not by_source and table is None and ref is not None:
+        name = _copy_of(store, teachers, ref.path)  # (a copy of the teacher's folder was "not a teacher of it")
     if name is None and len(by_source) > 1 and table is None:  # (the start model is the teacher: two tables)
         raise InputError(f"--teacher {teacher} wrote several tables of the store ({', '.join(by_source)})",
                          "--teacher", f"pass one of their names: --teacher {by_source[0]}")
@@ -64,7 +74,7 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     if output not in {o.value for o in Output}:
         raise InputError(f"a teacher cannot encode a query into column {column!r}", "--column",
                          "use cls, mean or sentence (or their _a/_b forms in pair stores)")
-    source = store.table(own).meta.get("source", teacher) if spec is None else spec.source
+    source = store.table(own).meta.get("source", teacher) if spec is None else ref or spec.source
     model = load_teacher(source, max_length=meta.get("max_length"))
     changed = changed_since(model.ref.path, meta)
     if changed:
@@ -76,6 +86,23 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
         raise KdError(f"the checkpoint at {model.ref.path!r} is not the teacher that wrote table {table!r} (its "
                       f"{changed} differ)", model.ref.path, fix)
     return model.encode([text], outputs=[Output(output)])[output][0], table, column
+
+
+def _found(spec: TeacherSpec) -> TeacherRef | None:
+    """`spec`'s checkpoint on this machine, or None (the load names why; "not one of the store's teachers" lists
+    them)."""
+    try:
+        return resolve_teacher(spec)
+    except KdError:
+        return None
+
+
+def _copy_of(store: Store, teachers: list[str], path: str) -> str | None:
+    """The one teacher of the store whose weights and config.json settings the checkpoint at `path` holds (a copy of
+    its folder elsewhere, or under another name), or None (none, several, or a store that records no digest)."""
+    metas = {t: store.table(f"teachers/{t}").meta for t in teachers}
+    same = [t for t, meta in metas.items() if meta.get("weights_sha256") and changed_since(path, meta) is None]
+    return same[0] if len(same) == 1 else None
 
 
 def _student_vector(student_dir: str, text: str) -> np.ndarray:

@@ -199,6 +199,15 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     said = " ".join(r.output.split())
     assert r.exit_code == 2 and "wrote table 'teachers/tiny-bert' (its config.json settings differ)" in said, said
     assert "restore that checkpoint's config.json settings, or pass" in said, said  # (the twin is not the writer)
+    # a byte-identical copy of the teacher's folder, under another name: its weights and config say which teacher it
+    # is (it was "not one of the store's teachers"); with another config.json, it is none of them
+    copy = shutil.copytree(tiny_teacher, tmp_path / "elsewhere" / "my-copy")
+    for spec in (str(copy), f"mine={copy}"):
+        r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", spec, "-k", "1"])
+        assert r.exit_code == 0 and "1.0000" in r.output and "tiny_bert-mean-flat" in r.output, (spec, r.output)
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"gelu"', '"relu"'))
+    r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(copy), "-k", "1"])
+    assert r.exit_code == 2 and "is not one of the store's teachers (tiny-bert)" in " ".join(r.output.split())
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", "tiny-bert=", "-k", "1"])
     assert r.exit_code == 2 and "a teacher with a name and no model" in r.output, r.output
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
