@@ -233,7 +233,7 @@ def is_kd_file(path: str | os.PathLike) -> bool:
         return False
     try:
         return json.loads(side.read_text(encoding="utf-8")).get("sha256") == _sha256(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError, AttributeError):  # (a sidecar edited into another shape)
         return False
 
 

@@ -42,6 +42,7 @@ from kd.apps.distill.run import (
     check_reuse,
     check_store,
     chosen_dir,
+    chosen_weights,
     corpus_header,
     corpus_options,
     recorded_state,
@@ -184,6 +185,8 @@ class _Calibration:
                                 segment="none", sample=None, exclude_leakage=False, progress=False), run.recipe)
         self.cal.out.mkdir()
         self.cal.refs = run.refs  # the same models, found once by the run's check
+        if step_name(StepKind.weights) in done:  # the stages train on the run's chosen weights (the calibration has
+            self.cal.weights = chosen_weights(run)  # no weights.json: a dry run resumed after that step was refused)
 
     @functools.cached_property
     def precompute(self) -> dict[str, PlannedStep]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -173,7 +174,7 @@ class _Run:
     def target(self) -> str:
         """The train-student --target of every stage: the teacher's output, or the teachers' as one."""
         teachers = [self.names[r] for r in self.teacher_roles]
-        weights = None if len(teachers) == 1 else (self.weights or _chosen_weights(self, len(teachers)))
+        weights = None if len(teachers) == 1 else (self.weights or chosen_weights(self))
         return str(Target.of(teachers, self.recipe.target, weights))
 
     def outputs(self, role: str) -> list[str]:
@@ -451,6 +452,15 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
     `refuse_foreign_out`, which both call first)."""
     if step_name(StepKind.choose) in done:
         _choice(run)
+    if step_name(StepKind.weights) in done:  # (read only when a stage trains: a damaged one was kept, or a traceback)
+        chosen_weights(run)
+    if any(step_name(k) in done for k in (StepKind.suite, StepKind.sts)):
+        # (one edited into other JSON was kept as the run's report; one not JSON was "done" in the dry run: a probe)
+        edited = next((p for p in (run.out / "report.json", run.out / "report.md") if p.is_file() and not kd_wrote(p)),
+                      None)
+        if edited is not None:
+            raise InputError(f"{edited.name} is not the report kd distill wrote (edited or damaged since)", str(edited),
+                             f"delete {edited}: the rerun evaluates the chosen student again")
     if not run.cfg.export or step_name(StepKind.export) in done:
         return
     for folder in (run.out / "model", run.out / "onnx"):
@@ -588,7 +598,7 @@ def steps_of(run: _Run) -> list[Step]:
     if run.specs["start"] and run.recipe.outputs["start"]:
         steps.append(Step(K.start, lambda: _rows_record(run, _precompute(run, "start")), leaves=manifest))
     if run.weights is None and len(run.teacher_roles) > 1:
-        steps.append(Step(K.weights, lambda: _choose_weights(run), leaves=(out / WEIGHTS,)))
+        steps.append(Step(K.weights, lambda: _choose_weights(run), leaves=(out / WEIGHTS,), folders=(out / WEIGHTS,)))
     if run.cfg.exclude_leakage:
         steps.append(Step(K.leakage, lambda: _leakage(run), leaves=(run.exclude,)))
     for stage in run.recipe.students:
@@ -598,7 +608,9 @@ def steps_of(run: _Run) -> list[Step]:
                           (folder / saved.WEIGHTS, folder / saved.CONFIG),
                           folders=recorded_paths(folder),
                           damaged=lambda f=folder: saved.damaged_file(f)))
-    steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",)))
+    # (its records too: an edited choice.json named a stage whose export it was not, exit 0; an edited weights.json
+    # trained on its numbers: a probe)
+    steps.append(Step(K.choose, lambda: _choose(run), leaves=(out / "choice.json",), folders=(out / "choice.json",)))
     if run.cfg.export:
         steps.append(Step(K.export, lambda: _export(run), leaves=(out / "model" / "modules.json",
                                                                   out / "onnx" / "model.onnx",
@@ -765,14 +777,15 @@ def chosen_dir(run: _Run) -> Path:
     return run.stage_dir(_choice(run)["chosen"])
 
 
-def _chosen_weights(run: _Run, teachers: int) -> tuple[float, ...]:
+def chosen_weights(run: _Run) -> tuple[float, ...]:
     """weights.json's weights as `_choose_weights` writes them; a damaged one is named with the fix that redoes its step
-    (it was a traceback)."""
+    (it was a traceback; 1e308 twice trained a stage to NaN, exit 0: a probe)."""
     path = run.out / WEIGHTS
     try:
         weights = read_json(path, "")["weights"]
-        ok = isinstance(weights, list) and len(weights) == teachers and \
-            all(isinstance(w, float | int) and not isinstance(w, bool) and w >= 0 for w in weights) and sum(weights) > 0
+        ok = isinstance(weights, list) and len(weights) == len(run.teacher_roles) and \
+            all(isinstance(w, float | int) and not isinstance(w, bool) and w >= 0 for w in weights) and \
+            0 < sum(map(float, weights)) < math.inf  # (each finite, and their sum)
     except (KdError, TypeError, KeyError):  # (not JSON, or not of this shape)
         ok = False
     if not ok:
@@ -787,8 +800,11 @@ def _choice(run: _Run) -> dict[str, Any]:
     path, names = run.out / "choice.json", {s.name for s in run.recipe.students}
     try:
         choice = read_json(path, "")
-        ok = choice["chosen"] in names and names <= set(choice["sts_dev"]) and \
-            all(isinstance(v, float | int) for v in choice["sts_dev"].values()) and "candidates" in choice
+        scores, candidates = choice["sts_dev"], choice["candidates"]
+        # (NaN, true, a chosen stage no candidate: each was taken, and said as the choice, exit 0: a probe)
+        ok = names <= set(scores) and isinstance(candidates, list) and choice["chosen"] in candidates and \
+            set(candidates) <= names and \
+            all(isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v) for v in scores.values())
     except (KdError, TypeError, KeyError, AttributeError):  # (not JSON, or not of this shape)
         ok = False
     if not ok:

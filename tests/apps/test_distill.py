@@ -524,9 +524,25 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
                 (uninterrupted / "stages" / name / "model.safetensors").read_bytes()
         assert (out / gone).read_bytes() == (uninterrupted / gone).read_bytes()
         assert (out / "model" / "model.safetensors").read_bytes() == exported
-    # a damaged choice.json was "a file is not valid JSON" naming a line of it, not the file; nested past the
-    # parser's recursion, or not UTF-8, a traceback
-    for damaged in (b'{"x', b"[" * 100_000, b'{"chosen": "\xff"}'):
+    # choice.json is the choose step's work: damaged (it was "a file is not valid JSON" naming a line of it, not the
+    # file; nested past the parser's recursion, or not UTF-8, a traceback) or edited to name another stage (the run
+    # said it chose that stage, exit 0, its export another's: a probe), the choice is made again, and what follows
+    made = (out / "choice.json").read_bytes()
+    edited = json.dumps(json.loads(made) | {"chosen": "two"}).encode()
+    for damaged in (b'{"x', b"[" * 100_000, b'{"chosen": "\xff"}', edited):
+        (out / "choice.json").write_bytes(damaged)
+        plan = {s.name: s.detail for s in estimate(_cfg(corpus, out, recipe_file, store=store, export=True)).steps}
+        assert [n for n, d in plan.items() if d != "done"] == ["choose on STS-B dev", "export"], plan
+        distill(_cfg(corpus, out, recipe_file, store=store, export=True))
+        assert (out / "choice.json").read_bytes() == made
+        assert (out / "model" / "model.safetensors").read_bytes() == exported
+    # a run recorded before choice.json's sha256 was: a damaged one is refused naming it, the fix redoes the step
+    state = json.loads((out / "distill.json").read_text())
+    del state["files"]["choose on STS-B dev"]
+    (out / "distill.json").write_text(json.dumps(state))
+    record = json.loads(made)
+    nan = json.dumps(record | {"sts_dev": dict.fromkeys(record["sts_dev"], float("nan"))}).encode()
+    for damaged in (b'{"x', edited.replace(b'"two"', b'"nine"'), edited, nan):  # (a name no candidate, NaN: kept)
         (out / "choice.json").write_bytes(damaged)
         for call in (distill, estimate):
             with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
@@ -708,6 +724,20 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
         (out / "model" / gone).unlink()
     distill(_cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True))
     assert (out / "model" / "README.md").read_bytes() == card and (out / "model" / "model.safetensors").is_file()
+    # a report edited into other JSON was kept as the run's report, one not JSON "done" in the dry run (a probe)
+    from kd.apps.distill.plan import estimate
+    from kd.common.outputs import is_kd_file
+
+    cfg = _cfg(corpus, out, recipe_file, store=store, export=True, evaluate=True)
+    for name, damaged in (("report.json", b"[1, 2]"), ("report.json", b"[" * 100_000), ("report.md", b"\xff")):
+        (out / name).write_bytes(damaged)
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=f"{name} is not the report kd distill wrote") as e:
+                call(cfg)
+            assert e.value.fix == f"delete {out / name}: the rerun evaluates the chosen student again"
+        assert (out / name).read_bytes() == damaged
+        (out / name).unlink()
+        assert distill(cfg).report["level"] == "sts" and is_kd_file(out / name)
 
 
 def test_a_teacher_whose_weights_or_config_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file,

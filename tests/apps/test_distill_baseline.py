@@ -4,6 +4,7 @@ baseline and says so."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -87,7 +88,11 @@ def test_the_report_shows_the_baseline_beside_a_chosen_stage(tmp_path, corpus, t
     choice_file, state_file = out / "choice.json", out / "distill.json"
     choice, state = json.loads(choice_file.read_text()), json.loads(state_file.read_text())
     choice_file.write_text(json.dumps(choice | {"chosen": "worse"}))
-    state_file.write_text(json.dumps(state | {"done": [s for s in state["done"] if s != "evaluate on STS-B"]}))
+    # (recorded as the choose step's own: an edit alone makes the rerun choose again)
+    sha = hashlib.sha256(choice_file.read_bytes()).hexdigest()
+    files = state["files"] | {"choose on STS-B dev": {"choice.json": sha}}
+    state_file.write_text(json.dumps(state | {"done": [s for s in state["done"] if s != "evaluate on STS-B"],
+                                              "files": files}))
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = json.loads((out / "report.json").read_text())["models"]

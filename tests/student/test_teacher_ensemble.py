@@ -217,18 +217,34 @@ def test_distill_chooses_the_weights_on_dev_and_new_weights_need_no_teacher_pass
     args = json.loads((out / "stages" / "static" / "training_args.json").read_text())
     parts = [f"{t}.mean:{w:g}" for t, w in zip(chosen["teachers"], chosen["weights"]) if w > 0]
     assert args["target"] == ",".join(parts)
-    # a damaged weights.json, read when a stage trains again, was a traceback (not JSON) or trained on what it said
+    # resumed after the weights step, its dry run was refused naming a weights.json in its own temp folder (a probe)
     weights, trained = (out / "weights.json").read_bytes(), (out / "stages" / "static" / "model.safetensors")
     shutil.rmtree(out / "stages" / "static")
     argv = ["distill", str(corpus), "-o", str(out), "--recipe", str(_recipe(tmp_path, two)), "--no-export"]
-    for damaged in (b"[" * 100_000, b'{"weights": [1]}', b'{"weights": [-1, 2]}', b'{"weights": ["a", 1]}'):
+    res = CliRunner().invoke(app, [*argv, "--dry-run"])
+    assert res.exit_code == 0 and "train stage static" in res.output, res.output
+    # weights.json is the weights step's work: damaged or edited (a traceback, or a stage trained on its numbers:
+    # 1e308 twice trained to NaN, exit 0), the weights are chosen again, and the stage trained on them
+    for damaged in (b"[" * 100_000, b'{"weights": [1e308, 1e308]}', b'{"weights": [-1, 2]}'):
         (out / "weights.json").write_bytes(damaged)
         res = CliRunner().invoke(app, argv)
-        assert res.exit_code == 2 and "weights.json is not the teachers' weights" in res.output, res.output
-        assert "the rerun chooses the weights again" in " ".join(res.output.split()) and not trained.exists()
-    (out / "weights.json").write_bytes(weights)
-    assert CliRunner().invoke(app, argv).exit_code == 0 and trained.is_file()
-    assert json.loads((out / "stages" / "static" / "training_args.json").read_text())["target"] == args["target"]
+        assert res.exit_code == 0 and "weights.json is not as it was written" in " ".join(res.output.split())
+        assert (out / "weights.json").read_bytes() == weights and trained.is_file()
+        assert json.loads((out / "stages" / "static" / "training_args.json").read_text())["target"] == args["target"]
+    # a run recorded before weights.json's sha256 was: a damaged one is refused naming it, the fix redoes its step
+    state = json.loads((out / "distill.json").read_text())
+    del state["files"]["choose the teacher weights on STS-B dev"]
+    (out / "distill.json").write_text(json.dumps(state))
+    for damaged in (b"[" * 100_000, b'{"weights": [1]}', b'{"weights": [1e308, 1e308]}', b'{"weights": ["a", 1]}',
+                    b'{"weights": [Infinity, 1]}', b'{"weights": [NaN, 1]}'):
+        (out / "weights.json").write_bytes(damaged)
+        for extra in ([], ["--dry-run"]):
+            res = CliRunner().invoke(app, [*argv, *extra])
+            said = " ".join(res.output.split())
+            assert res.exit_code == 2 and "weights.json is not the teachers' weights" in said, said
+            assert "the rerun chooses the weights again" in said, said
+    (out / "weights.json").unlink()
+    assert CliRunner().invoke(app, argv).exit_code == 0 and (out / "weights.json").read_bytes() == weights
 
     # other weights on the same store: the teachers are not run again (the store's files are untouched), the stage
     # is trained again (another target, so another stage key: not copied) onto the new combined target
