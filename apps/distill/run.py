@@ -485,8 +485,10 @@ def _refuse_links(run: _Run) -> None:
     and one written through a link lands outside OUT (probes: the card, report.md and a whole export were written
     through one onto a user's files; a stage folder as one stopped every rerun with a traceback)."""
     store = run.out / "store"
-    if store.is_symlink() and not store.exists():  # (the store's own checks, or making one there, were a traceback)
-        raise InputError(f"store is a symbolic link to {os.readlink(store)}, which is missing", str(store),
+    if store.is_symlink() and not store.is_dir():  # (the store's own checks, or making one there, were a traceback)
+        target = os.path.realpath(store)  # (the end of a chain of links: its first hop may well be there)
+        raise InputError(f"store is a symbolic link to {target}, which is "
+                         f"{'not a folder' if os.path.lexists(target) else 'missing'}", str(store),
                          "point the link at the run's store (where it was moved), or remove the link: the run then "
                          "computes its store again")
     found = first_link(run.out, skip=(run.store, store))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -1014,6 +1015,16 @@ def test_a_store_link_to_a_missing_store_is_refused_as_that(uninterrupted, corpu
             call(_cfg(corpus, out, recipe_file))
         assert "point the link at the run's store" in e.value.fix
     assert not (tmp_path / "gone").exists() and (out / "distill.json").read_bytes() == state
+    (out / "store").unlink()  # a chain of links names its end; a link to a file is no store either (a probe)
+    (tmp_path / "hop").symlink_to(tmp_path / "gone")
+    (tmp_path / "file").write_text("not a store")
+    for target, said in ((tmp_path / "hop", f"{tmp_path / 'gone'}, which is missing"),
+                         (tmp_path / "file", f"{tmp_path / 'file'}, which is not a folder")):
+        (out / "store").unlink(missing_ok=True)
+        (out / "store").symlink_to(target)
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=f"store is a symbolic link to {re.escape(said)}"):
+                call(_cfg(corpus, out, recipe_file))
     (out / "store").unlink()
     (out / "store").symlink_to(tmp_path / "moved")  # where it was moved: the run is whole
     assert {s.detail for s in estimate(_cfg(corpus, out, recipe_file)).steps} == {"done"}
