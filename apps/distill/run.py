@@ -78,8 +78,9 @@ from kd.pipeline.teacher.resolve import (
     recorded_spec,
     resolve_teacher,
 )
+from kd.storage import fs
 from kd.storage.names import first_link
-from kd.storage.store import Store
+from kd.storage.store import Store, readable_manifest, refuse_foreign_folder
 from kd.student import saved
 from kd.student.checkpoint import CHECKPOINT
 from kd.student.exporters import export_student
@@ -404,6 +405,35 @@ def refuse_foreign_out(run: _Run) -> None:
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
     if run.out.is_dir():  # (a new OUT holding a link where the lock goes: its lock was made outside OUT, a probe)
         _refuse_links(run)
+        _refuse_folders_at_records(run)
+        _refuse_foreign_store(run)
+
+
+def _refuse_folders_at_records(run: _Run) -> None:
+    """A folder where the run writes one of its records (the dry run planned, the run failed writing it, naming a temp
+    file and "pass a file": a probe)."""
+    records = (STATE, WEIGHTS, "choice.json", "report.json", "report.md", run.exclude.name)
+    folder = next((run.out / name for name in records if (run.out / name).is_dir()), None)
+    if folder is not None:
+        raise InputError(f"{folder.name} is a folder, where kd distill writes that file", str(folder),
+                         f"move or delete {folder}: the rerun writes the file again")
+
+
+def _refuse_foreign_store(run: _Run) -> None:
+    """OUT's own store as precompute takes it (`refuse_foreign_folder`), checked before the run's record is touched: a
+    store linked to a folder of other files was refused by its precompute after the record had every step undone
+    (pointing the link back then redid the whole run: a probe)."""
+    store = run.out / "store"
+    if run.cfg.store is not None or not store.is_dir():
+        return
+    loc = fs.resolve(store)
+    try:
+        refuse_foreign_folder(loc, False, readable_manifest(loc, False))
+    except StoreError as e:
+        link = f" (a symbolic link to {os.path.realpath(store)})" if store.is_symlink() else ""
+        raise InputError(f"store{link}: {e.what}", str(store),
+                         "point the link at the run's store (where it was moved), or remove the link: the run then "
+                         "computes its store again" if link else e.fix) from None
 
 
 def _state(run: _Run) -> dict[str, Any]:
@@ -454,8 +484,8 @@ def _refuse_damaged(run: _Run, done: list[str]) -> None:
         _choice(run)
     if step_name(StepKind.weights) in done:  # (read only when a stage trains: a damaged one was kept, or a traceback)
         chosen_weights(run)
-    if any(step_name(k) in done for k in (StepKind.suite, StepKind.sts)):
-        # (one edited into other JSON was kept as the run's report; one not JSON was "done" in the dry run: a probe)
+    if run.cfg.evaluate:  # done, or to be done again (an edit was written over when an earlier step was redone)
+        # (one edited into other JSON was kept as the run's report; one not JSON was "done" in the dry run: probes)
         edited = next((p for p in (run.out / "report.json", run.out / "report.md") if p.is_file() and not kd_wrote(p)),
                       None)
         if edited is not None:
@@ -487,8 +517,9 @@ def _refuse_links(run: _Run) -> None:
     store = run.out / "store"
     if store.is_symlink() and not store.is_dir():  # (the store's own checks, or making one there, were a traceback)
         target = os.path.realpath(store)  # (the end of a chain of links: its first hop may well be there)
-        raise InputError(f"store is a symbolic link to {target}, which is "
-                         f"{'not a folder' if os.path.lexists(target) else 'missing'}", str(store),
+        what = "not a folder" if os.path.lexists(target) and not os.path.islink(target) else \
+            "missing" if not os.path.islink(target) else "a link in a loop of links"
+        raise InputError(f"store is a symbolic link to {target}, which is {what}", str(store),
                          "point the link at the run's store (where it was moved), or remove the link: the run then "
                          "computes its store again")
     found = first_link(run.out, skip=(run.store, store))
@@ -784,8 +815,12 @@ def chosen_weights(run: _Run) -> tuple[float, ...]:
     (it was a traceback; 1e308 twice trained a stage to NaN, exit 0: a probe)."""
     path = run.out / WEIGHTS
     try:
-        weights = read_json(path, "")["weights"]
-        ok = isinstance(weights, list) and len(weights) == len(run.teacher_roles) and \
+        record = read_json(path, "")
+        weights = record["weights"]
+        # (a record from before its sha256 was: weights no candidate of its own, its teachers swapped: a probe)
+        ok = record["teachers"] == [run.names[r] for r in run.teacher_roles] and \
+            weights in [c[0] for c in record["candidates"]] and \
+            isinstance(weights, list) and len(weights) == len(run.teacher_roles) and \
             all(isinstance(w, float | int) and not isinstance(w, bool) and w >= 0 for w in weights) and \
             0 < sum(map(float, weights)) < math.inf  # (each finite, and their sum)
     except (KdError, TypeError, KeyError):  # (not JSON, or not of this shape)

@@ -543,7 +543,7 @@ def test_a_step_whose_work_is_gone_is_done_again_with_the_steps_after_it(uninter
     (out / "distill.json").write_text(json.dumps(state))
     record = json.loads(made)
     nan = json.dumps(record | {"sts_dev": dict.fromkeys(record["sts_dev"], float("nan"))}).encode()
-    for damaged in (b'{"x', edited.replace(b'"two"', b'"nine"'), edited, nan):  # (a name no candidate, NaN: kept)
+    for damaged in (b'{"x', edited.replace(b'"two"', b'"nine"'), edited, nan):  # (each was taken: probes)
         (out / "choice.json").write_bytes(damaged)
         for call in (distill, estimate):
             with pytest.raises(InputError, match="choice.json is not the choice kd distill writes") as e:
@@ -739,6 +739,26 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
         assert (out / name).read_bytes() == damaged
         (out / name).unlink()
         assert distill(cfg).report["level"] == "sts" and is_kd_file(out / name)
+    # ... and so it is when an earlier step is to be done again (it was written over: a probe)
+    (out / "report.md").write_text((out / "report.md").read_text() + "my note\n")
+    (out / "choice.json").unlink()
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="report.md is not the report kd distill wrote"):
+            call(cfg)
+    assert (out / "report.md").read_text().endswith("my note\n")
+    (out / "report.md").unlink()
+    distill(cfg)
+    # a folder where a record goes: the dry run planned, the run failed naming a temp file (a probe)
+    for name in ("choice.json", "report.md"):
+        (out / name).unlink()
+        (out / name).mkdir()
+        (out / name / "mine.txt").write_text("mine")
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=f"{name} is a folder, where kd distill writes that file"):
+                call(cfg)
+        assert (out / name / "mine.txt").read_text() == "mine"
+        shutil.rmtree(out / name)
+    distill(cfg)
 
 
 def test_a_teacher_whose_weights_or_config_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file,
@@ -1018,14 +1038,33 @@ def test_a_store_link_to_a_missing_store_is_refused_as_that(uninterrupted, corpu
     (out / "store").unlink()  # a chain of links names its end; a link to a file is no store either (a probe)
     (tmp_path / "hop").symlink_to(tmp_path / "gone")
     (tmp_path / "file").write_text("not a store")
+    (tmp_path / "la").symlink_to(tmp_path / "lb")  # a loop of links
+    (tmp_path / "lb").symlink_to(tmp_path / "la")
     for target, said in ((tmp_path / "hop", f"{tmp_path / 'gone'}, which is missing"),
-                         (tmp_path / "file", f"{tmp_path / 'file'}, which is not a folder")):
+                         (tmp_path / "file", f"{tmp_path / 'file'}, which is not a folder"),
+                         (tmp_path / "la", "which is a link in a loop of links")):
         (out / "store").unlink(missing_ok=True)
         (out / "store").symlink_to(target)
         for call in (distill, estimate):
-            with pytest.raises(InputError, match=f"store is a symbolic link to {re.escape(said)}"):
+            with pytest.raises(InputError, match=f"store is a symbolic link to .*{re.escape(said)}"):
                 call(_cfg(corpus, out, recipe_file))
+    # to a folder of other files (or such a folder in its place): refused before the run's record is touched (its
+    # precompute refused it after every step was recorded undone: a probe)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
     (out / "store").unlink()
+    (out / "store").symlink_to(tmp_path / "mine")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match=r"store \(a symbolic link to .*mine\): .*holds no kd store") as e:
+            call(_cfg(corpus, out, recipe_file))
+        assert "point the link at the run's store" in e.value.fix
+    (out / "store").unlink()
+    shutil.move(tmp_path / "mine", out / "store")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match="store: the output folder is not empty and holds no kd store"):
+            call(_cfg(corpus, out, recipe_file))
+    assert (out / "distill.json").read_bytes() == state and (out / "store" / "notes.txt").read_text() == "keep"
+    shutil.rmtree(out / "store")
     (out / "store").symlink_to(tmp_path / "moved")  # where it was moved: the run is whole
     assert {s.detail for s in estimate(_cfg(corpus, out, recipe_file)).steps} == {"done"}
 

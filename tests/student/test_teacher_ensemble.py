@@ -235,8 +235,11 @@ def test_distill_chooses_the_weights_on_dev_and_new_weights_need_no_teacher_pass
     state = json.loads((out / "distill.json").read_text())
     del state["files"]["choose the teacher weights on STS-B dev"]
     (out / "distill.json").write_text(json.dumps(state))
+    record = json.loads(weights)
+    swapped = json.dumps(record | {"teachers": record["teachers"][::-1]}).encode()
+    no_candidate = json.dumps(record | {"weights": [5.0, 1.0]}).encode()  # (these two were trained on: a probe)
     for damaged in (b"[" * 100_000, b'{"weights": [1]}', b'{"weights": [1e308, 1e308]}', b'{"weights": ["a", 1]}',
-                    b'{"weights": [Infinity, 1]}', b'{"weights": [NaN, 1]}'):
+                    b'{"weights": [Infinity, 1]}', b'{"weights": [NaN, 1]}', swapped, no_candidate):
         (out / "weights.json").write_bytes(damaged)
         for extra in ([], ["--dry-run"]):
             res = CliRunner().invoke(app, [*argv, *extra])
