@@ -61,6 +61,7 @@ from kd.common.outputs import (
     kd_wrote,
     killed_write,
     kind_of,
+    sidecar,
     sidecar_of,
     write_text,
 )
@@ -401,19 +402,22 @@ def _held(run: _Run) -> Iterator[None]:
 
 def refuse_foreign_out(run: _Run) -> None:
     """OUT is new, empty, or a kd distill run's (the dry run checks it too: it planned where the run is refused)."""
+    if run.out.is_dir():  # (distill.json a folder was "not a kd distill run", whose fix abandoned it: a probe)
+        _refuse_folders_at_records(run)
     if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
     if run.out.is_dir():  # (a new OUT holding a link where the lock goes: its lock was made outside OUT, a probe)
         _refuse_links(run)
-        _refuse_folders_at_records(run)
         _refuse_foreign_store(run)
 
 
 def _refuse_folders_at_records(run: _Run) -> None:
     """A folder where the run writes one of its records (the dry run planned, the run failed writing it, naming a temp
     file and "pass a file": a probe)."""
-    records = (STATE, WEIGHTS, "choice.json", "report.json", "report.md", run.exclude.name)
-    folder = next((run.out / name for name in records if (run.out / name).is_dir()), None)
+    records = [run.out / name for name in (STATE, WEIGHTS, "choice.json", "report.json", "report.md", run.exclude.name)]
+    # their sidecars and the lock too (one a folder: the run failed midway naming the record, the dry run planned)
+    paths = [*records, *(sidecar(p) for p in records), run.out / LOCK]
+    folder = next((p for p in paths if p.is_dir()), None)
     if folder is not None:
         raise InputError(f"{folder.name} is a folder, where kd distill writes that file", str(folder),
                          f"move or delete {folder}: the rerun writes the file again")
@@ -426,14 +430,18 @@ def _refuse_foreign_store(run: _Run) -> None:
     store = run.out / "store"
     if run.cfg.store is not None or not store.is_dir():
         return
-    loc = fs.resolve(store)
+    loc, link = fs.resolve(store), f" (a symbolic link to {os.path.realpath(store)})" if store.is_symlink() else ""
     try:
-        refuse_foreign_folder(loc, False, readable_manifest(loc, False))
-    except StoreError as e:
-        link = f" (a symbolic link to {os.path.realpath(store)})" if store.is_symlink() else ""
-        raise InputError(f"store{link}: {e.what}", str(store),
+        existing = readable_manifest(loc, False)
+    except StoreError as e:  # a damaged record: the store's own fix, naming the file (its where)
+        raise InputError(f"store{link}: {e.what}", e.where or str(store), e.fix) from None
+    try:
+        refuse_foreign_folder(loc, False, existing)
+    except StoreError:  # (its fix said "choose an empty or new --out", which starts another run: a probe)
+        raise InputError(f"store{link} holds files but no kd store", str(store),
                          "point the link at the run's store (where it was moved), or remove the link: the run then "
-                         "computes its store again" if link else e.fix) from None
+                         "computes its store again" if link else f"move {store} away (or put the run's store back "
+                         "there): the run then computes its store again") from None
 
 
 def _state(run: _Run) -> dict[str, Any]:

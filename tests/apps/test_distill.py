@@ -748,9 +748,11 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
     assert (out / "report.md").read_text().endswith("my note\n")
     (out / "report.md").unlink()
     distill(cfg)
-    # a folder where a record goes: the dry run planned, the run failed naming a temp file (a probe)
-    for name in ("choice.json", "report.md"):
-        (out / name).unlink()
+    # a folder where a record goes (or its sidecar, or the lock): the dry run planned, the run failed naming a temp
+    # file; distill.json a folder was "not a kd distill run" (probes)
+    for name in ("choice.json", "report.md", ".report.md.kd.json", ".kd-distill.lock", "distill.json"):
+        kept = (out / name).read_bytes() if (out / name).is_file() else None
+        (out / name).unlink(missing_ok=True)
         (out / name).mkdir()
         (out / name / "mine.txt").write_text("mine")
         for call in (distill, estimate):
@@ -758,6 +760,8 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
                 call(cfg)
         assert (out / name / "mine.txt").read_text() == "mine"
         shutil.rmtree(out / name)
+        if kept is not None:
+            (out / name).write_bytes(kept)
     distill(cfg)
 
 
@@ -1055,14 +1059,15 @@ def test_a_store_link_to_a_missing_store_is_refused_as_that(uninterrupted, corpu
     (out / "store").unlink()
     (out / "store").symlink_to(tmp_path / "mine")
     for call in (distill, estimate):
-        with pytest.raises(InputError, match=r"store \(a symbolic link to .*mine\): .*holds no kd store") as e:
+        with pytest.raises(InputError, match=r"store \(a symbolic link to .*mine\) holds files but no kd store") as e:
             call(_cfg(corpus, out, recipe_file))
         assert "point the link at the run's store" in e.value.fix
     (out / "store").unlink()
     shutil.move(tmp_path / "mine", out / "store")
     for call in (distill, estimate):
-        with pytest.raises(InputError, match="store: the output folder is not empty and holds no kd store"):
+        with pytest.raises(InputError, match="^store holds files but no kd store") as e:
             call(_cfg(corpus, out, recipe_file))
+        assert e.value.fix.startswith(f"move {out / 'store'} away")  # (it said "choose a new --out": a probe)
     assert (out / "distill.json").read_bytes() == state and (out / "store" / "notes.txt").read_text() == "keep"
     shutil.rmtree(out / "store")
     (out / "store").symlink_to(tmp_path / "moved")  # where it was moved: the run is whole
