@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -355,14 +356,14 @@ def test_killed_run_resumes_to_identical_weights(tmp_path, uninterrupted, corpus
     assert json.loads((out / "choice.json").read_text()) == json.loads((uninterrupted / "choice.json").read_text())
 
 
-def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe_file):
-    out = tmp_path / "planned"
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*"))
+def test_dry_run_writes_nothing_and_estimates_each_step(tmp_path, corpus, recipe_file, monkeypatch):
+    out, temp = tmp_path / "planned", tmp_path / "temp"
+    temp.mkdir()  # its own temp folder: another kd's dry run beside this test makes and removes its own in /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     res = CliRunner().invoke(app, ["distill", str(corpus), "-o", str(out), "--recipe", str(recipe_file),
                                    "--dry-run", "--no-evaluate"])
     assert res.exit_code == 0, res.output
-    # (none of its own left behind; another kd's dry run beside this test may end meanwhile and take its folder)
-    assert not out.exists() and not set(Path(os.environ.get("TMPDIR", "/tmp")).glob("kd-distill-plan-*")) - before
+    assert not out.exists() and not list(temp.iterdir())  # its calibration folder gone with it
     text = " ".join(res.output.split())
     for step in ("precompute the teacher", "precompute the start model", "train stage two", "train stage one",
                  "choose on STS-B dev", "export"):
