@@ -24,7 +24,8 @@ from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
 from kd.dataset.index import SearchResult, search
 from kd.dataset.query import resolve_table
-from kd.pipeline.teacher.model import Output, changed_since, load_teacher
+from kd.pipeline.backends.loading import load_teacher
+from kd.pipeline.teacher.model import Output, changed_since
 from kd.pipeline.teacher.resolve import (
     TeacherRef,
     TeacherSpec,

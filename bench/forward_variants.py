@@ -49,8 +49,9 @@ def child(a: argparse.Namespace) -> None:
     import torch
 
     from bench.precompute_vs_st import load_sentences
+    from kd.pipeline.backends.loading import load_teacher
     from kd.pipeline.teacher.batches import encode_all
-    from kd.pipeline.teacher.model import Output, load_teacher
+    from kd.pipeline.teacher.model import Output
 
     torch.set_num_threads(a.threads)
     texts = load_sentences(a.n)

@@ -75,7 +75,7 @@ def load(spec: Spec):
     if spec.kind in ("teacher", "teacher-int8"):
         import torch
 
-        from kd.pipeline.teacher.model import load_teacher
+        from kd.pipeline.backends.loading import load_teacher
 
         t = load_teacher(spec.path, device="cpu")
         if spec.kind == "teacher-int8":
@@ -86,7 +86,7 @@ def load(spec: Spec):
     if spec.kind == "teacher-backend":  # path "SPEC@BACKEND:QUANTIZE", e.g. "minilm@openvino:int8"
         import torch
 
-        from kd.pipeline.backends.runtime import load as load_backend
+        from kd.pipeline.backends.loading import load as load_backend
 
         ref, _, how = spec.path.partition("@")
         backend, _, quantize = how.partition(":")
@@ -148,7 +148,7 @@ def _int8_mb(spec: Spec) -> float | None:
 
     import torch
 
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     t = load_teacher(spec.path, device="cpu")
     q = torch.ao.quantization.quantize_dynamic(t.model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -21,8 +21,9 @@ def main(teacher_dir: str, texts_path: str, n: int, rounds: int) -> None:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from kd.pipeline.backends.loading import load_teacher
     from kd.pipeline.teacher.batches import forward_all, tokenize
-    from kd.pipeline.teacher.model import Output, Precision, load_teacher
+    from kd.pipeline.teacher.model import Output, Precision
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     texts = pq.read_table(texts_path).slice(0, n)["text"].to_pylist()

@@ -32,9 +32,8 @@ GRAPHS = ("torch", "traced", "dynamo", "traced-int8", "dynamo-int8", "traced-int
 
 def load(graph: str):
     """The teacher on `graph`, exporting it into WORK/<graph> first if needed (KD_CACHE points there)."""
-    from kd.pipeline.backends import export
-    from kd.pipeline.backends import runtime as backends
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends import export, loading
+    from kd.pipeline.backends.loading import load_teacher
 
     if graph == "torch":
         return load_teacher("minilm", "cpu")
@@ -44,7 +43,7 @@ def load(graph: str):
         export.to_onnx = lambda g, args, path, inputs, outputs, big: real(g, args, path, inputs, outputs, True)
     if graph.endswith("-plain"):
         export.smooth_onnx = lambda *a: {"method": "none"}
-    return backends.load("minilm", "onnx", "int8" if "int8" in graph else "none", precision="fp32")
+    return loading.load("minilm", "onnx", "int8" if "int8" in graph else "none", precision="fp32")
 
 
 def child(a: argparse.Namespace) -> None:

@@ -45,9 +45,10 @@ import torch
 from bench.retrieval import median_time
 from kd.common.inputs import ColumnSpec
 from kd.common.tasks import LabelSet, Task, read_task, task_metrics
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.precompute import precompute
 from kd.pipeline.teacher.finetune import TeacherFinetuneConfig, finetune_teacher
-from kd.pipeline.teacher.model import Output, load_teacher
+from kd.pipeline.teacher.model import Output
 from kd.storage.store import Store
 from kd.student import load
 from kd.student.finetune import FinetuneConfig, finetune, load_task_model

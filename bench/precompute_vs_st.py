@@ -233,7 +233,7 @@ def kd_label(backend: str, precision: str, ran: str = "") -> str:
 def export_once(kd_backends: list[str], precision: str) -> None:
     """Fill kd's export cache (and, for auto, its fidelity record) before the clock, as ST's int8 file is made
     once: a user exports once."""
-    from kd.pipeline.backends import runtime as backends
+    from kd.pipeline.backends import loading
 
     if "auto" in kd_backends:  # one untimed small job records auto's choice and its fidelity for this CPU
         from kd.pipeline.precompute import precompute
@@ -244,7 +244,7 @@ def export_once(kd_backends: list[str], precision: str) -> None:
                        device="cpu", progress=False, **kd_options("auto", precision))
     for b in kd_backends:
         if b not in ("torch", "auto"):
-            backends.load("minilm", b, "int8" if precision == "int8" else "none",
+            loading.load("minilm", b, "int8" if precision == "int8" else "none",
                           precision="fp32" if precision == "int8" else precision)
 
 

@@ -125,7 +125,7 @@ def main() -> None:
     import torch
 
     from kd import student
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)

@@ -230,7 +230,7 @@ class PrecomputeJob:
         return options
 
     def load_options(self) -> dict[str, Any]:
-        """Keywords of `backends.load` for each teacher."""
+        """Keywords of `loading.load` (pipeline/backends/loading.py) for each teacher."""
         return dict(backend=self.backend, quantize=self.quantize, device=self.device, precision=self.precision,
                     max_length=self.max_length, threads=self.threads, allow_low_fidelity=self.allow_low_fidelity,
                     engine=self.engine)

@@ -39,7 +39,7 @@ from kd.common.outputs import STORE, claim_output
 from kd.common.progress import showing
 from kd.common.same_tokenizer import tokenizer_difference
 from kd.pipeline import inputs as inp
-from kd.pipeline.backends import runtime as backends
+from kd.pipeline.backends import loading
 from kd.pipeline.engines import local as local_engine
 from kd.pipeline.engines import ray_pool as ray_engine
 from kd.pipeline.engines.plan import ShardPlan, writer_rank
@@ -168,7 +168,7 @@ def _load_teachers(job: PrecomputeJob, existing: Manifest | None) -> list[Teache
     load = job.load_options()
     if job.engine == "ray":
         load = ray_engine.driver_load(load)
-    return [backends.load(t, **load, stored=stored_backend(existing, t.name)) for t in job.specs]
+    return [loading.load(t, **load, stored=stored_backend(existing, t.name)) for t in job.specs]
 
 
 def check_same_tokenizers(store: Store, teachers: list[Teacher], where: str) -> None:

@@ -1,6 +1,6 @@
 """The models an evaluation compares, behind one interface: texts in, float32 vectors out.
 
-- teacher: `pipeline.teacher.model.load_teacher` (only `apps` may load a teacher), one output column;
+- teacher: `pipeline.backends.loading.load_teacher` (only `apps` may load a teacher), one output column;
 - student: `student.load(dir)`;
 - baseline: a model2vec static model distilled from the teacher, when model2vec is importable.
 Models load lazily, so a teacher whose numbers all come from the store is never loaded.
@@ -23,7 +23,7 @@ from kd.apps.eval.speed import SizeResult, model_size
 from kd.common.cache import cache_dir
 from kd.common.errors import InputError
 from kd.common.inputs import require_regular_file
-from kd.pipeline.teacher.model import load_teacher
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher
 
 EncodeFn = Callable[[list[str]], np.ndarray]

@@ -1,4 +1,5 @@
-"""Teacher backends for `kd precompute --backend torch|onnx|openvino --quantize none|int8`.
+"""Teacher backends for `kd precompute --backend torch|onnx|openvino --quantize none|int8`: the graphs, their
+runners, export cache and fidelity check (a reference is loaded onto one by pipeline/backends/loading.py).
 
 A backend replaces only the encoder's forward pass: (input_ids, attention_mask[, token_type_ids]) -> every
 hidden state (embeddings first) [+ the classification head's logits]. Pooling (cls, mean, layers, sentence)
@@ -25,8 +26,6 @@ stays in `Teacher.forward`, in fp32, so every backend pools identically.
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib.util
 import json
 import os
 import shutil
@@ -42,14 +41,12 @@ import numpy as np
 
 from kd.common.cache import cache_dir
 from kd.common.errors import InputError, KdError
-from kd.common.hardware import default_threads, device_kind, native_bf16, native_int8
+from kd.common.hardware import default_threads, native_bf16, native_int8
 from kd.common.progress import step
-from kd.pipeline.backends import choice as backend_choice
-from kd.pipeline.backends import fidelity_cache, signal_stack
+from kd.pipeline.backends import signal_stack
 from kd.pipeline.backends.calibration import FIDELITY_ROWS, fidelity_sentences
 from kd.pipeline.teacher.batches import encode_all
-from kd.pipeline.teacher.model import Precision, Teacher, described, load_teacher, weights_sha256
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, resolve_teacher
+from kd.pipeline.teacher.model import Precision, Teacher
 from kd.storage import fs
 
 
@@ -77,7 +74,7 @@ THRESHOLDS = {"float32": 0.999, "bfloat16": 0.99, "int8": 0.98}
 # model is off on every row.
 SAME_MODEL_FLOOR = 0.5
 CLEAR_CACHE = "delete {folder} (the next run exports the teacher again), or point KD_CACHE at another folder"
-_EXTRA = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
+EXTRAS = {Backend.onnx: ("onnxruntime", "onnx"), Backend.openvino: ("openvino", "openvino")}
 
 
 def parse(backend: str | Backend, quantize: str | Quantize) -> tuple[Backend, Quantize]:
@@ -125,7 +122,7 @@ def check_options(backend: str | Backend, quantize: str | Quantize, precision: s
 
 
 def _require(b: Backend) -> Any:
-    module, extra = _EXTRA[b]
+    module, extra = EXTRAS[b]
     try:
         return __import__(module)
     except ImportError:
@@ -137,111 +134,14 @@ def _ort():
     return _require(Backend.onnx)
 
 
-def load(spec: str | TeacherSpec | TeacherRef, backend: str | Backend = Backend.torch,
-         quantize: str | Quantize = Quantize.none, *,
-         device: str | None = None, precision: str | Precision = Precision.auto, max_length: int | None = None,
-         threads: int | None = None, allow_low_fidelity: bool = False, engine: str = "local",
-         stored: str | None = None) -> Teacher:
-    """A teacher whose forward pass runs on `backend`; the torch backend is plain `load_teacher`; `auto` is
-    resolved by `backend_choice.choose` (`stored`: the backend the store holds this teacher with)."""
-    b, q = check_options(backend, quantize, precision, device)
-    ref = resolve_teacher(spec)  # once: the auto choice's retries and the torch fallback load this ref
-    if b is Backend.auto:
-        return _load_auto(ref, q, device, Precision(precision), max_length, threads, allow_low_fidelity, engine,
-                          stored)
-    if b is Backend.torch:
-        return load_teacher(ref, device, Precision(precision), max_length)
-    sha = weights_sha256(ref.path)
-    compute = _backend_precision(b, Precision(precision))
-    teacher = _from_cache(ref, sha, b, q, compute, max_length, threads, device)
-    if teacher is None:
-        # The torch model stays on the CPU in fp32: the fidelity reference, the export source, and what copies
-        # weights (input embeddings, init layers).
-        teacher = load_teacher(ref, "cpu", Precision.fp32, max_length)
-        teacher._sha = sha
-        # padded, truncated calls leave their settings in a fast tokenizer, and the store saves its files: the
-        # untouched copy is kept, so a measured and a cached run write the same tokenizer.json
-        clean = copy.deepcopy(teacher.tokenizer)
-        folder = exported(teacher, b, q)
-        runner = _open(folder, b, q, compute, threads, device)
-        teacher.backend = runner
-        with step(f"checking {teacher.name} on {b.value} against torch ({FIDELITY_ROWS} sentences)"):
-            runner.fidelity = _measure(teacher, folder)
-        teacher.tokenizer = clean
-        fidelity_cache.write(folder, _cache_key(folder, ref, sha, b, q, compute, max_length), teacher, runner.fidelity)
-    check_fidelity(teacher, allow_low_fidelity)
-    return teacher
-
-
-def _load_auto(ref: TeacherRef, q: Quantize, device: str | None, p: Precision, max_length: int | None,
-               threads: int | None, allow_low_fidelity: bool, engine: str, stored: str | None) -> Teacher:
-    """The backend `backend_choice.choose` picks; torch instead when that one fails its fidelity check."""
-    # --engine ray: the driver's copy runs on its CPU, and its choice is what CPU workers get (ray_engine.auto_choices)
-    kind = "cuda" if engine == "local" and device_kind(device) == "cuda" else "cpu"
-    choice = backend_choice.choose(kind, p.value, q.value, backend_choice.installed(), stored=stored)
-    options = dict(device=device, precision=p, max_length=max_length, threads=threads)
-    try:
-        teacher = load(ref, choice.backend, choice.quantize, allow_low_fidelity=allow_low_fidelity, **options)
-    except LowFidelity as e:
-        if stored is not None:  # the store holds this backend: switching would mix two in one table
-            raise
-        choice = backend_choice.fallback(choice, e.what)
-        teacher = load(ref, Backend.torch, Quantize.none, **options)
-    teacher.choice = choice.record()
-    return teacher
-
-
-def load_decided(spec: TeacherSpec, record: dict, *, where: str, device: str | None = None,
-                 precision: str | Precision = Precision.auto, max_length: int | None = None,
-                 threads: int | None = None, allow_low_fidelity: bool = False) -> Teacher:
-    """A teacher on the backend an auto decision taken elsewhere named (`record`: `Choice.record()`; the Ray
-    driver decides once for every worker). Never another backend: one this process cannot run is an error
-    naming `where` (this worker), so a node without OpenVINO cannot write a table with torch's vectors."""
-    backend, quantize = record["backend"], record["quantize"]
-    module = backend_choice.RUNTIMES.get(backend)
-    if module is not None and importlib.util.find_spec(module) is None:
-        raise KdError(f"--backend auto chose {backend} for every Ray worker ({record['reason']}), but {module} is "
-                      f"not installed on {where}", "--engine ray --backend auto",
-                      f"pip install 'kd[{_EXTRA[Backend(backend)][1]}]' on every Ray node, or pass --backend torch")
-    teacher = load(spec, backend, quantize, device=device, precision=precision, max_length=max_length,
-                   threads=threads, allow_low_fidelity=allow_low_fidelity)
-    teacher.choice = dict(record)
-    return teacher
-
-
-def _cache_key(folder: Path, ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str,
-               max_length: int | None) -> dict:
-    spec = json.loads((folder / SPEC).read_text(encoding="utf-8"))
-    return fidelity_cache.key(ref.path, sha, spec["files"][spec["file"]], b.value, q.value, compute, max_length)
-
-
-def _from_cache(ref: TeacherRef, sha: str, b: Backend, q: Quantize, compute: str, max_length: int | None,
-                threads: int | None, device: str | None) -> Teacher | None:
-    """The teacher without its torch model, when the export cache holds a sound graph and a fidelity measured
-    for exactly these weights, graph, precision and CPU (pipeline/backends/fidelity_cache.py); else None."""
-    folder = cache_folder(sha, b, q)
-    if not _sound(folder, _want(sha, b, q)):
-        return None
-    rec = fidelity_cache.read(folder, _cache_key(folder, ref, sha, b, q, compute, max_length))
-    if rec is None:
-        return None
-    fast, tok_folder = fidelity_cache.fast_tokenizer(folder, rec)
-    teacher = described(ref, rec["teacher"], architecture=rec["architecture"], embedding=rec.get("embedding"),
-                        fast=fast, tokenizer_folder=str(tok_folder))
-    teacher._sha = sha
-    teacher.backend = _open(folder, b, q, compute, threads, device)
-    teacher.backend.fidelity = rec["fidelity"]
-    return teacher
-
-
-def _open(folder: Path, b: Backend, q: Quantize, compute: str, threads: int | None, device: str | None) -> Runner:
+def open_runner(folder: Path, b: Backend, q: Quantize, compute: str, threads: int | None, device: str | None) -> Runner:
     """The runner of a cached graph; a cache damaged past its checksums (or a runtime that cannot read it) is an
     error naming the folder."""
     return _guarded(folder, lambda: (OnnxRunner if b is Backend.onnx else OpenVinoRunner)(
         folder, q, compute, threads or default_threads(), device))
 
 
-def _measure(teacher: Teacher, folder: Path) -> dict:
+def measure_fidelity(teacher: Teacher, folder: Path) -> dict:
     return _guarded(folder, lambda: fidelity(teacher))
 
 
@@ -255,7 +155,7 @@ def _guarded(folder: Path, call: Callable[[], Any]) -> Any:
                       CLEAR_CACHE.format(folder=folder)) from e
 
 
-def _backend_precision(b: Backend, p: Precision) -> str:
+def backend_precision(b: Backend, p: Precision) -> str:
     if b is Backend.openvino and (p is Precision.bf16 or (p is Precision.auto and native_bf16())):
         return "bfloat16"  # as torch: bf16 where the CPU has it natively (KD_CPU_BF16 overrides)
     return "float32"
@@ -356,6 +256,13 @@ def int8_method(b: Backend, q: Quantize) -> str | None:
 def cache_folder(sha: str, b: Backend, q: Quantize) -> Path:
     method = int8_method(b, q)
     return cache_dir() / "teachers" / (f"{sha}-{b.value}-{q.value}" + (f"-{method}" if method else ""))
+
+
+def sound_cache(sha: str, b: Backend, q: Quantize) -> Path | None:
+    """The cache folder of these weights' graph on `b`, when it holds a sound one (every file as recorded); else
+    None."""
+    folder = cache_folder(sha, b, q)
+    return folder if _sound(folder, _want(sha, b, q)) else None
 
 
 def _want(sha: str, b: Backend, q: Quantize) -> dict:

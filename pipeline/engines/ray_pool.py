@@ -60,7 +60,7 @@ from kd.common.errors import InputError, KdError, StoreError
 from kd.common.progress import Bar, showing
 from kd.common.stop import Stopped, StopRequest
 from kd.pipeline.backends import choice as backend_choice
-from kd.pipeline.backends import runtime as backends
+from kd.pipeline.backends import loading
 from kd.pipeline.engines.plan import Unit, UnitPlan, plan_units
 from kd.pipeline.engines.shards import (
     PrecomputeSummary,
@@ -215,9 +215,9 @@ def load_unit_teacher(spec: TeacherSpec, name: str, load: dict) -> Any:
     choices = load.pop("choices", None)
     with showing(False):  # every worker loading at once would repeat the driver's step lines
         if choices is None:
-            return backends.load(spec, **load)
+            return loading.load(spec, **load)
         options = {k: load[k] for k in ("device", "precision", "max_length", "threads", "allow_low_fidelity")}
-        return backends.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}",
+        return loading.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}",
                                      **options)
 
 

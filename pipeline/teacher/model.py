@@ -23,18 +23,15 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from safetensors import SafetensorError
 
 from kd.common.attention import varying_shape_attention
-from kd.common.bert_config import SIZES, size_problem
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer
-from kd.common.hardware import native_bf16, resolve_device
-from kd.common.parsing import check_model_folder, read_config
-from kd.common.progress import step
+from kd.common.hardware import native_bf16
+from kd.common.parsing import read_config
 from kd.common.quiet import hush_libraries
 from kd.pipeline.teacher.batches import encode_all
-from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, recorded_source, resolve_teacher
+from kd.pipeline.teacher.resolve import TeacherRef, recorded_source
 from kd.storage.tokenizer_files import load_tokenizer
 
 if TYPE_CHECKING:  # torch is imported where a torch model runs: a warm exported backend never loads it
@@ -231,8 +228,9 @@ class Teacher:
         return self.tokenizer
 
     def description(self) -> dict:
-        """What the teacher derives from its config and tokenizer (`_teacher`), which `described` makes it from again
-        without either (the export cache's record: pipeline/backends/fidelity_cache.py)."""
+        """What the teacher derives from its config and tokenizer (pipeline/backends/loading.py's `_teacher`), which
+        `loading.described` makes it from again without either (the export cache's record:
+        pipeline/backends/fidelity_cache.py)."""
         return {"model_type": self.model_type, "num_layers": self.num_layers, "dim": self.dim,
                 "has_head": self.has_head, "label_names": self.label_names, "max_length": self.max_length}
 
@@ -408,93 +406,3 @@ def from_checkpoint(has_head: bool, path: str) -> torch.nn.Module:
                       f"{', '.join(missing[:3])}); transformers would fill them with random values", path,
                       "point --teacher at the whole checkpoint as it was saved (copy or download it again)")
     return model.eval()
-
-
-def load_teacher(spec: str | TeacherSpec | TeacherRef, device: str | None = None, precision: Precision = Precision.fp32,
-                 max_length: int | None = None) -> Teacher:
-    """Load a teacher from an alias, a directory, or a NAME=PATH spec. The library default is fp32 (eval,
-    search and benchmarks measure the reference model); `kd precompute` defaults to `auto`."""
-    ref = resolve_teacher(spec)
-    dev = resolve_device(device)
-    cfg = _config(ref)
-    try:
-        with step(f"loading teacher {ref.name}"):
-            model = from_checkpoint(_has_head(cfg), ref.path).to(dev)
-    # RuntimeError: weights of other shapes than config.json says; SafetensorError: a weights file that is not one;
-    # KeyError: a config value transformers looks up in its own tables (`hidden_act = "os.system"`: the sixth probe)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
-        raise KdError(f"cannot load the teacher checkpoint ({' '.join(str(e).split())[:300]})", ref.path,
-                      "the directory must hold a Hugging Face model and its tokenizer files") from e
-    dtype = resolve_precision(Precision(precision), dev)
-    cast = cast_weights(dev, dtype)
-    if cast:
-        model.to(dtype)
-    architecture = (cfg.architectures or [type(model).__name__])[0]
-    return _teacher(ref, cfg, model, architecture, dev, dtype, max_length, weights_cast=cast)
-
-
-def _config(ref: TeacherRef) -> Any:
-    """The checkpoint's config (every backend reads it first): a junk or unknown one is kd's error, naming the file;
-    so is a size out of `common.bert_config.SIZES`, before any layer is built ("num_hidden_layers": 1e9 never
-    returned: issue 48's third probe)."""
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoConfig
-
-    where = os.path.join(ref.path, "config.json")
-    check_model_folder(ref.path, "point --teacher at the checkpoint folder as it was saved (copy or download it "
-                       "again)")
-    try:
-        cfg = AutoConfig.from_pretrained(ref.path)
-    # not JSON, a model_type this transformers does not know, a field of the wrong type (transformers' typed configs)
-    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
-        raise KdError(f"the teacher's config.json cannot be read ({' '.join(str(e).split())[:200]})", where,
-                      "point --teacher at a Hugging Face checkpoint folder with a valid config.json") from e
-    for key in SIZES:
-        value = getattr(cfg, key, None)  # a size a model type does not have is no problem
-        problem = size_problem(key, value) if value is not None else None
-        if problem:
-            raise KdError(f"the teacher's config.json's {problem}", where,
-                          "point --teacher at the checkpoint as it was saved (its config.json is damaged)")
-    return cfg
-
-
-def _check_vocab(tok: Any, cfg: Any, where: str) -> None:
-    """A tokenizer of far fewer tokens than the model's embedding table is not the model's: transformers builds one
-    from the special tokens alone when the vocabulary files are missing or unreadable (5 tokens, every word [UNK]).
-    Half leaves room for tables padded past the vocabulary (T5: 32,100 tokens, 32,128 rows)."""
-    size = getattr(cfg, "vocab_size", None)
-    if isinstance(size, int) and len(tok) < size // 2:
-        raise KdError(f"the teacher's tokenizer knows {len(tok):,} tokens, its model {size:,} (config.json "
-                      "vocab_size): the tokenizer files are missing or damaged (tokenizer.json, vocab.txt)", where,
-                      "copy or download the checkpoint again, tokenizer files included")
-
-
-def described(ref: TeacherRef, description: dict, **extra: Any) -> Teacher:
-    """The teacher `Teacher.description()` describes, with neither its model nor transformers' tokenizer: an exported
-    backend runs it (`extra`: its architecture, embedding source and tokenizers, from the same record)."""
-    d = description
-    return Teacher(ref, None, None, d["has_head"], read_st_pooling(ref.path), d["max_length"], None, None,
-                   d["label_names"], d["num_layers"], d["dim"], model_type=d["model_type"], **extra)
-
-
-def _has_head(cfg: Any) -> bool:
-    return any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
-
-
-def _teacher(ref: TeacherRef, cfg: Any, model: torch.nn.Module | None, architecture: str, dev: torch.device,
-             dtype: torch.dtype | None, max_length: int | None, **extra: Any) -> Teacher:
-    """A Teacher from the checkpoint's config and tokenizer (max length: the tokenizer's, the position
-    embeddings' and sentence-transformers' limits, then --max-length)."""
-
-    tok = load_tokenizer(ref.path, "the directory must hold the teacher's tokenizer files, undamaged: copy or "
-                         "download the checkpoint again")
-    _check_vocab(tok, cfg, ref.path)
-    st = read_st_pooling(ref.path)
-    limit = min(x for x in (tok.model_max_length, getattr(cfg, "max_position_embeddings", 512), 8192) if x)
-    if st and st.max_seq_length:
-        limit = min(limit, st.max_seq_length)
-    has_head = _has_head(cfg)
-    labels = [cfg.id2label[i] for i in range(cfg.num_labels)] if has_head else None
-    return Teacher(ref, model, tok, has_head, st, min(max_length or limit, limit), dev, dtype, labels,
-                   cfg.num_hidden_layers, cfg.hidden_size, config=cfg, architecture=architecture,
-                   model_type=cfg.model_type, fast=FastTokenizer.from_transformers(tok, ref.path), **extra)

@@ -142,12 +142,12 @@ def test_a_recipe_s_layers_and_models_are_checked_before_any_model_loads(case, t
     """The layers a recipe names exist in its 2-layer start model and its model folders exist: found before any
     model loads, in a dry run and a run alike (issue 48's probe: after the models' load and timing, up to 2 min,
     naming a temporary folder); a refused run leaves no --out behind."""
-    from kd.pipeline.teacher import model as teacher
+    from kd.pipeline.backends import loading
 
     def no_load(*a, **kw):
         raise AssertionError("a model was loaded before the recipe was checked")
 
-    monkeypatch.setattr(teacher, "load_teacher", no_load)
+    monkeypatch.setattr(loading, "load_teacher", no_load)
     stages, start, outputs = STAGES.format(steps=3), tiny_teacher, ""
     where, said = {
         "keep_layers": ("[outputs] keep_layers", "layers are numbered 0..1 (the model has 2 layers)"),

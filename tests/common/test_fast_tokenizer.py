@@ -9,8 +9,8 @@ import pytest
 from kd.common.errors import KdError
 from kd.common.fast_tokenizer import FastTokenizer, TokenizerSettings
 from kd.pipeline.backends.calibration import fidelity_sentences
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.teacher.batches import _tokenize
-from kd.pipeline.teacher.model import load_teacher
 from kd.pipeline.teacher.resolve import resolve_teacher
 from kd.storage.tokenizer_files import load_tokenizer
 

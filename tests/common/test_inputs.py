@@ -146,8 +146,9 @@ def test_default_budget_is_cache_sized_on_cpu_and_large_on_gpu(tiny_teacher, sen
     from types import SimpleNamespace
 
     from kd.common.token_batches import CPU_BATCH_TOKENS, GPU_BATCH_TOKENS, default_batch_tokens
+    from kd.pipeline.backends.loading import load_teacher
     from kd.pipeline.teacher.batches import _compute_device, encode_all
-    from kd.pipeline.teacher.model import Output, load_teacher
+    from kd.pipeline.teacher.model import Output
 
     assert default_batch_tokens("cpu") == CPU_BATCH_TOKENS < GPU_BATCH_TOKENS == default_batch_tokens("cuda")
     teacher = load_teacher(str(tiny_teacher), "cpu")

@@ -23,7 +23,7 @@ import kd.student
 from kd.cli import app
 from kd.common.errors import InputError, KdError
 from kd.common.inputs import MAX_TEXT_BYTES, ColumnSpec, expand_inputs, read_inputs
-from kd.pipeline.backends import runtime as backends
+from kd.pipeline.backends import loading
 
 
 def _precompute(*args: str):
@@ -36,7 +36,7 @@ def no_teacher(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("a teacher was loaded before the refusal")
 
-    monkeypatch.setattr(backends, "load", load)
+    monkeypatch.setattr(loading, "load", load)
 
 
 # --- 1. a .txt with old Mac line ends (a lone \r) is read line by line --------------------------------------

@@ -24,6 +24,7 @@ from kd.cli import app
 from kd.common import hardware
 from kd.common.errors import KdError
 from kd.pipeline.backends import choice as backend_choice
+from kd.pipeline.backends import loading
 from kd.pipeline.backends import runtime as backends
 from kd.pipeline.backends.calibration import fidelity_sentences
 from kd.pipeline.backends.choice import choose
@@ -83,7 +84,7 @@ def test_installed_looks_modules_up_without_importing_them(monkeypatch):
 def test_auto_without_openvino_runs_torch(tiny_teacher, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
-    t = backends.load(str(tiny_teacher), "auto", device="cpu", precision="fp32")
+    t = loading.load(str(tiny_teacher), "auto", device="cpu", precision="fp32")
     assert t.backend is None and t.choice["backend"] == "torch" and "without OpenVINO" in t.choice["reason"]
     assert t.meta([], "float32")["backend_choice"] == t.choice
 
@@ -93,9 +94,9 @@ def test_auto_on_cuda_runs_torch(tiny_teacher, monkeypatch):
     asked = []
     monkeypatch.setattr(hardware, "GPU_DEVICE_NODES", ("/",))  # a GPU device node "exists": torch is asked
     monkeypatch.setattr(hardware, "resolve_device", lambda device=None: torch.device("cuda"))
-    monkeypatch.setattr(backends, "load_teacher", lambda spec, device, p, n: asked.append(device) or
+    monkeypatch.setattr(loading, "load_teacher", lambda spec, device, p, n: asked.append(device) or
                         types.SimpleNamespace(backend=None, choice=None))
-    t = backends.load(str(tiny_teacher), "auto")
+    t = loading.load(str(tiny_teacher), "auto")
     assert asked == [None] and t.choice["backend"] == "torch" and "CUDA" in t.choice["reason"]
 
 
@@ -135,8 +136,8 @@ def test_auto_falls_back_to_torch_when_fidelity_fails_and_explicit_is_refused(ti
     _needs_openvino()
     monkeypatch.setitem(backends.THRESHOLDS, "float32", 1.5)  # nothing reaches it
     with pytest.raises(backends.LowFidelity, match="departs from torch fp32"):
-        backends.load(str(tiny_teacher), "openvino", precision="fp32")
-    t = backends.load(str(tiny_teacher), "auto", device="cpu", precision="fp32")
+        loading.load(str(tiny_teacher), "openvino", precision="fp32")
+    t = loading.load(str(tiny_teacher), "auto", device="cpu", precision="fp32")
     assert t.backend is None and t.choice["backend"] == "torch"
     assert "openvino none failed the fidelity check" in t.choice["reason"] and "min cosine" in t.choice["reason"]
     assert backend_details(t.meta([], "float32")).startswith(" torch float32; auto: openvino none failed")
@@ -167,16 +168,16 @@ def _no_torch_teacher(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("the torch teacher was loaded")
 
-    monkeypatch.setattr(backends, "load_teacher", refuse)
+    monkeypatch.setattr(loading, "load_teacher", refuse)
 
 
 def test_a_cached_fidelity_skips_the_torch_teacher(tiny_teacher, monkeypatch):
     _needs_openvino()
-    first = backends.load(str(tiny_teacher), "openvino", precision="fp32")
+    first = loading.load(str(tiny_teacher), "openvino", precision="fp32")
     want = first.encode(TEXTS)
     emb = input_embeddings(first)
     _no_torch_teacher(monkeypatch)
-    again = backends.load(str(tiny_teacher), "openvino", precision="fp32")
+    again = loading.load(str(tiny_teacher), "openvino", precision="fp32")
     assert again.model is None and again.backend.fidelity == first.backend.fidelity
     assert again.meta([], "float32") == first.meta([], "float32")
     got = again.encode(TEXTS)
@@ -191,19 +192,19 @@ def test_a_cached_fidelity_for_other_weights_or_another_cpu_is_not_used(tiny_tea
 
     _needs_openvino()
     other = build_tiny_bert(tmp_path / "other", seed=7)
-    a = backends.load(str(tiny_teacher), "openvino", precision="fp32")
-    b = backends.load(str(other), "openvino", precision="fp32")
+    a = loading.load(str(tiny_teacher), "openvino", precision="fp32")
+    b = loading.load(str(other), "openvino", precision="fp32")
     rec_a, rec_b = (next(t.backend.folder.glob("fidelity-*.json")) for t in (a, b))
     rec_b.write_text(rec_a.read_text())  # a's record in b's place: keyed by a's weights
-    load_teacher = backends.load_teacher
+    load_teacher = loading.load_teacher
     _no_torch_teacher(monkeypatch)
     with pytest.raises(AssertionError, match="torch teacher was loaded"):
-        backends.load(str(other), "openvino", precision="fp32")
+        loading.load(str(other), "openvino", precision="fp32")
     monkeypatch.setattr(hardware, "cpu_signature", lambda: "another-cpu")
     with pytest.raises(AssertionError, match="torch teacher was loaded"):
-        backends.load(str(tiny_teacher), "openvino", precision="fp32")
-    monkeypatch.setattr(backends, "load_teacher", load_teacher)
-    backends.load(str(tiny_teacher), "openvino", precision="fp32")  # measured again, recorded beside the first
+        loading.load(str(tiny_teacher), "openvino", precision="fp32")
+    monkeypatch.setattr(loading, "load_teacher", load_teacher)
+    loading.load(str(tiny_teacher), "openvino", precision="fp32")  # measured again, recorded beside the first
     assert len(list(a.backend.folder.glob("fidelity-*.json"))) == 2
 
 
@@ -251,16 +252,16 @@ def test_an_edited_checkpoint_tokenizer_or_a_damaged_recorded_one_is_measured_ag
 
     _needs_openvino()
     ckpt = build_tiny_bert(tmp_path / "ckpt", seed=3)
-    first = backends.load(str(ckpt), "openvino", precision="fp32")
-    load_teacher = backends.load_teacher
+    first = loading.load(str(ckpt), "openvino", precision="fp32")
+    load_teacher = loading.load_teacher
     _no_torch_teacher(monkeypatch)
-    assert backends.load(str(ckpt), "openvino", precision="fp32").model is None  # warm: the record serves
+    assert loading.load(str(ckpt), "openvino", precision="fp32").model is None  # warm: the record serves
     config = json.loads((ckpt / "tokenizer_config.json").read_text())
     (ckpt / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 32}))
     with pytest.raises(AssertionError, match="torch teacher was loaded"):  # weights unchanged, tokenizer not
-        backends.load(str(ckpt), "openvino", precision="fp32")
-    monkeypatch.setattr(backends, "load_teacher", load_teacher)
-    again = backends.load(str(ckpt), "openvino", precision="fp32")
+        loading.load(str(ckpt), "openvino", precision="fp32")
+    monkeypatch.setattr(loading, "load_teacher", load_teacher)
+    again = loading.load(str(ckpt), "openvino", precision="fp32")
     assert again.max_length == 32 != first.max_length
     _no_torch_teacher(monkeypatch)
     folder = next(p for p in first.backend.folder.iterdir() if p.name.startswith("tokenizer-")
@@ -268,7 +269,7 @@ def test_an_edited_checkpoint_tokenizer_or_a_damaged_recorded_one_is_measured_ag
     with open(folder / "tokenizer.json", "a") as f:
         f.write(" ")  # one byte more: its sha256 no longer matches the record's
     with pytest.raises(AssertionError, match="torch teacher was loaded"):
-        backends.load(str(ckpt), "openvino", precision="fp32")
+        loading.load(str(ckpt), "openvino", precision="fp32")
     shutil.rmtree(folder)
     with pytest.raises(AssertionError, match="torch teacher was loaded"):
-        backends.load(str(ckpt), "openvino", precision="fp32")
+        loading.load(str(ckpt), "openvino", precision="fp32")

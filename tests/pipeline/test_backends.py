@@ -25,10 +25,11 @@ from typer.testing import CliRunner
 from kd.cli import app
 from kd.common.errors import InputError, KdError, StoreError
 from kd.pipeline.backends import export as graph_export
+from kd.pipeline.backends import loading
 from kd.pipeline.backends import runtime as backends
 from kd.pipeline.backends.calibration import CALIBRATION_ROWS
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.backends.runtime import Backend, Quantize
-from kd.pipeline.teacher.model import load_teacher
 from kd.storage.info import summary_table
 from kd.storage.manifest import Manifest, merge, same_settings
 
@@ -69,7 +70,7 @@ def test_outputs_match_torch_fp32(cache, tiny_teacher, tiny_cross_encoder, b, q,
     path = str(tiny_teacher if which == "encoder" else tiny_cross_encoder)
     texts = TEXTS if which == "encoder" else list(zip(TEXTS, TEXTS[::-1]))
     ref = load_teacher(path, "cpu").encode(texts)
-    t = backends.load(path, b, q, precision="fp32")
+    t = loading.load(path, b, q, precision="fp32")
     got = t.encode(texts)
     assert sorted(got) == sorted(ref) and t.backend.backend is b
     for col in ref:
@@ -127,13 +128,13 @@ def test_openvino_int8_recipe_follows_the_cpu_and_is_a_setting(cache, tiny_teach
     from kd.pipeline.precompute import precompute
 
     monkeypatch.setenv("KD_CPU_INT8", "1")
-    static = backends.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
+    static = loading.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
     recipe = static.meta()["int8_recipe"]
     assert recipe["method"] == "static" and recipe["calibration_rows"] == CALIBRATION_ROWS
     assert recipe["fp32_matmuls"] == 2 * 2  # Q.K^T and probabilities.V in each of the tiny BERT's 2 layers
     assert static.folder.name.endswith("-openvino-int8-static")
     monkeypatch.setenv("KD_CPU_INT8", "0")
-    weights = backends.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
+    weights = loading.load(str(tiny_teacher), "openvino", "int8", precision="fp32").backend
     assert weights.meta()["int8_recipe"] == {"method": "weights"}
     assert weights.folder != static.folder and static.folder.exists()
     assert not same_settings(static.meta(), weights.meta())
@@ -181,18 +182,18 @@ def test_the_export_is_cached_and_a_damaged_cache_is_rebuilt(tmp_path, tiny_teac
     _needs(Backend.onnx)
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
     calls = _count_exports(monkeypatch)
-    first = backends.load(str(tiny_teacher), "onnx")
+    first = loading.load(str(tiny_teacher), "onnx")
     folder = first.backend.folder
     assert folder.parent == tmp_path / "cache" / "teachers" and folder.name.endswith("-onnx-none")
     assert len(calls) == 1 and not [p for p in folder.parent.iterdir() if p.name.startswith(".tmp-")]
-    backends.load(str(tiny_teacher), "onnx")
+    loading.load(str(tiny_teacher), "onnx")
     assert len(calls) == 1  # reused
     model = folder / "model.onnx"
     model.write_bytes(model.read_bytes()[:1000])  # truncated (a damaged disk, a hand copy cut short)
-    again = backends.load(str(tiny_teacher), "onnx")
+    again = loading.load(str(tiny_teacher), "onnx")
     assert len(calls) == 2 and again.backend.folder == folder and model.stat().st_size > 1000
     (folder / backends.SPEC).unlink()  # a folder without its record (half copied by hand)
-    backends.load(str(tiny_teacher), "onnx")
+    loading.load(str(tiny_teacher), "onnx")
     assert len(calls) == 3 and (folder / backends.SPEC).is_file()
 
 
@@ -210,7 +211,7 @@ def test_the_tracing_exporter_is_preferred_and_dynamo_takes_over_where_it_is_gon
         return real(*a, dynamo=dynamo, **kw)
 
     monkeypatch.setattr(graph_export.torch.onnx, "export", export)
-    t = backends.load(str(tiny_teacher), "onnx")
+    t = loading.load(str(tiny_teacher), "onnx")
     spec = json.loads((t.backend.folder / backends.SPEC).read_text())
     assert seen == ([False, True] if legacy_gone else [False])
     assert spec["versions"]["exporter"] == ("dynamo" if legacy_gone else "torchscript")
@@ -233,14 +234,14 @@ def test_a_killed_export_leaves_no_cache_and_its_temp_folder_is_removed_later(tm
 
     monkeypatch.setattr(backends, "_export", killed)
     with pytest.raises(KeyboardInterrupt):
-        backends.load(str(tiny_teacher), "onnx")
+        loading.load(str(tiny_teacher), "onnx")
     teachers = tmp_path / "cache" / "teachers"
     assert list(teachers.iterdir()) == []  # nothing published (the temp folder was removed on the way out)
     stale = teachers / ".tmp-abc-onnx-none-x"  # what a SIGKILL leaves
     stale.mkdir()
     os.utime(stale, (time.time() - 7200,) * 2)
     monkeypatch.setattr(backends, "_export", real)
-    t = backends.load(str(tiny_teacher), "onnx")
+    t = loading.load(str(tiny_teacher), "onnx")
     assert sorted(p.name for p in teachers.iterdir()) == [t.backend.folder.name]
 
 
@@ -248,9 +249,9 @@ def test_low_fidelity_is_refused_unless_allowed(cache, tmp_path, tiny_teacher, m
     _needs(Backend.onnx)
     monkeypatch.setitem(backends.THRESHOLDS, "float32", 1.5)  # nothing reaches it
     with pytest.raises(KdError, match="departs from torch fp32") as e:
-        backends.load(str(tiny_teacher), "onnx")
+        loading.load(str(tiny_teacher), "onnx")
     assert "--allow-low-fidelity" in e.value.fix
-    t = backends.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
+    t = loading.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
     assert t.backend.fidelity["mean"]["min_cosine"] > 0.999
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -265,12 +266,12 @@ def test_another_models_graph_is_refused_even_with_allow_low_fidelity(cache, tmp
     from conftest import build_tiny_bert
 
     _needs(Backend.onnx)
-    other = backends.load(str(build_tiny_bert(tmp_path / "other-bert", seed=7)), "onnx", allow_low_fidelity=True)
+    other = loading.load(str(build_tiny_bert(tmp_path / "other-bert", seed=7)), "onnx", allow_low_fidelity=True)
     monkeypatch.setattr(backends, "exported", lambda *a: other.backend.folder)  # the swapped graph
     # measured, not read: a recorded fidelity is keyed by the graph's sha256, so a swapped graph finds none
-    monkeypatch.setattr(backends.fidelity_cache, "read", lambda *a: None)
+    monkeypatch.setattr(loading.fidelity_cache, "read", lambda *a: None)
     with pytest.raises(KdError, match="computes another model") as e:
-        backends.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
+        loading.load(str(tiny_teacher), "onnx", allow_low_fidelity=True)
     assert "--allow-low-fidelity does not accept it" in str(e.value) and str(other.backend.folder) in e.value.where
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -342,7 +343,7 @@ def test_a_copy_published_by_another_writer_meanwhile_is_kept(tmp_path, tiny_tea
         return out
 
     monkeypatch.setattr(backends, "_export", racing)
-    t = backends.load(str(tiny_teacher), "onnx")
+    t = loading.load(str(tiny_teacher), "onnx")
     folder, inode = published[0]
     assert t.backend.folder == folder and (folder / backends.SPEC).stat().st_ino == inode  # not replaced
     assert [p.name for p in (tmp_path / "cache" / "teachers").iterdir()] == [folder.name]
@@ -360,7 +361,7 @@ def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
     vnni = native_int8()  # this CPU's own answer, before the override below forces the static recipe
     monkeypatch.setenv("KD_CACHE", str(tmp_path))
     monkeypatch.setenv("KD_CPU_INT8", "1")
-    t = backends.load("minilm", "openvino", "int8", precision="fp32")
+    t = loading.load("minilm", "openvino", "int8", precision="fp32")
     assert t.backend.meta()["int8_recipe"]["fp32_matmuls"] == 12
     fid = t.backend.fidelity
     assert set(fid) == {"cls", "mean", "layers", "sentence"}
@@ -370,7 +371,8 @@ def test_minilm_openvino_static_int8_clears_its_fidelity(tmp_path, monkeypatch):
 CHILD_EXIT_AFTER_OPENVINO = """
 import gc, signal, subprocess, sys
 from kd.pipeline.backends import runtime as backends
-t = backends.load(sys.argv[1], "openvino", sys.argv[2], precision="fp32")
+from kd.pipeline.backends import loading
+t = loading.load(sys.argv[1], "openvino", sys.argv[2], precision="fp32")
 t.encode(["the cat sat on the mat", "a dog"])
 del t
 gc.collect()  # the OpenVINO plugin unloads here
@@ -392,7 +394,7 @@ def test_openvino_leaves_the_threads_signal_stack_usable(cache, tiny_teacher, tm
     from kd.pipeline.backends import signal_stack
 
     before = signal_stack.current()
-    t = backends.load(str(tiny_teacher), "openvino", quantize, precision="fp32")
+    t = loading.load(str(tiny_teacher), "openvino", quantize, precision="fp32")
     t.encode(TEXTS)
     assert signal_stack.current() == before
     env = {**os.environ, "KD_CACHE": str(tmp_path / "fresh-cache"), "PYTHONPATH": os.getcwd()}

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from kd.common.attention import varying_shape_attention
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.engines.local import _ahead
 from kd.pipeline.teacher import batches
-from kd.pipeline.teacher.model import Output, Teacher, load_teacher
+from kd.pipeline.teacher.model import Output, Teacher
 
 
 def test_the_next_item_is_prepared_while_the_caller_works_on_this_one():

@@ -10,8 +10,9 @@ import torch
 from safetensors.numpy import load_file
 
 from kd.common.hardware import native_bf16, native_int8
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.precompute import precompute
-from kd.pipeline.teacher.model import Precision, cast_weights, load_teacher, resolve_precision
+from kd.pipeline.teacher.model import Precision, cast_weights, resolve_precision
 from kd.storage import Store
 from kd.storage.schema import arrow_to_vectors
 from kd.storage.validate import validate

@@ -249,9 +249,9 @@ def test_refuses_other_settings_unless_overwrite(tmp_path, tiny_teacher, sentenc
 def test_a_corpus_without_text_is_refused_before_any_teacher_loads(tmp_path, monkeypatch, suffix, lines):
     """The seventh probe: an empty .jsonl/.csv/.txt was refused ("no text left to encode") only after the teacher
     had loaded (~20 s there; longer for mpnet on a CPU)."""
-    from kd.pipeline.backends import runtime as backends
+    from kd.pipeline.backends import loading
 
-    monkeypatch.setattr(backends, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
     empty = tmp_path / f"e{suffix}"
     empty.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
     r = CliRunner().invoke(app, ["precompute", str(empty), "-t", "minilm", "-o", str(tmp_path / "st")])

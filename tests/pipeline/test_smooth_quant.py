@@ -75,10 +75,11 @@ def test_smoothing_is_exact_in_fp32_and_shrinks_the_int8_error(tmp_path):
 
 
 def test_minilm_int8_is_smoothed_and_clears_its_fidelity(tmp_path, monkeypatch):
+    from kd.pipeline.backends import loading
     from kd.pipeline.backends import runtime as backends
 
     monkeypatch.setenv("KD_CACHE", str(tmp_path))
-    t = backends.load("minilm", "onnx", "int8")
+    t = loading.load("minilm", "onnx", "int8")
     spec = json.loads((t.backend.folder / backends.SPEC).read_text())
     assert spec["smoothing"] == {"method": "smoothquant", "alpha": smooth_quant.ALPHA,
                                  "calibration_rows": CALIBRATION_ROWS, "layer_norms": 12}

@@ -4,17 +4,19 @@ distill run keeps the name a user gave (NAME=FOLDER), which its string-rebuildin
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from package_modules import modules
 
 from kd.apps.distill.config import DistillConfig
 from kd.apps.distill.run import _Run
 from kd.apps.eval.models import teacher_model
 from kd.common.errors import KdError
-from kd.pipeline.backends import runtime as backends
+from kd.pipeline.backends import loading
 from kd.pipeline.job import PrecomputeJob
 from kd.pipeline.teacher import resolve
 from kd.pipeline.teacher.resolve import TeacherRef, TeacherSpec, parse_teacher, resolve_teacher
@@ -91,7 +93,7 @@ def test_teachers_that_are_not_distinct_are_refused_before_any_loads(tmp_path, t
     other = shutil.copytree(tiny_teacher, tmp_path / "other")
     (tmp_path / "link").symlink_to(tiny_teacher)
     text, says = given.format(t=tiny_teacher, o=other, link=tmp_path / "link"), says.format(t=tiny_teacher, o=other)
-    monkeypatch.setattr(backends, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("a teacher loaded"))
     cfg = DistillConfig([str(tmp_path / "c.txt")], str(tmp_path / "run"), student="static", teacher=text,
                         progress=False)
     with pytest.raises(KdError, match=re.escape(says)) as e:
@@ -123,7 +125,7 @@ def test_a_found_teacher_is_not_looked_for_again(tmp_path, tiny_teacher, monkeyp
     monkeypatch.setattr(resolve, "_resolve_path", lambda source, *a: pytest.fail(f"{source} looked for again"))
     job = PrecomputeJob([str(tmp_path / "in.txt")], str(tmp_path / "s"), [ref])
     assert job.specs == (ref,) and job.teachers == (f"tiny={tiny_teacher}",)
-    assert backends.load(job.specs[0], "torch", precision="fp32").ref is ref
+    assert loading.load(job.specs[0], "torch", precision="fp32").ref is ref
 
 
 def test_eval_names_a_teacher_by_the_same_rule(tiny_teacher):
@@ -161,3 +163,38 @@ def test_a_teacher_name_holds_no_dot():
     assert "--teacher m-v2=/data/b" in str(e.value)
     assert parse_teacher("/models/all-MiniLM-L6-v2.1").name == "all-MiniLM-L6-v2-1"
     assert key_parts("m.v2.sentence") == ("m.v2", "sentence") == key_parts(column_key("m.v2", "sentence"))
+
+
+# Who may take a reference in the teacher's rooms: its parse and search (resolve), its load on any backend (loading),
+# and `kd finetune-teacher`, whose --base is its own command's edge.
+REFERENCE_TAKERS = {"kd.pipeline.teacher.resolve", "kd.pipeline.backends.loading", "kd.pipeline.teacher.finetune"}
+
+
+def reference_takers(tree: ast.AST) -> list[str]:
+    """The functions of `tree` that take a TeacherSpec or TeacherRef argument or call resolve_teacher."""
+    found = []
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+        annotated = any(a.annotation is not None and re.search(r"\bTeacher(Spec|Ref)\b", ast.unparse(a.annotation))
+                        for a in args)
+        calls = any(isinstance(c, ast.Call) and ast.unparse(c.func).endswith("resolve_teacher") for c in ast.walk(fn))
+        if annotated or calls:
+            found.append(fn.name)
+    return found
+
+
+def test_past_its_parse_a_reference_is_loaded_in_one_module():
+    """Issue 52: the teacher's own code (model.py: outputs, pooling, digests) and the graphs' (runtime, export,
+    fidelity cache) take a folder or a loaded Teacher; a reference becomes one in pipeline/backends/loading.py alone
+    (a `kd distill --teacher` trace touched the model and the runtime both, each resolving the text again)."""
+    rooms = {n: f for n, f in modules().items() if n.startswith(("kd.pipeline.teacher.", "kd.pipeline.backends."))}
+    assert set(REFERENCE_TAKERS) <= set(rooms) and len(rooms) > 10
+    wrong = {n: takers for n, f in rooms.items() if n not in REFERENCE_TAKERS
+             if (takers := reference_takers(ast.parse(f.read_text(encoding="utf-8"))))}
+    assert not wrong, f"these take a teacher reference; load it with pipeline/backends/loading.py: {wrong}"
+
+
+def test_the_reference_check_sees_an_argument_and_a_resolve():
+    tree = ast.parse("def a(ref: TeacherRef, n: int): pass\ndef b(x: 'str | TeacherSpec'): pass\n"
+                     "def c(p): return resolve.resolve_teacher(p)\ndef d(p: str, t: Teacher): pass\n")
+    assert reference_takers(tree) == ["a", "b", "c"]

@@ -211,23 +211,24 @@ def _needs_onnx() -> None:
 
 
 def test_a_cache_that_is_a_file_is_a_clear_error(tmp_path, tiny_teacher, monkeypatch):
-    from kd.pipeline.backends import runtime as backends
+    from kd.pipeline.backends import loading
 
     _needs_onnx()
     (tmp_path / "cache").write_text("not a folder")
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
     with pytest.raises(KdError, match="export cache cannot be written") as e:
-        backends.load(str(tiny_teacher), "onnx")
+        loading.load(str(tiny_teacher), "onnx")
     assert str(tmp_path / "cache") in e.value.where and "KD_CACHE" in e.value.fix
 
 
 def test_a_damaged_cache_names_its_folder_and_how_to_clear_it(tmp_path, tiny_teacher, monkeypatch):
+    from kd.pipeline.backends import loading
     from kd.pipeline.backends import runtime as backends
     from kd.storage import fs
 
     _needs_onnx()
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
-    folder = backends.load(str(tiny_teacher), "onnx").backend.folder
+    folder = loading.load(str(tiny_teacher), "onnx").backend.folder
     spec = json.loads((folder / backends.SPEC).read_text())
     # a graph cut short whose record was rewritten to match: only the runtime can tell
     graph = folder / spec["file"]
@@ -235,22 +236,23 @@ def test_a_damaged_cache_names_its_folder_and_how_to_clear_it(tmp_path, tiny_tea
     spec["files"][spec["file"]] = fs.file_sha256(graph)
     (folder / backends.SPEC).write_text(json.dumps(spec))
     with pytest.raises(KdError, match="cannot be run") as e:
-        backends.load(str(tiny_teacher), "onnx")
+        loading.load(str(tiny_teacher), "onnx")
     assert e.value.where == str(folder) and f"delete {folder}" in e.value.fix
     shutil.rmtree(folder)  # what the error says: the next run exports again
     monkeypatch.setitem(backends.THRESHOLDS, "float32", 1.5)  # nothing reaches it
     with pytest.raises(KdError, match="departs from torch fp32") as e:
-        backends.load(str(tiny_teacher), "onnx")
+        loading.load(str(tiny_teacher), "onnx")
     assert str(folder) in e.value.where and f"delete {folder}" in e.value.fix
 
 
 def test_a_cache_spec_naming_a_file_outside_is_never_read(tmp_path, tiny_teacher, monkeypatch):
+    from kd.pipeline.backends import loading
     from kd.pipeline.backends import runtime as backends
     from kd.storage import fs
 
     _needs_onnx()
     monkeypatch.setenv("KD_CACHE", str(tmp_path / "cache"))
-    folder = backends.load(str(tiny_teacher), "onnx").backend.folder
+    folder = loading.load(str(tiny_teacher), "onnx").backend.folder
     secret = tmp_path / "secret"
     secret.write_text("not kd's")
     spec = json.loads((folder / backends.SPEC).read_text())
@@ -259,7 +261,7 @@ def test_a_cache_spec_naming_a_file_outside_is_never_read(tmp_path, tiny_teacher
     hashed = []
     real = fs.file_sha256
     monkeypatch.setattr(fs, "file_sha256", lambda p: hashed.append(Path(p).resolve()) or real(p))
-    backends.load(str(tiny_teacher), "onnx")  # the cache is rebuilt, as for any other damage
+    loading.load(str(tiny_teacher), "onnx")  # the cache is rebuilt, as for any other damage
     assert secret.resolve() not in hashed and secret.read_text() == "not kd's"
     assert "../../../secret" not in json.loads((folder / backends.SPEC).read_text())["files"]
 

@@ -296,7 +296,7 @@ def test_a_teacher_file_that_is_a_device_or_a_pipe_is_refused(tiny_teacher, tmp_
 
 
 def test_a_teacher_whose_tokenizer_lost_its_vocabulary_is_refused(tiny_teacher, tmp_path):
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     teacher = Path(shutil.copytree(tiny_teacher, tmp_path / "teacher"))
     for name in ("tokenizer.json", "vocab.txt"):  # transformers then builds a tokenizer of the special tokens alone
@@ -307,7 +307,7 @@ def test_a_teacher_whose_tokenizer_lost_its_vocabulary_is_refused(tiny_teacher, 
 
 
 def test_a_sentence_bert_config_of_another_type_is_refused(tiny_teacher, tmp_path):
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     teacher = _st_teacher(tiny_teacher, tmp_path / "teacher")
     (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": "big"}))
@@ -337,7 +337,7 @@ def test_a_config_larger_than_a_config_is_refused_unread(tmp_path):
 
 def test_a_teacher_whose_weights_file_is_junk_is_kd_s_error(tiny_teacher, tmp_path, sentences):
     """Issue 48's fresh probe: random bytes as model.safetensors ended in safetensors' own traceback (exit 1)."""
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     junk = tmp_path / "junk-teacher"
     shutil.copytree(tiny_teacher, junk)

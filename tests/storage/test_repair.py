@@ -156,7 +156,7 @@ def test_a_damaged_tokenizer_without_a_recorded_checksum_names_its_file(full, tm
 
 def test_a_teacher_checkpoint_with_a_damaged_tokenizer_names_the_file(tiny_teacher, tmp_path):
     from kd.common.errors import KdError
-    from kd.pipeline.teacher.model import load_teacher
+    from kd.pipeline.backends.loading import load_teacher
 
     folder = shutil.copytree(tiny_teacher, tmp_path / "teacher")
     _damage(folder / "tokenizer.json", "append")

@@ -20,9 +20,9 @@ from kd.cli import app
 from kd.common.errors import InputError, KdError
 from kd.common.ids import row_ids
 from kd.common.tasks import LabelSet, Task, read_task, task_columns
+from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.precompute import precompute
 from kd.pipeline.teacher.finetune import TeacherFinetuneConfig, finetune_teacher
-from kd.pipeline.teacher.model import load_teacher
 from kd.storage.store import Store
 from kd.student import load
 from kd.student.finetune import FinetuneConfig, finetune, load_task_model
