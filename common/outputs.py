@@ -16,7 +16,9 @@ The rules of `claim_output`:
    lies below it (anything else is refused: "only replaces a folder written by ...");
 5. the output is a folder (or a file) as the command needs, and the nearest existing folder is writable;
    an empty path is refused as such;
-6. an existing file is replaced only with `--overwrite`, and only when kd wrote it (`is_kd_file`).
+6. an existing file is replaced only with `--overwrite`, and only when kd wrote it (`is_kd_file`);
+7. a file's record goes beside it (below): a file is never named as a record, and nothing but kd's record of it
+   stands where its record goes.
 
 How kd knows a file is its own (rule 6): `write_file` writes every single-file output (query -o, leakage
 --exclude-out, eval --json/--markdown/--plot, embed -o) into a temporary file beside it and renames it into
@@ -174,6 +176,7 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     _check_inputs(path, inputs, flag)
     _check_parents(path, flag)
     if file:
+        _check_record_place(path, flag)
         if path.exists() and not overwrite:
             fix = ("pass another path, or --overwrite to replace it" if is_kd_file(path) else
                    "pass another path: kd did not write this file, so --overwrite will not replace it either")
@@ -195,6 +198,22 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
         if remove:
             shutil.rmtree(path)
     return path
+
+
+def _check_record_place(path: Path, flag: str) -> None:
+    """Rule 7. A file named as a record would be another output's record, or have one of its own at a name no record
+    takes (kd eval wrote its Markdown table over its JSON report's record, exit 0: a probe); a user's file or a
+    folder where the record goes was replaced without --overwrite, or failed the command after its work."""
+    if sidecar_of(path) is not None:
+        raise InputError(f"{flag} is named as kd's record of another file (.NAME.kd.json: where kd keeps the sha256 "
+                         "of a file it wrote)", str(path), f"give {flag} another name")
+    side = sidecar(path)
+    if side.is_dir():
+        raise InputError(f"{flag}'s record goes at {side.name} beside it, which is a folder", str(side),
+                         f"move or delete {side}")
+    if side.exists() and not is_kd_record(side):
+        raise InputError(f"{flag}'s record goes at {side.name} beside it, which holds a file kd did not write",
+                         str(side), f"move {side} away (kd keeps its record of {flag} there)")
 
 
 def _check_replaceable(path: Path, kind: str | None, kinds: Collection[str], command: str, flag: str) -> None:

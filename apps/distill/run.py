@@ -418,6 +418,11 @@ def _refuse_folders_at_records(run: _Run) -> None:
     # their sidecars and the lock too (one a folder: the run failed midway naming the record, the dry run planned)
     paths = [*records, *(sidecar(p) for p in records), run.out / LOCK]
     folder = next((p for p in paths if p.is_dir()), None)
+    others = folder == run.out / STATE and any(p.name not in (STATE, LOCK) for p in run.out.iterdir())
+    if others:  # the run's own record is gone: "the rerun writes it again" was refused as "not a kd distill run"
+        raise InputError(f"{STATE} is a folder, where kd distill keeps its run's record: without the record the other "
+                         "files in --out are no run it can continue", str(folder),
+                         f"put the run's {STATE} back in its place, or move {folder} away and pass a new --out")
     if folder is not None:
         raise InputError(f"{folder.name} is a folder, where kd distill writes that file", str(folder),
                          f"move or delete {folder}: the rerun writes the file again")

@@ -39,7 +39,7 @@ from kd.apps.eval.plots import PLOT_FILES, write_plots
 from kd.apps.eval.speed import SizeResult, SpeedResult, measure_speed, picked_threads, speed_texts
 from kd.apps.eval.store_teacher import StoreTeacher
 from kd.common.errors import InputError
-from kd.common.outputs import claim_output, write_text, written_path
+from kd.common.outputs import claim_output, sidecar, write_text, written_path
 from kd.common.paths import local_path
 from kd.common.progress import Bar, showing
 from kd.pipeline.teacher.resolve import TeacherSpec, parse_teacher, resolve_teacher
@@ -299,20 +299,24 @@ def check_outputs(cfg: EvalConfig) -> None:
     folder where a file goes, never an input (a student, the store, a text file) nor inside a kd folder."""
     inputs = [*cfg.students, cfg.store, cfg.pairs, cfg.agreement_texts, cfg.baseline_dir]
     files = [("--json", cfg.json_path), ("--markdown", cfg.markdown_path)]
+    seen: dict[Path, str] = {}
     if cfg.plot_dir is not None:
         plots = claim_output(cfg.plot_dir, "kd eval", inputs=inputs, flag="--plot")
         files += [("--plot", str(plots / name)) for name in PLOT_FILES]
-    seen: dict[Path, str] = {}
+        seen[plots] = "--plot"
     for flag, path in files:
         if path is None:
             continue
         claim_output(path, "kd eval", inputs=inputs, overwrite=cfg.overwrite, file=True, flag=flag)
-        # the file written (a link there is replaced, so two links naming one file are two outputs: a probe)
+        # the file written (a link there is replaced, so two links naming one file are two outputs: a probe) and its
+        # record (--plot a folder where --json's record goes: the run ended in a traceback after its work)
         written = written_path(path)
-        if written in seen:  # the second write would silently replace the first report
-            raise InputError(f"{flag} and {seen[written]} name the same file", str(path),
-                             f"give {flag} a path of its own")
-        seen[written] = flag
+        for place in (written, sidecar(written)):
+            if place in seen:  # the second write would silently replace the first report
+                what = f"{flag} and {seen[place]} name" if place == written else \
+                    f"{flag}'s record ({place.name}) and {seen[place]} name"
+                raise InputError(f"{what} the same file", str(path), f"give {flag} a path of its own")
+            seen[place] = flag
 
 
 def _evaluate(cfg: EvalConfig) -> EvalReport:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -756,14 +757,24 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
         (out / name).unlink(missing_ok=True)
         (out / name).mkdir()
         (out / name / "mine.txt").write_text("mine")
+        # distill.json is the run's record: "the rerun writes it again" was false (the rerun, the folder moved
+        # away, was refused as "not a kd distill run": a probe)
+        said = "keeps its run's record: without the record" if name == "distill.json" else "writes that file"
         for call in (distill, estimate):
-            with pytest.raises(InputError, match=f"{name} is a folder, where kd distill writes that file"):
+            with pytest.raises(InputError, match=f"{name} is a folder, where kd distill {said}") as e:
                 call(cfg)
         assert (out / name / "mine.txt").read_text() == "mine"
+        assert name != "distill.json" or e.value.fix.startswith("put the run's distill.json back in its place")
         shutil.rmtree(out / name)
         if kept is not None:
             (out / name).write_bytes(kept)
     distill(cfg)
+    fresh = tmp_path / "fresh"  # a new --out holding only a folder at distill.json: moved away, the run starts there
+    (fresh / "distill.json").mkdir(parents=True)
+    with pytest.raises(InputError, match="distill.json is a folder, where kd distill writes that file"):
+        estimate(replace(cfg, out=str(fresh)))
+    (fresh / "distill.json").rmdir()
+    estimate(replace(cfg, out=str(fresh)))
 
 
 def test_a_teacher_whose_weights_or_config_changed_since_its_pass_is_refused(uninterrupted, corpus, recipe_file,

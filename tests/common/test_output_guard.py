@@ -236,6 +236,38 @@ def test_eval_refuses_two_outputs_on_one_path(tmp_path):
     assert not (tmp_path / "missing.md").exists() and (tmp_path / "j1").is_symlink()
 
 
+def test_an_output_and_its_record_never_share_a_place(tmp_path):
+    """Each file kd writes has its record beside it (.NAME.kd.json). An output named as a record was written over
+    another output's record, or had its own record replaced (kd eval, exit 0: the report said written was gone); --plot
+    a folder where --json's record goes ended in a traceback after the evaluation; a user's file where a record goes
+    was replaced without --overwrite, and a folder there failed the command after its work (a probe)."""
+    from kd.apps.eval.run import EvalConfig, check_outputs
+
+    report = tmp_path / "r.json"
+    for json_path, md in ((report, tmp_path / ".r.json.kd.json"), (tmp_path / ".r.md.kd.json", tmp_path / "r.md")):
+        with pytest.raises(InputError, match="named as kd's record of another file"):
+            check_outputs(EvalConfig(teacher="x", json_path=str(json_path), markdown_path=str(md)))
+    with pytest.raises(InputError, match=r"--json's record \(.r.json.kd.json\) and --plot name the same file"):
+        check_outputs(EvalConfig(teacher="x", json_path=str(report), plot_dir=str(tmp_path / ".r.json.kd.json")))
+    assert sorted(tmp_path.iterdir()) == []
+    mine = sidecar(report)
+    mine.write_text(MINE)  # a user's file (any name: kd's records are hidden files of a known form)
+    with pytest.raises(InputError, match="holds a file kd did not write") as e:
+        claim_output(report, "kd eval", file=True, flag="--json", overwrite=True)
+    assert e.value.where == str(mine) and mine.read_text() == MINE
+    mine.unlink()
+    mine.mkdir()
+    with pytest.raises(InputError, match="which is a folder") as e:
+        claim_output(report, "kd eval", file=True, flag="--json")
+    assert e.value.where == str(mine)
+    mine.rmdir()
+    write_text(report, "{}", "kd eval", "--json")  # kd's own record (its file deleted or not) is no obstacle
+    report.unlink()
+    claim_output(report, "kd eval", file=True, flag="--json")
+    write_text(report, "{}", "kd eval", "--json")
+    claim_output(report, "kd eval", file=True, flag="--json", overwrite=True)
+
+
 def test_a_file_kd_did_not_write_is_refused_with_the_right_fix(tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes")
