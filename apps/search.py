@@ -49,11 +49,14 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     name = teacher if spec is None else by_source[0] if len(by_source) == 1 else \
         spec.name if spec.name in teachers else None
     ref = _found(spec) if spec is not None else None
-    if name is None and not by_source and table is None and ref is not None:
-        name = _copy_of(store, teachers, ref.path)  # (a copy of the teacher's folder was "not a teacher of it")
-    if name is None and len(by_source) > 1 and table is None:  # (the start model is the teacher: two tables)
-        raise InputError(f"--teacher {teacher} wrote several tables of the store ({', '.join(by_source)})",
-                         "--teacher", f"pass one of their names: --teacher {by_source[0]}")
+    copies = _copies_of(store, teachers, ref.path) if name is None and not by_source and table is None and ref \
+        else []  # (a copy of the teacher's folder was "not a teacher of it")
+    name = copies[0] if len(copies) == 1 else name
+    several = by_source if len(by_source) > 1 else copies  # (the start model is the teacher: two tables)
+    if name is None and len(several) > 1 and table is None:
+        did = "wrote" if several is by_source else "holds the weights and settings of the teacher of"
+        raise InputError(f"--teacher {teacher} {did} several tables of the store ({', '.join(several)})",
+                         "--teacher", f"pass one of their names: --teacher {several[0]}")
     if name is None and table is None:  # (another teacher's index was searched: a probe)
         raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
                          "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "
@@ -98,12 +101,11 @@ def _found(spec: TeacherSpec) -> TeacherRef | None:
         return None
 
 
-def _copy_of(store: Store, teachers: list[str], path: str) -> str | None:
-    """The one teacher of the store whose weights and config.json settings the checkpoint at `path` holds (a copy of
-    its folder elsewhere, or under another name), or None (none, several, or a store that records no digest)."""
+def _copies_of(store: Store, teachers: list[str], path: str) -> list[str]:
+    """The teachers of the store whose weights and config.json settings the checkpoint at `path` holds (a copy of
+    a folder elsewhere, or under another name; a store that records no digest has none)."""
     metas = {t: store.table(f"teachers/{t}").meta for t in teachers}
-    same = [t for t, meta in metas.items() if meta.get("weights_sha256") and changed_since(path, meta) is None]
-    return same[0] if len(same) == 1 else None
+    return [t for t, meta in metas.items() if meta.get("weights_sha256") and changed_since(path, meta) is None]
 
 
 def _student_vector(student_dir: str, text: str) -> np.ndarray:

@@ -208,6 +208,16 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"gelu"', '"relu"'))
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", str(copy), "-k", "1"])
     assert r.exit_code == 2 and "is not one of the store's teachers (tiny-bert)" in " ".join(r.output.split())
+    # a copy of the teacher of two tables (kd distill's start model is its teacher): it was "not one of the store's
+    # teachers (start, tt)", where a path writing both says which to pass (a probe)
+    same = tmp_path / "same"
+    precompute([str(src)], str(same), [f"a={tiny_teacher}", f"b={shutil.copytree(tiny_teacher, tmp_path / 'b')}"],
+               shard_rows=25, progress=False)
+    third = shutil.copytree(tiny_teacher, tmp_path / "third")
+    r = runner.invoke(app, ["search", str(same), sentences[17], "--teacher", str(third), "-k", "1"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "holds the weights and settings of the teacher of several tables of the store (a, b)" \
+        in said and "pass one of their names: --teacher a" in said, said
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", "tiny-bert=", "-k", "1"])
     assert r.exit_code == 2 and "a teacher with a name and no model" in r.output, r.output
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
