@@ -173,6 +173,18 @@ def test_listing_a_folder_another_writer_creates_meanwhile(tmp_path):
     assert fs.list_files(fs.Location(local, str(tmp_path)), "nothing-here") == []
 
 
+def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path):
+    """A store's manifests/ a file: "a file was given where a folder is needed", naming no path, its fix "pass a
+    folder, not a file" (kd distill, kd validate: a probe)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "manifests").write_text("mine")
+    r = CliRunner().invoke(app, ["validate", str(store)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "the store's manifests is a file, where kd keeps a folder" in said, said
+    assert f"where: {store / 'manifests'}" in said and (store / "manifests").read_text() == "mine"
+
+
 def test_the_bytes_readers_decode_are_arrow_s_memory(clean):
     """Parquet decodes a shard on Arrow's threads, which may drop the last reference to its bytes just after the
     read returned. Python-owned bytes then need the GIL to be freed, and a process already exiting aborted there
