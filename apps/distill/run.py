@@ -423,6 +423,9 @@ def _refuse_folders_at_records(run: _Run) -> None:
         raise InputError(f"{STATE} is a folder, where kd distill keeps its run's record: without the record the other "
                          "files in --out are no run it can continue", str(folder),
                          f"put the run's {STATE} back in its place, or move {folder} away and pass a new --out")
+    if folder is not None and folder.is_symlink():  # (said "is a folder", "move or delete": a probe)
+        raise InputError(f"{folder.name} is a link to a folder ({os.path.realpath(folder)}), where kd distill writes "
+                         "that file", str(folder), f"remove the link {folder}: the rerun writes the file again")
     if folder is not None:
         raise InputError(f"{folder.name} is a folder, where kd distill writes that file", str(folder),
                          f"move or delete {folder}: the rerun writes the file again")

@@ -769,6 +769,14 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
         if kept is not None:
             (out / name).write_bytes(kept)
     distill(cfg)
+    (tmp_path / "elsewhere").mkdir()  # a link to a folder there: named as the link it is (it was "is a folder")
+    (out / ".report.md.kd.json").unlink()
+    (out / ".report.md.kd.json").symlink_to(tmp_path / "elsewhere")
+    for call in (distill, estimate):
+        with pytest.raises(InputError, match=r"\.report\.md\.kd\.json is a link to a folder \(") as e:
+            call(cfg)
+        assert e.value.fix.startswith(f"remove the link {out / '.report.md.kd.json'}")
+    (out / ".report.md.kd.json").unlink()
     fresh = tmp_path / "fresh"  # a new --out holding only a folder at distill.json: moved away, the run starts there
     (fresh / "distill.json").mkdir(parents=True)
     with pytest.raises(InputError, match="distill.json is a folder, where kd distill writes that file"):
