@@ -141,6 +141,7 @@ def list_files(loc: Location, *parts: str) -> list[str]:
     except FileNotFoundError:
         infos = loc.fs.get_file_info(sel)
     except NotADirectoryError:  # (a store's manifests/ a file: "pass a folder, not a file", naming no path: a probe)
+        # (the store's other folders: store._refuse_files_at_folders)
         raise StoreError(f"the store's {'/'.join(parts)} is a file, where kd keeps a folder", loc.path(*parts),
                          "move the file away, or put back the folder kd wrote") from None
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)

@@ -54,6 +54,8 @@ FRAGMENTS = "manifests"
 LOCKS = "locks"
 # What a store holds while its first writers start: locks, fragments (maybe only a temp file yet), tables
 BEING_CREATED = {LOCKS, FRAGMENTS, "texts", "teachers", "tokenizers"}
+# the folders of a store's content (beside them: LOCKS, each table's folder, each teacher's tokenizer folder)
+STORE_FOLDERS = ("texts", "teachers", "students", "derived", FRAGMENTS, "tokenizers", "indexes")
 
 
 def shard_file(table: str, k: int) -> str:
@@ -68,7 +70,25 @@ def load_manifest(loc: fs.Location, main: bool = True) -> Manifest | None:
     for name in fs.list_files(loc, FRAGMENTS):
         if name.endswith(".json"):
             found.append(_record(loc, f"{FRAGMENTS}/{name}"))
-    return merge(found, loc.root) if found else None
+    merged = merge(found, loc.root) if found else None
+    if merged is not None:
+        _refuse_files_at_folders(loc, merged)
+    return merged
+
+
+class FileAtFolder(StoreError):
+    """A file where the store keeps a folder: no damaged record, so `kd validate --repair` has nothing to rebuild."""
+
+
+def _refuse_files_at_folders(loc: fs.Location, m: Manifest) -> None:
+    """A file where the store keeps a folder (texts/, a teacher's table, its tokenizer) is named with its fix, by every
+    reader and writer: kd distill planned and recorded its steps, then failed training on "cannot read a committed
+    file", whose fix (`kd validate --repair`) dropped the table for good (a probe)."""
+    rels = [*STORE_FOLDERS, LOCKS, *m.tables, *(f"tokenizers/{t}" for t in m.teachers())]
+    for rel, info in zip(rels, loc.fs.get_file_info([loc.path(*r.split("/")) for r in rels]), strict=True):
+        if info.type == fs.pafs.FileType.File:
+            raise FileAtFolder(f"the store's {rel} is a file, where kd keeps a folder", info.path,
+                             "move the file away, or put back the folder kd wrote")
 
 
 def _record(loc: fs.Location, rel: str) -> Manifest:
@@ -452,9 +472,9 @@ def _is_empty_dir(loc: fs.Location) -> bool:
 
 
 def _wipe(loc: fs.Location) -> None:
-    for sub in ("texts", "teachers", "students", "derived", FRAGMENTS, "tokenizers", "indexes"):
-        with contextlib.suppress(FileNotFoundError, OSError):
-            loc.fs.delete_dir(loc.path(sub))
+    for info in loc.fs.get_file_info([loc.path(sub) for sub in STORE_FOLDERS]):
+        with contextlib.suppress(FileNotFoundError, OSError):  # (a file there stayed: --overwrite ended in a traceback)
+            (loc.fs.delete_file if info.type == fs.pafs.FileType.File else loc.fs.delete_dir)(info.path)
     with contextlib.suppress(FileNotFoundError, OSError):
         loc.fs.delete_file(loc.path(MANIFEST))
 

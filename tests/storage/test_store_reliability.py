@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -173,9 +174,13 @@ def test_listing_a_folder_another_writer_creates_meanwhile(tmp_path):
     assert fs.list_files(fs.Location(local, str(tmp_path)), "nothing-here") == []
 
 
-def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path):
+def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path, clean, tiny_teacher):
     """A store's manifests/ a file: "a file was given where a folder is needed", naming no path, its fix "pass a
-    folder, not a file" (kd distill, kd validate: a probe)."""
+    folder, not a file"; texts/, a teacher's table or tokenizer, locks/ a file: every command read on (kd distill
+    planned its steps and failed training on "cannot read a committed file", whose fix, --repair, dropped the table
+    for good; a finished run said done): named, with its fix, by readers, writers and --repair alike (probes)."""
+    from kd.pipeline.precompute import precompute
+
     store = tmp_path / "store"
     store.mkdir()
     (store / "manifests").write_text("mine")
@@ -183,6 +188,27 @@ def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path):
     said = " ".join(r.output.split())
     assert r.exit_code == 2 and "the store's manifests is a file, where kd keeps a folder" in said, said
     assert f"where: {store / 'manifests'}" in said and (store / "manifests").read_text() == "mine"
+    store = Path(shutil.copytree(clean, tmp_path / "copy"))
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    for rel in ("texts", "teachers/tiny", "tokenizers/tiny", "locks"):
+        shutil.move(store / rel, tmp_path / "aside")
+        (store / rel).write_text("mine")
+        for args in (["validate", str(store)], ["validate", str(store), "--repair"], ["info", str(store)]):
+            r = CliRunner().invoke(app, args)
+            said = " ".join(r.output.split())
+            assert r.exit_code == 2 and f"the store's {rel} is a file, where kd keeps a folder" in said, (args, said)
+            assert "fix: move the file away, or put back the folder kd wrote" in said, said
+        with pytest.raises(StoreError, match=f"the store's {rel} is a file"):
+            Store.open(store)
+        (store / rel).unlink()
+        shutil.move(tmp_path / "aside", store / rel)
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
+    shutil.rmtree(store / "texts")  # --overwrite replaces such a store (the file stayed: a traceback creating texts/)
+    (store / "texts").write_text("mine")
+    precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30, progress=False,
+               overwrite=True)
+    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / "texts").is_dir()
 
 
 def test_the_bytes_readers_decode_are_arrow_s_memory(clean):
