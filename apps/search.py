@@ -22,7 +22,7 @@ from kd import student
 from kd.apps.search_config import SearchConfig
 from kd.common.errors import InputError, KdError
 from kd.common.options import with_options
-from kd.dataset.index import SearchResult, search
+from kd.dataset.index import SearchResult, list_indexes, search
 from kd.dataset.query import resolve_table
 from kd.pipeline.backends.loading import load_teacher
 from kd.pipeline.teacher.model import Output, changed_since
@@ -55,8 +55,10 @@ def _teacher_vector(store: Store, teacher: str, text: str, column: str | None, t
     several = by_source if len(by_source) > 1 else copies  # (the start model is the teacher: two tables)
     if name is None and len(several) > 1 and table is None:
         did = "wrote" if several is by_source else "holds the weights and settings of the teacher of"
+        indexed = {i.table for i in list_indexes(store)}  # (the first named had no index, the other one had: a probe)
+        pick = next((t for t in several if f"teachers/{t}" in indexed), several[0])
         raise InputError(f"--teacher {teacher} {did} several tables of the store ({', '.join(several)})",
-                         "--teacher", f"pass one of their names: --teacher {several[0]}")
+                         "--teacher", f"pass one of their names: --teacher {pick}")
     if name is None and table is None:  # (another teacher's index was searched: a probe)
         raise InputError(f"--teacher {teacher} is not one of the store's teachers ({', '.join(teachers) or 'none'}), "
                          "so no table of its vectors is there to search", "--teacher", "pass one of them (its name, "

@@ -230,7 +230,7 @@ def find_index(store: Store, table: str | None = None, column: str | None = None
         raise StoreError(
             f"no index for {want}{dims} in this store (indexes: {have})",
             store.root,
-            f"build one: kd index {store.root} --table TABLE --column COLUMN",
+            f"build one: kd index {store.root} --table {table or 'TABLE'} --column {column or 'COLUMN'}",
         )
     raise InputError(f"{len(found)} indexes match ({', '.join(i.name for i in found)})", store.root,
                      "choose one with --table, --column and --kind")

@@ -218,6 +218,16 @@ def test_kd_search_with_the_stores_teacher(tmp_path, tiny_teacher, sentences):
     said = " ".join(r.output.split())
     assert r.exit_code == 2 and "holds the weights and settings of the teacher of several tables of the store (a, b)" \
         in said and "pass one of their names: --teacher a" in said, said
+    # the one with an index is the one to pass (it named the first, whose search then failed: a probe), and a table
+    # with none is named in the fix that builds one (it said --table TABLE --column COLUMN)
+    assert runner.invoke(app, ["index", str(same), "--table", "b", "--column", "mean"]).exit_code == 0
+    r = runner.invoke(app, ["search", str(same), sentences[17], "--teacher", str(third), "-k", "1"])
+    assert r.exit_code == 2 and "pass one of their names: --teacher b" in " ".join(r.output.split()), r.output
+    r = runner.invoke(app, ["search", str(same), sentences[17], "--teacher", "a", "-k", "1"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"build one: kd index {same} --table teachers/a --column mean" in said, said
+    r = runner.invoke(app, ["search", str(same), sentences[17], "--teacher", "b", "-k", "1"])
+    assert r.exit_code == 0 and "1.0000" in r.output, r.output
     r = runner.invoke(app, ["search", str(out), sentences[17], "--teacher", "tiny-bert=", "-k", "1"])
     assert r.exit_code == 2 and "a teacher with a name and no model" in r.output, r.output
     dashed = f"- {sentences[17]}"  # a list item's text is the query, not an option ("No such option: - ...")
