@@ -418,17 +418,18 @@ def _refuse_folders_at_records(run: _Run) -> None:
     # their sidecars and the lock too (one a folder: the run failed midway naming the record, the dry run planned)
     paths = [*records, *(sidecar(p) for p in records), run.out / LOCK]
     folder = next((p for p in paths if p.is_dir()), None)
-    others = folder == run.out / STATE and any(p.name not in (STATE, LOCK) for p in run.out.iterdir())
-    if others:  # the run's own record is gone: "the rerun writes it again" was refused as "not a kd distill run"
-        raise InputError(f"{STATE} is a folder, where kd distill keeps its run's record: without the record the other "
+    if folder is None:
+        return
+    link = folder.is_symlink()  # (a link was "a folder", to "move or delete": a probe)
+    what = f"a link to a folder ({os.path.realpath(folder)})" if link else "a folder"
+    clear = f"remove the link {folder}" if link else f"move {folder} away"
+    if folder == run.out / STATE and any(p.name not in (STATE, LOCK) for p in run.out.iterdir()):
+        # the run's own record is gone: "the rerun writes it again" was refused as "not a kd distill run" (a probe)
+        raise InputError(f"{STATE} is {what}, where kd distill keeps its run's record: without the record the other "
                          "files in --out are no run it can continue", str(folder),
-                         f"put the run's {STATE} back in its place, or move {folder} away and pass a new --out")
-    if folder is not None and folder.is_symlink():  # (said "is a folder", "move or delete": a probe)
-        raise InputError(f"{folder.name} is a link to a folder ({os.path.realpath(folder)}), where kd distill writes "
-                         "that file", str(folder), f"remove the link {folder}: the rerun writes the file again")
-    if folder is not None:
-        raise InputError(f"{folder.name} is a folder, where kd distill writes that file", str(folder),
-                         f"move or delete {folder}: the rerun writes the file again")
+                         f"put the run's {STATE} back in its place ({clear} first), or {clear} and pass a new --out")
+    raise InputError(f"{folder.name} is {what}, where kd distill writes that file", str(folder),
+                     f"{'remove the link' if link else 'move or delete'} {folder}: the rerun writes the file again")
 
 
 def _refuse_foreign_store(run: _Run) -> None:

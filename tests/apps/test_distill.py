@@ -764,19 +764,23 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
             with pytest.raises(InputError, match=f"{name} is a folder, where kd distill {said}") as e:
                 call(cfg)
         assert (out / name / "mine.txt").read_text() == "mine"
-        assert name != "distill.json" or e.value.fix.startswith("put the run's distill.json back in its place")
+        assert name != "distill.json" or e.value.fix.startswith("put the run's distill.json back in its place (move")
         shutil.rmtree(out / name)
         if kept is not None:
             (out / name).write_bytes(kept)
     distill(cfg)
     (tmp_path / "elsewhere").mkdir()  # a link to a folder there: named as the link it is (it was "is a folder")
-    (out / ".report.md.kd.json").unlink()
-    (out / ".report.md.kd.json").symlink_to(tmp_path / "elsewhere")
-    for call in (distill, estimate):
-        with pytest.raises(InputError, match=r"\.report\.md\.kd\.json is a link to a folder \(") as e:
-            call(cfg)
-        assert e.value.fix.startswith(f"remove the link {out / '.report.md.kd.json'}")
-    (out / ".report.md.kd.json").unlink()
+    for name in ("distill.json", ".report.md.kd.json"):
+        kept = (out / name).read_bytes()
+        (out / name).unlink()
+        (out / name).symlink_to(tmp_path / "elsewhere")
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=re.escape(name) + r" is a link to a folder \(") as e:
+                call(cfg)
+            assert e.value.fix.startswith(f"remove the link {out / name}" if name != "distill.json" else
+                                          f"put the run's distill.json back in its place (remove the link {out / name}")
+        (out / name).unlink()
+        (out / name).write_bytes(kept)
     fresh = tmp_path / "fresh"  # a new --out holding only a folder at distill.json: moved away, the run starts there
     (fresh / "distill.json").mkdir(parents=True)
     with pytest.raises(InputError, match="distill.json is a folder, where kd distill writes that file"):
