@@ -17,8 +17,8 @@ The rules of `claim_output`:
 5. the output is a folder (or a file) as the command needs, and the nearest existing folder is writable;
    an empty path is refused as such;
 6. an existing file is replaced only with `--overwrite`, and only when kd wrote it (`is_kd_file`);
-7. a file's record goes beside it (below): a file is never named as a record, and nothing but kd's record of it
-   stands where its record goes.
+7. a file's record goes beside it (below): a file is never named as a record (nor as a temp file), and nothing but
+   kd's record of it stands where its record goes.
 
 How kd knows a file is its own (rule 6): `write_file` writes every single-file output (query -o, leakage
 --exclude-out, eval --json/--markdown/--plot, embed -o) into a temporary file beside it and renames it into
@@ -207,6 +207,9 @@ def _check_record_place(path: Path, flag: str) -> None:
     if sidecar_of(path) is not None:
         raise InputError(f"{flag} is named as kd's record of another file (.NAME.kd.json: where kd keeps the sha256 "
                          "of a file it wrote)", str(path), f"give {flag} another name")
+    if path.name.startswith(".kd-tmp-"):  # (kd's next write beside it deleted it as a killed write's temp: a probe)
+        raise InputError(f"{flag} is named as one of kd's temporary files (.kd-tmp-...), which kd deletes once their "
+                         "writer is gone", str(path), f"give {flag} another name")
     side = sidecar(path)
     if side.is_dir():
         raise InputError(f"{flag}'s record goes at {side.name} beside it, which is a folder", str(side),

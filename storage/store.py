@@ -471,9 +471,10 @@ def _is_empty_dir(loc: fs.Location) -> bool:
     return not loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))
 
 
-def _wipe(loc: fs.Location) -> None:
-    for info in loc.fs.get_file_info([loc.path(sub) for sub in STORE_FOLDERS]):
-        with contextlib.suppress(FileNotFoundError, OSError):  # (a file there stayed: --overwrite ended in a traceback)
+def _wipe(loc: fs.Location, folders: tuple[str, ...] = STORE_FOLDERS) -> None:
+    """Delete the store's `folders`, and a file in a folder's place (it stayed: --overwrite ended in a traceback)."""
+    for info in loc.fs.get_file_info([loc.path(sub) for sub in folders]):
+        with contextlib.suppress(FileNotFoundError, OSError):
             (loc.fs.delete_file if info.type == fs.pafs.FileType.File else loc.fs.delete_dir)(info.path)
     with contextlib.suppress(FileNotFoundError, OSError):
         loc.fs.delete_file(loc.path(MANIFEST))
@@ -559,6 +560,8 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     loc = fs.resolve(uri)
     refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
+    if overwrite and loc.fs.get_file_info(loc.path(LOCKS)).type == fs.pafs.FileType.File:
+        _wipe(loc, (LOCKS,))  # (a file where the locks go: "cannot take the lock" under --overwrite: a probe)
     lock = _acquire_lock(loc, writer_id)
     try:
         existing = readable_manifest(loc, overwrite)

@@ -404,6 +404,7 @@ def refuse_foreign_out(run: _Run) -> None:
     """OUT is new, empty, or a kd distill run's (the dry run checks it too: it planned where the run is refused)."""
     if run.out.is_dir():  # (distill.json a folder was "not a kd distill run", whose fix abandoned it: a probe)
         _refuse_folders_at_records(run)
+        _refuse_a_linked_record(run)
     if not (run.out / STATE).is_file() and run.out.is_dir() and any(p.name != LOCK for p in run.out.iterdir()):
         raise InputError("--out holds files that are not a kd distill run", str(run.out), "pass a new or empty --out")
     if run.out.is_dir():  # (a new OUT holding a link where the lock goes: its lock was made outside OUT, a probe)
@@ -430,6 +431,19 @@ def _refuse_folders_at_records(run: _Run) -> None:
                          f"put the run's {STATE} back in its place ({clear} first), or {clear} and pass a new --out")
     raise InputError(f"{folder.name} is {what}, where kd distill writes that file", str(folder),
                      f"{'remove the link' if link else 'move or delete'} {folder}: the rerun writes the file again")
+
+
+def _refuse_a_linked_record(run: _Run) -> None:
+    """distill.json a link to a file or to nothing: "remove the link (the rerun writes the file again)" was refused as
+    "not a kd distill run", and a dangling one was that refusal itself, naming no link (a probe)."""
+    state = run.out / STATE
+    if not state.is_symlink() or state.is_dir():  # (a link to a folder: `_refuse_folders_at_records`)
+        return
+    target = os.path.realpath(state)
+    what = f"a symbolic link to {target}" if state.is_file() else f"a symbolic link to nothing ({os.readlink(state)})"
+    raise InputError(f"{STATE} is {what}, where kd distill keeps its run's record", str(state),
+                     f"put the run's {STATE} in place of the link (a copy of the file it points to, if that is it), "
+                     "or pass a new --out")
 
 
 def _refuse_foreign_store(run: _Run) -> None:

@@ -781,6 +781,20 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
                                           f"put the run's distill.json back in its place (remove the link {out / name}")
         (out / name).unlink()
         (out / name).write_bytes(kept)
+    # distill.json a link to a file or to nothing: "remove the link" then "not a kd distill run", or that refusal
+    # alone, naming no link (a probe)
+    kept = (out / "distill.json").read_bytes()
+    (tmp_path / "record.json").write_bytes(kept)
+    for target, said in ((tmp_path / "record.json", f"a symbolic link to {tmp_path / 'record.json'}"),
+                         (tmp_path / "gone.json", f"a symbolic link to nothing ({tmp_path / 'gone.json'})")):
+        (out / "distill.json").unlink()
+        (out / "distill.json").symlink_to(target)
+        for call in (distill, estimate):
+            with pytest.raises(InputError, match=re.escape(f"distill.json is {said}, where kd distill keeps")) as e:
+                call(cfg)
+            assert e.value.fix.startswith("put the run's distill.json in place of the link")
+    (out / "distill.json").unlink()
+    (out / "distill.json").write_bytes(kept)
     fresh = tmp_path / "fresh"  # a new --out holding only a folder at distill.json: moved away, the run starts there
     (fresh / "distill.json").mkdir(parents=True)
     with pytest.raises(InputError, match="distill.json is a folder, where kd distill writes that file"):

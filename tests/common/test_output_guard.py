@@ -247,6 +247,9 @@ def test_an_output_and_its_record_never_share_a_place(tmp_path):
     for json_path, md in ((report, tmp_path / ".r.json.kd.json"), (tmp_path / ".r.md.kd.json", tmp_path / "r.md")):
         with pytest.raises(InputError, match="named as kd's record of another file"):
             check_outputs(EvalConfig(teacher="x", json_path=str(json_path), markdown_path=str(md)))
+    # named as a temp file of a killed write: kd's next write of that name deleted it (a probe)
+    with pytest.raises(InputError, match=r"named as one of kd's temporary files \(.kd-tmp-...\)"):
+        check_outputs(EvalConfig(teacher="x", json_path=str(tmp_path / ".kd-tmp-99999.r.json")))
     with pytest.raises(InputError, match=r"--json's record \(.r.json.kd.json\) and --plot name the same file"):
         check_outputs(EvalConfig(teacher="x", json_path=str(report), plot_dir=str(tmp_path / ".r.json.kd.json")))
     assert sorted(tmp_path.iterdir()) == []

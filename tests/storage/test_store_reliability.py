@@ -204,11 +204,14 @@ def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path, clean, tiny_teac
         shutil.move(tmp_path / "aside", store / rel)
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
-    shutil.rmtree(store / "texts")  # --overwrite replaces such a store (the file stayed: a traceback creating texts/)
-    (store / "texts").write_text("mine")
-    precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30, progress=False,
-               overwrite=True)
-    assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / "texts").is_dir()
+    # --overwrite replaces such a store (the file stayed: a traceback creating texts/; locks/ a file: "cannot take the
+    # lock", probes)
+    for rel in ("texts", "locks"):
+        shutil.rmtree(store / rel)
+        (store / rel).write_text("mine")
+        precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30,
+                   progress=False, overwrite=True)
+        assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / rel).is_dir()
 
 
 def test_the_bytes_readers_decode_are_arrow_s_memory(clean):
