@@ -211,6 +211,9 @@ def _check_record_place(path: Path, flag: str) -> None:
         raise InputError(f"{flag} is named as one of kd's temporary files (.kd-tmp-...), which kd deletes once their "
                          "writer is gone", str(path), f"give {flag} another name")
     side = sidecar(path)
+    if side.is_symlink():  # (a dangling one was replaced, exit 0: a probe; kd never makes a link there)
+        raise InputError(f"{flag}'s record goes at {side.name} beside it, which is a symbolic link (to "
+                         f"{os.readlink(side)})", str(side), f"remove the link {side}")
     if side.is_dir():
         raise InputError(f"{flag}'s record goes at {side.name} beside it, which is a folder", str(side),
                          f"move or delete {side}")

@@ -454,6 +454,9 @@ def _acquire_lock(loc: fs.Location, writer_id: str):
     """
     if not loc.is_local:
         return None
+    if os.path.islink(loc.path(LOCKS)):  # (the lock was taken through it, a file made outside the store: a probe)
+        raise StoreError(f"the store's {LOCKS} is a symbolic link (to {os.path.realpath(loc.path(LOCKS))}), where kd "
+                         "keeps a folder of its own", loc.path(LOCKS), "remove the link: kd makes the folder again")
     f = fs.exclusive_lock(loc.path(LOCKS, f"{writer_id}.lock"))
     if f is None:
         raise StoreError(
@@ -560,6 +563,8 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     loc = fs.resolve(uri)
     refuse_foreign_folder(loc, overwrite, existing if existing is not None else readable_manifest(loc, overwrite))
     fs.makedirs(loc)
+    if overwrite and loc.is_local and os.path.islink(loc.path(LOCKS)):
+        os.unlink(loc.path(LOCKS))  # the link itself, never what it names
     if overwrite and loc.fs.get_file_info(loc.path(LOCKS)).type == fs.pafs.FileType.File:
         _wipe(loc, (LOCKS,))  # (a file where the locks go: "cannot take the lock" under --overwrite: a probe)
     lock = _acquire_lock(loc, writer_id)

@@ -264,6 +264,11 @@ def test_an_output_and_its_record_never_share_a_place(tmp_path):
         claim_output(report, "kd eval", file=True, flag="--json")
     assert e.value.where == str(mine)
     mine.rmdir()
+    mine.symlink_to(tmp_path / "nowhere")  # a user's link, even to nothing, is not replaced (it was, exit 0: a probe)
+    with pytest.raises(InputError, match="which is a symbolic link") as e:
+        claim_output(report, "kd eval", file=True, flag="--json")
+    assert e.value.fix == f"remove the link {mine}" and mine.is_symlink()
+    mine.unlink()
     write_text(report, "{}", "kd eval", "--json")  # kd's own record (its file deleted or not) is no obstacle
     report.unlink()
     claim_output(report, "kd eval", file=True, flag="--json")

@@ -212,6 +212,19 @@ def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path, clean, tiny_teac
         precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30,
                    progress=False, overwrite=True)
         assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0 and (store / rel).is_dir()
+    # locks/ a link out of the store: the lock was taken through it, a file made outside (a probe); named, and
+    # --overwrite removes the link itself, never what it names
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(store / "locks")
+    (store / "locks").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(StoreError, match="the store's locks is a symbolic link") as e:
+        precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30,
+                   progress=False)
+    assert e.value.fix == "remove the link: kd makes the folder again" and list(outside.iterdir()) == []
+    precompute([str(clean.parent / "news.txt")], str(store), [f"tiny={tiny_teacher}"], shard_rows=30, progress=False,
+               overwrite=True)
+    assert (store / "locks").is_dir() and not (store / "locks").is_symlink() and list(outside.iterdir()) == []
 
 
 def test_the_bytes_readers_decode_are_arrow_s_memory(clean):
