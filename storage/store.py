@@ -88,7 +88,7 @@ def _refuse_files_at_folders(loc: fs.Location, m: Manifest) -> None:
     for rel, info in zip(rels, loc.fs.get_file_info([loc.path(*r.split("/")) for r in rels]), strict=True):
         if info.type == fs.pafs.FileType.File:
             raise FileAtFolder(f"the store's {rel} is a file, where kd keeps a folder", info.path,
-                             "move the file away, or put back the folder kd wrote")
+                               "move the file away, or put back the folder kd wrote")
 
 
 def _record(loc: fs.Location, rel: str) -> Manifest:
@@ -474,9 +474,9 @@ def _is_empty_dir(loc: fs.Location) -> bool:
     return not loc.fs.get_file_info(fs.pafs.FileSelector(loc.root))
 
 
-def _wipe(loc: fs.Location, folders: tuple[str, ...] = STORE_FOLDERS) -> None:
-    """Delete the store's `folders`, and a file in a folder's place (it stayed: --overwrite ended in a traceback)."""
-    for info in loc.fs.get_file_info([loc.path(sub) for sub in folders]):
+def _wipe(loc: fs.Location) -> None:
+    """Delete the store's folders, and a file in a folder's place (it stayed: --overwrite ended in a traceback)."""
+    for info in loc.fs.get_file_info([loc.path(sub) for sub in STORE_FOLDERS]):
         with contextlib.suppress(FileNotFoundError, OSError):
             (loc.fs.delete_file if info.type == fs.pafs.FileType.File else loc.fs.delete_dir)(info.path)
     with contextlib.suppress(FileNotFoundError, OSError):
@@ -566,7 +566,7 @@ def open_writer(uri: str | os.PathLike | fs.Location, header: Manifest, writer_i
     if overwrite and loc.is_local and os.path.islink(loc.path(LOCKS)):
         os.unlink(loc.path(LOCKS))  # the link itself, never what it names
     if overwrite and loc.fs.get_file_info(loc.path(LOCKS)).type == fs.pafs.FileType.File:
-        _wipe(loc, (LOCKS,))  # (a file where the locks go: "cannot take the lock" under --overwrite: a probe)
+        loc.fs.delete_file(loc.path(LOCKS))  # (a file where the locks go: "cannot take the lock": a probe)
     lock = _acquire_lock(loc, writer_id)
     try:
         existing = readable_manifest(loc, overwrite)
