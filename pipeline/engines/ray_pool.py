@@ -218,7 +218,7 @@ def load_unit_teacher(spec: TeacherSpec, name: str, load: dict) -> Any:
             return loading.load(spec, **load)
         options = {k: load[k] for k in ("device", "precision", "max_length", "threads", "allow_low_fidelity")}
         return loading.load_decided(spec, choices[name], where=f"the Ray worker on {socket.gethostname()}",
-                                     **options)
+                                    **options)
 
 
 def _die_once() -> None:
