@@ -171,6 +171,9 @@ def claim_output(out: str | os.PathLike, command: str, kinds: Collection[str] = 
     if file and path.is_dir():
         raise InputError(f"{flag} is an existing folder, {command} writes one file", str(out),
                          f"pass a file path for {flag}")
+    if file and os.fspath(out).endswith(("/", os.sep)):  # (a file was written at the name: a probe)
+        raise InputError(f"{flag} ends in '/', a folder's path, where {command} writes one file", str(out),
+                         f"pass a file path for {flag} (without the trailing '/')")
     if not file and path.exists() and not path.is_dir():
         raise InputError(f"{flag} is an existing file, not a folder", str(out), f"pass a folder path for {flag}")
     _check_inputs(path, inputs, flag)
@@ -326,7 +329,7 @@ def _remove_stale_temps(path: Path) -> None:
     """Temp files (the output's and its sidecar's) of killed writes of this output: their writer is gone."""
     for name in (path.name, sidecar(path).name):
         for tmp in path.parent.glob(f".kd-tmp-*.{_glob_escape(name)}"):
-            if killed_write(tmp):
+            if killed_write(tmp) and not tmp.is_dir():  # (a folder so named is no temp of kd's: it failed the write)
                 tmp.unlink(missing_ok=True)
 
 

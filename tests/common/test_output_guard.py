@@ -276,6 +276,20 @@ def test_an_output_and_its_record_never_share_a_place(tmp_path):
     claim_output(report, "kd eval", file=True, flag="--json", overwrite=True)
 
 
+def test_a_trailing_slash_and_a_folder_named_as_a_temp_are_no_file_output(tmp_path):
+    """`--json r.json/` wrote a file r.json; a user's folder named like a killed write's temp beside an output
+    failed the write as "--json cannot be written: Is a directory" (kd's sweep of its temps tried to delete it; a
+    probe): refused as a folder's path, and left alone while the output is written."""
+    with pytest.raises(InputError, match="ends in '/', a folder's path, where kd eval writes one file"):
+        claim_output(f"{tmp_path / 'r.json'}/", "kd eval", file=True, flag="--json")
+    assert list(tmp_path.iterdir()) == []
+    mine = tmp_path / ".kd-tmp-999999.r.json"
+    mine.mkdir()
+    (mine / "notes.txt").write_text(MINE)
+    write_text(tmp_path / "r.json", "{}", "kd eval", "--json")
+    assert is_kd_file(tmp_path / "r.json") and (mine / "notes.txt").read_text() == MINE
+
+
 def test_a_file_kd_did_not_write_is_refused_with_the_right_fix(tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes")
