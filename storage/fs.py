@@ -129,6 +129,16 @@ def require_regular(loc: Location, path: str) -> None:
                          "re-run the command that wrote the store")
 
 
+class FileAtFolder(StoreError):
+    """A file where the store keeps a folder: no damaged record, so `kd validate --repair` has nothing to rebuild."""
+
+
+def file_at_folder(rel: str, path: str) -> FileAtFolder:
+    """The error naming a file at `rel`, where the store keeps a folder (`list_files`, `store.load_manifest`)."""
+    return FileAtFolder(f"the store's {rel} is a file, where kd keeps a folder", path,
+                        "move the file away, or put back the folder kd wrote")
+
+
 def list_files(loc: Location, *parts: str) -> list[str]:
     """Names (not paths) of the files directly inside a folder; [] when it does not exist.
 
@@ -141,9 +151,7 @@ def list_files(loc: Location, *parts: str) -> list[str]:
     except FileNotFoundError:
         infos = loc.fs.get_file_info(sel)
     except NotADirectoryError:  # (a store's manifests/ a file: "pass a folder, not a file", naming no path: a probe)
-        # (the store's other folders: store._refuse_files_at_folders)
-        raise StoreError(f"the store's {'/'.join(parts)} is a file, where kd keeps a folder", loc.path(*parts),
-                         "move the file away, or put back the folder kd wrote") from None
+        raise file_at_folder("/".join(parts), loc.path(*parts)) from None
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
 
 

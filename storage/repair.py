@@ -38,7 +38,7 @@ from kd.storage.manifest import Manifest, ShardRecord, disagreeing_records, merg
 from kd.storage.names import links_out, real_inside
 from kd.storage.schema import tensors_problem
 from kd.storage.soundness import file_content_problem, shard_problems, values_problems
-from kd.storage.store import FRAGMENTS, MANIFEST, FileAtFolder, load_manifest
+from kd.storage.store import FRAGMENTS, MANIFEST, load_manifest
 
 SET_ASIDE = ".damaged"
 
@@ -109,7 +109,7 @@ def repair(store_path: str) -> RepairReport:
     report = RepairReport()
     try:
         load_manifest(loc)
-    except FileAtFolder:  # (its fix named the store's record: "move the store aside and re-run": a probe)
+    except fs.FileAtFolder:  # (its fix named the store's record: "move the store aside and re-run": a probe)
         raise
     except StoreError as e:
         _rebuild_record(loc, e, report)

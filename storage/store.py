@@ -76,10 +76,6 @@ def load_manifest(loc: fs.Location, main: bool = True) -> Manifest | None:
     return merged
 
 
-class FileAtFolder(StoreError):
-    """A file where the store keeps a folder: no damaged record, so `kd validate --repair` has nothing to rebuild."""
-
-
 def _refuse_files_at_folders(loc: fs.Location, m: Manifest) -> None:
     """A file where the store keeps a folder (texts/, a teacher's table, its tokenizer) is named with its fix, by every
     reader and writer: kd distill planned and recorded its steps, then failed training on "cannot read a committed
@@ -87,8 +83,7 @@ def _refuse_files_at_folders(loc: fs.Location, m: Manifest) -> None:
     rels = [*STORE_FOLDERS, LOCKS, *m.tables, *(f"tokenizers/{t}" for t in m.teachers())]
     for rel, info in zip(rels, loc.fs.get_file_info([loc.path(*r.split("/")) for r in rels]), strict=True):
         if info.type == fs.pafs.FileType.File:
-            raise FileAtFolder(f"the store's {rel} is a file, where kd keeps a folder", info.path,
-                               "move the file away, or put back the folder kd wrote")
+            raise fs.file_at_folder(rel, info.path)
 
 
 def _record(loc: fs.Location, rel: str) -> Manifest:
