@@ -79,8 +79,8 @@ class PrecomputeJob:
     precision: str = option("auto", choices=B.Precision, help="auto | fp32 | bf16 | fp16 forward precision; auto: "
                             "fp16 on CUDA, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), else fp32")
     device: str | None = option(None, devices=B.DEVICES[1:], help="cpu | cuda | cuda:N (default: cuda when present)")
-    overwrite: bool = option(False, help="Replace a store made from other inputs or row settings (never one teacher's "
-                             "table: for other teacher settings pass --teacher NEW=PATH or a new --out)")
+    overwrite: bool = option(False, help="Replace the whole store when it was made from other inputs or row settings "
+                             "(a teacher's other settings on the same inputs: --teacher NEW=PATH or a new --out)")
     progress: bool = option(True, help="Show a progress bar")
     keep_layers: str | None = option(None, help="Layers the init output keeps, e.g. 2,5 (default: half, evenly "
                                                 "spaced, ending with the last)")

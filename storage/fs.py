@@ -135,6 +135,9 @@ class FileAtFolder(StoreError):
 
 def file_at_folder(rel: str, path: str) -> FileAtFolder:
     """The error naming a file at `rel`, where the store keeps a folder (`list_files`, `store.load_manifest`)."""
+    if os.path.islink(path):  # (a link to a file was "a file": moving its target away left a dangling link, a probe)
+        return FileAtFolder(f"the store's {rel} is a symbolic link to a file ({os.path.realpath(path)}), where kd "
+                            "keeps a folder", path, "remove the link, or put back the folder kd wrote")
     return FileAtFolder(f"the store's {rel} is a file, where kd keeps a folder", path,
                         "move the file away, or put back the folder kd wrote")
 

@@ -556,10 +556,11 @@ def _refuse_links(run: _Run) -> None:
     found = first_link(run.out, skip=(run.store, store))
     if found is not None:
         link = Path(found)
+        # (a copy where kd's record of a file goes was replaced by the record, exit 0: a probe)
+        copy = "" if sidecar_of(link) is not None else ", or replace it by a copy of what it points to"
         raise InputError(f"{link.relative_to(run.out)} is a symbolic link (to {os.readlink(link)}) inside --out, "
                          "where kd distill writes its own files", str(link),
-                         f"remove the link {link} (the rerun writes the file or folder again), or replace it by a "
-                         "copy of what it points to")
+                         f"remove the link {link} (the rerun writes the file or folder again){copy}")
 
 
 def _read_state(path: Path) -> dict[str, Any]:

@@ -781,6 +781,16 @@ def test_a_step_undone_is_undone_on_disk_before_it_is_redone(uninterrupted, corp
                                           f"put the run's distill.json back in its place (remove the link {out / name}")
         (out / name).unlink()
         (out / name).write_bytes(kept)
+    side = out / ".report.md.kd.json"  # a link to a file there: its copy would be replaced by kd's record (a probe)
+    kept = side.read_bytes()
+    side.unlink()
+    (tmp_path / "elsewhere" / "side.json").write_bytes(kept)
+    side.symlink_to(tmp_path / "elsewhere" / "side.json")
+    with pytest.raises(InputError, match="is a symbolic link") as e:
+        estimate(cfg)
+    assert e.value.fix == f"remove the link {side} (the rerun writes the file or folder again)"
+    side.unlink()
+    side.write_bytes(kept)
     # distill.json a link to a file or to nothing: "remove the link" then "not a kd distill run", or that refusal
     # alone, naming no link (a probe)
     kept = (out / "distill.json").read_bytes()

@@ -203,6 +203,14 @@ def test_a_file_where_a_store_keeps_a_folder_is_named(tmp_path, clean, tiny_teac
         (store / rel).unlink()
         shutil.move(tmp_path / "aside", store / rel)
     assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    shutil.move(store / "texts", tmp_path / "aside")  # a link to a file there is named as the link (it was "a file")
+    (store / "texts").symlink_to(tmp_path / "aside" / "part-00000.parquet")
+    r = CliRunner().invoke(app, ["validate", str(store)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "the store's texts is a symbolic link to a file (" in said, said
+    assert "fix: remove the link, or put back the folder kd wrote" in said, said
+    (store / "texts").unlink()
+    shutil.move(tmp_path / "aside", store / "texts")
     assert CliRunner().invoke(app, ["validate", str(store)]).exit_code == 0
     # --overwrite replaces such a store (the file stayed: a traceback creating texts/; locks/ a file: "cannot take the
     # lock", probes)
